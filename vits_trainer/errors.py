@@ -1,0 +1,23 @@
+"""User-facing errors: one clear line and a non-zero exit, never a traceback."""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Callable
+
+
+class UserError(Exception):
+    """Bad input from the user (flags, paths, data). The message is shown as is."""
+
+
+def run_cli(main: Callable[[list[str] | None], int | None], argv: list[str] | None = None) -> int:
+    """Run a CLI entry point; a UserError becomes `error: <message>` on stderr and exit code 2."""
+    try:
+        code = main(argv)
+    except UserError as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print("interrupted", file=sys.stderr)
+        return 130
+    return int(code or 0)
