@@ -21,7 +21,9 @@ def resolve_model_dir(name: str, purpose: str = "--model_name") -> Path:
     path = Path(name).expanduser()
     if path.exists():
         if not (path / "config.json").is_file():
-            raise UserError(f"{purpose} {name}: folder has no config.json (expected a saved VitsModel folder)")
+            raise UserError(
+                f"{purpose} {name}: folder has no config.json (expected a saved VitsModel folder)"
+            )
         return path
     if looks_like_path(name):
         raise UserError(f"{purpose} {name}: no such folder")

@@ -55,7 +55,9 @@ def synth_text(
     return np.clip(audio, -1.0, 1.0).astype(np.float32)
 
 
-def random_sentence(rng: np.random.Generator, alphabet: str = ALPHABET, min_words: int = 2, max_words: int = 5) -> str:
+def random_sentence(
+    rng: np.random.Generator, alphabet: str = ALPHABET, min_words: int = 2, max_words: int = 5
+) -> str:
     words = []
     for _ in range(int(rng.integers(min_words, max_words + 1))):
         length = int(rng.integers(2, 6))

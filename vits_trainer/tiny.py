@@ -16,7 +16,9 @@ from .synthetic import ALPHABET
 BLANK = "_"  # id 0: the blank that `add_blank` intersperses, as in MMS vocabularies
 
 
-def tiny_config(vocab_size: int, num_speakers: int = 1, sampling_rate: int = 16000, **overrides) -> VitsConfig:
+def tiny_config(
+    vocab_size: int, num_speakers: int = 1, sampling_rate: int = 16000, **overrides
+) -> VitsConfig:
     settings = dict(
         vocab_size=vocab_size,
         hidden_size=64,
