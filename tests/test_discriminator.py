@@ -1,0 +1,195 @@
+"""The VITS discriminator: shapes, size, persistence and conversion from original checkpoints."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+from vits_trainer.discriminator import (
+    CONFIG_NAME,
+    WEIGHTS_NAME,
+    DiscriminatorConfig,
+    VitsDiscriminator,
+    _main,
+    convert_original_discriminator,
+    count_parameters,
+    discriminator_from_state_dict,
+    load_discriminator,
+    save_discriminator,
+)
+from vits_trainer.errors import UserError
+
+TINY = DiscriminatorConfig(width=0.125)
+# 8192 samples: scale disc 8192 -> /4 four times -> 32 frames; a period disc folds to ceil(8192 / p) rows,
+# then four stride-3 convs (k5, pad 2: L -> ceil(L / 3)) and keeps p columns.
+EXPECTED_LOGITS = {0: 32, 2: 51 * 2, 3: 34 * 3, 5: 21 * 5, 7: 15 * 7, 11: 10 * 11}
+
+
+def _period_frames(length: int, period: int) -> int:
+    rows = -(-length // period)
+    for _ in range(4):
+        rows = -(-rows // 3)
+    return rows
+
+
+def _original_format(disc: VitsDiscriminator) -> dict[str, torch.Tensor]:
+    """Our state dict renamed to the old weight-norm naming of VITS's `net_d` checkpoints."""
+    out = {}
+    for key, value in disc.state_dict().items():
+        key = key.replace("parametrizations.weight.original0", "weight_g")
+        key = key.replace("parametrizations.weight.original1", "weight_v")
+        out[key] = value.clone()
+    return out
+
+
+@pytest.mark.parametrize("width", [1.0, 0.125])
+def test_output_shapes(width: float) -> None:
+    torch.manual_seed(0)
+    disc = VitsDiscriminator(DiscriminatorConfig(width=width)).eval()
+    with torch.no_grad():
+        logits, fmaps = disc(torch.randn(2, 1, 8192))
+    assert len(logits) == len(fmaps) == 6
+    for p in (2, 3, 5, 7, 11):
+        assert EXPECTED_LOGITS[p] == _period_frames(8192, p) * p
+    expected = [EXPECTED_LOGITS[0]] + [EXPECTED_LOGITS[p] for p in (2, 3, 5, 7, 11)]
+    assert [tuple(t.shape) for t in logits] == [(2, n) for n in expected]
+    # 6 convs + conv_post for the scale disc, 5 convs + conv_post for each period disc.
+    assert [len(f) for f in fmaps] == [7, 6, 6, 6, 6, 6]
+    top = round(1024 * width)
+    assert fmaps[0][-2].shape[1] == top and fmaps[0][-1].shape[1] == 1
+    for fmap, p in zip(fmaps[1:], (2, 3, 5, 7, 11), strict=True):
+        assert fmap[0].shape[1] == round(32 * width) and fmap[-2].shape[1] == top
+        assert fmap[-1].shape[-1] == p  # the period axis survives the whole stack
+    assert all(torch.isfinite(t).all() for t in logits)
+
+
+def test_odd_lengths_and_2d_input() -> None:
+    disc = VitsDiscriminator(TINY)
+    logits, _ = disc(torch.randn(1, 1001))  # not a multiple of any period: reflect padding
+    assert [t.shape[0] for t in logits] == [1] * 6
+    logits, _ = disc(torch.randn(1, 1, 5))  # shorter than the largest pad: falls back to replicate
+    assert len(logits) == 6
+    with pytest.raises(ValueError, match="shape"):
+        disc(torch.randn(1, 2, 100))
+
+
+def test_parameter_count_matches_vits() -> None:
+    full = count_parameters(VitsDiscriminator())
+    print(f"VITS discriminator at width 1.0: {full:,} parameters")
+    # Scale disc 5,641,362 + 5 period discs x 8,221,154 (weight-norm g vectors included) = 46,747,132,
+    # the ~46.7 M of VITS's MultiPeriodDiscriminator.
+    assert full == 46_747_132
+    tiny = count_parameters(VitsDiscriminator(TINY))
+    print(f"width 0.125: {tiny:,} parameters")
+    assert tiny < full / 50
+
+
+def test_state_dict_layout_matches_original_keys() -> None:
+    keys = set(VitsDiscriminator().state_dict())
+    assert "discriminators.0.convs.5.parametrizations.weight.original1" in keys
+    assert "discriminators.5.conv_post.bias" in keys
+    assert "discriminators.6.conv_post.bias" not in keys
+    assert sum(".convs." in k for k in keys) == 3 * (6 + 5 * 5)
+
+
+def test_grouped_convs_stay_valid_at_odd_widths() -> None:
+    for width in (0.3, 0.05, 0.01):
+        disc = VitsDiscriminator(DiscriminatorConfig(width=width, periods=(2, 3)))
+        logits, _ = disc(torch.randn(1, 1, 512))
+        assert len(logits) == 3
+    groups = [c.groups for c in VitsDiscriminator(TINY).discriminators[0].convs]
+    assert groups == [1, 2, 8, 32, 128, 1]
+    assert [c.groups for c in VitsDiscriminator().discriminators[0].convs] == [1, 4, 16, 64, 256, 1]
+
+
+def test_save_load_round_trip(tmp_path) -> None:
+    torch.manual_seed(1)
+    disc = VitsDiscriminator(DiscriminatorConfig(width=0.125, periods=(2, 3, 5))).eval()
+    assert load_discriminator(tmp_path) is None
+    save_discriminator(disc, tmp_path / "ckpt")
+    assert sorted(p.name for p in (tmp_path / "ckpt").iterdir()) == [WEIGHTS_NAME, CONFIG_NAME]
+    assert json.loads((tmp_path / "ckpt" / CONFIG_NAME).read_text())["periods"] == [2, 3, 5]
+    loaded = load_discriminator(tmp_path / "ckpt").eval()
+    assert loaded.config == disc.config
+    x = torch.randn(2, 1, 2048)
+    with torch.no_grad():
+        (a, fa), (b, fb) = disc(x), loaded(x)
+    for t, u in zip(a + [m for ms in fa for m in ms], b + [m for ms in fb for m in ms], strict=True):
+        assert torch.equal(t, u)
+
+
+def test_load_shape_mismatch_is_clear(tmp_path) -> None:
+    save_discriminator(VitsDiscriminator(TINY), tmp_path)
+    cfg = json.loads((tmp_path / CONFIG_NAME).read_text())
+    cfg["width"] = 0.25
+    (tmp_path / CONFIG_NAME).write_text(json.dumps(cfg))
+    with pytest.raises(ValueError, match=r"shape mismatch.*width ~ 0.125"):
+        load_discriminator(tmp_path)
+
+
+def test_convert_original_format_round_trip() -> None:
+    torch.manual_seed(2)
+    disc = VitsDiscriminator(TINY).eval()
+    original = _original_format(disc)
+    assert "discriminators.1.convs.0.weight_g" in original
+    # The original training checkpoint nests the weights under "model", DataParallel adds "module.".
+    wrapped = {"model": {f"module.{k}": v for k, v in original.items()}}
+    converted = convert_original_discriminator(wrapped)
+    assert converted.keys() == disc.state_dict().keys()
+    rebuilt = discriminator_from_state_dict(converted, TINY).eval()
+    x = torch.randn(1, 1, 1024)
+    with torch.no_grad():
+        for t, u in zip(disc(x)[0], rebuilt(x)[0], strict=True):
+            assert torch.equal(t, u)
+
+
+def test_convert_missing_key_errors_clearly() -> None:
+    original = _original_format(VitsDiscriminator(TINY))
+    del original["discriminators.3.convs.2.weight_v"]
+    original["discriminators.9.conv_post.bias"] = torch.zeros(1)
+    with pytest.raises(ValueError) as info:
+        discriminator_from_state_dict(convert_original_discriminator(original), TINY)
+    message = str(info.value)
+    assert "1 missing key(s): discriminators.3.convs.2.parametrizations.weight.original1" in message
+    assert "1 unexpected key(s): discriminators.9.conv_post.bias" in message
+
+
+def test_convert_cli(tmp_path) -> None:
+    torch.manual_seed(3)
+    disc = VitsDiscriminator(TINY)
+    pth = tmp_path / "D_100.pth"
+    torch.save({"model": _original_format(disc), "iteration": 100, "learning_rate": 2e-4}, pth)
+    assert _main(["convert", str(pth), str(tmp_path / "out"), "--width", "0.125"]) == 0
+    loaded = load_discriminator(tmp_path / "out")
+    for key, value in disc.state_dict().items():
+        assert torch.equal(loaded.state_dict()[key], value)
+    with pytest.raises(UserError, match="shape mismatch"):
+        _main(["convert", str(pth), str(tmp_path / "out2")])  # width 1.0 does not fit
+    assert not (tmp_path / "out2").exists()
+
+
+def test_every_parameter_gets_a_gradient() -> None:
+    torch.manual_seed(4)
+    disc = VitsDiscriminator(TINY)
+    logits, _ = disc(torch.randn(2, 1, 4096))
+    sum(t.sum() for t in logits).backward()
+    for name, param in disc.named_parameters():
+        assert param.grad is not None, name
+        assert torch.isfinite(param.grad).all() and param.grad.abs().sum() > 0, name
+
+
+def test_spectral_norm_variant_converts() -> None:
+    cfg = DiscriminatorConfig(width=0.125, periods=(2,), use_spectral_norm=True)
+    disc = VitsDiscriminator(cfg)
+    original = {}
+    for key, value in disc.state_dict().items():
+        key = key.replace("parametrizations.weight.original", "weight_orig")
+        key = key.replace("parametrizations.weight.0._u", "weight_u").replace(
+            "parametrizations.weight.0._v", "weight_v"
+        )
+        original[key] = value
+    rebuilt = discriminator_from_state_dict(convert_original_discriminator(original, True), cfg)
+    for key, value in disc.state_dict().items():
+        assert torch.equal(rebuilt.state_dict()[key], value)

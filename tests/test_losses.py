@@ -1,0 +1,166 @@
+"""VITS losses against values worked out by hand."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+from vits_trainer.losses import (
+    LossWeights,
+    discriminator_loss,
+    duration_loss_deterministic,
+    feature_matching_loss,
+    generator_adversarial_loss,
+    generator_total,
+    kl_loss,
+    mel_reconstruction_loss,
+    normalise_by_mask,
+)
+
+
+def t(values) -> torch.Tensor:
+    return torch.tensor(values, dtype=torch.float32)
+
+
+def test_discriminator_loss_by_hand() -> None:
+    real = [t([[0.5, 1.0]]), t([[0.0]])]
+    fake = [t([[0.25]]), t([[1.0, -1.0]])]
+    total, real_terms, fake_terms = discriminator_loss(real, fake)
+    # disc 0: real ((1-0.5)^2 + (1-1)^2) / 2 = 0.125; fake 0.25^2 = 0.0625
+    # disc 1: real (1-0)^2 = 1.0; fake (1 + 1) / 2 = 1.0
+    assert [x.item() for x in real_terms] == [0.125, 1.0]
+    assert [x.item() for x in fake_terms] == [0.0625, 1.0]
+    assert total.item() == pytest.approx(0.125 + 0.0625 + 1.0 + 1.0)
+    assert not real_terms[0].requires_grad
+
+
+def test_generator_adversarial_loss_by_hand() -> None:
+    fake = [t([[0.5, 1.0]]), t([[-1.0]])]
+    # (0.25 + 0) / 2 + (1 - -1)^2 = 0.125 + 4
+    assert generator_adversarial_loss(fake).item() == pytest.approx(4.125)
+
+
+def test_feature_matching_loss_by_hand() -> None:
+    real = [[t([1.0, 2.0]), t([[0.0]])], [t([3.0])]]
+    fake = [[t([0.0, 4.0]), t([[-0.5]])], [t([3.0])]]
+    # (|1-0| + |2-4|) / 2 = 1.5; |0 - -0.5| = 0.5; 0 -> 2.0 (no factor 2: that lives in LossWeights)
+    assert feature_matching_loss(real, fake).item() == pytest.approx(2.0)
+
+
+def test_feature_matching_detaches_real() -> None:
+    real = t([1.0, 2.0]).requires_grad_()
+    fake = t([0.0, 0.0]).requires_grad_()
+    feature_matching_loss([[real]], [[fake]]).backward()
+    assert real.grad is None
+    assert fake.grad.tolist() == [-0.5, -0.5]
+
+
+def _kl_inputs():
+    # B=1, C=2, T=3; the last frame is padding.
+    z_p = t([[[1.0, 0.0, 9.0], [0.5, 2.0, -9.0]]])
+    logs_q = t([[[0.0, 0.5, 3.0], [0.0, 0.0, 3.0]]])
+    m_p = t([[[0.0, 0.0, 1.0], [0.5, 1.0, 1.0]]])
+    logs_p = t([[[0.0, math.log(2.0), -5.0], [0.0, 0.0, -5.0]]])
+    mask = t([[[1.0, 1.0, 0.0]]])
+    return z_p, logs_q, m_p, logs_p, mask
+
+
+def test_kl_loss_by_hand() -> None:
+    # term = logs_p - logs_q - 0.5 + 0.5 (z_p - m_p)^2 exp(-2 logs_p)
+    # c0 f0: 0 - 0 - 0.5 + 0.5 * 1 * 1 = 0
+    # c0 f1: ln2 - 0.5 - 0.5 + 0 = ln2 - 1
+    # c1 f0: 0 - 0 - 0.5 + 0 = -0.5
+    # c1 f1: 0 - 0 - 0.5 + 0.5 * 1 * 1 = 0
+    # sum = ln2 - 1.5, over 2 valid frames (not frames x channels)
+    expected = (math.log(2.0) - 1.5) / 2
+    assert kl_loss(*_kl_inputs()).item() == pytest.approx(expected, abs=1e-6)
+
+
+def test_kl_loss_ignores_masked_frames() -> None:
+    z_p, logs_q, m_p, logs_p, mask = _kl_inputs()
+    base = kl_loss(z_p, logs_q, m_p, logs_p, mask)
+    z_p[..., 2] = 1e4
+    logs_p[..., 2] = -100.0  # exp(200) overflows float32: inf in a padded frame must not leak
+    logs_q[..., 2] = float("nan")
+    assert torch.equal(kl_loss(z_p, logs_q, m_p, logs_p, mask), base)
+
+
+def test_mel_reconstruction_loss_by_hand() -> None:
+    fake = t([[[1.0, 2.0], [3.0, 4.0]]])
+    real = t([[[0.0, 2.0], [5.0, 4.5]]])
+    # (1 + 0 + 2 + 0.5) / 4
+    assert mel_reconstruction_loss(fake, real).item() == pytest.approx(0.875)
+
+
+def test_duration_loss_by_hand() -> None:
+    durations = t([[[1.0, math.e - 1e-6, 4.0]]])
+    mask = t([[[1.0, 1.0, 0.0]]])
+    pred = t([[[1.0, 0.5, 123.0]]])
+    # targets log(1 + 1e-6) ~ 1e-6 and log(e) = 1: (1 - 1e-6)^2 + (0.5 - 1)^2 ~ 1.25, over 2 tokens
+    assert duration_loss_deterministic(pred, durations, mask).item() == pytest.approx(0.625, abs=1e-5)
+    # the padded token's prediction and duration do not matter
+    pred[..., 2] = -7.0
+    durations[..., 2] = 0.0
+    assert duration_loss_deterministic(pred, durations, mask).item() == pytest.approx(0.625, abs=1e-5)
+
+
+def test_normalise_by_mask() -> None:
+    assert normalise_by_mask(
+        t([3.0, 5.0]), t([[[1.0, 1.0, 0.0]], [[1.0, 1.0, 1.0]]])
+    ).item() == pytest.approx(8.0 / 5.0)
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+def test_low_precision_inputs_give_float32(dtype: torch.dtype) -> None:
+    # Values exactly representable in both half formats, so the float32 results match exactly.
+    real, fake = [t([[0.5, 1.0]])], [t([[0.25]])]
+    maps_r, maps_f = [[t([1.0, 2.0])]], [[t([0.0, 4.0])]]
+    kl_in, mel = _kl_inputs(), (t([[1.0, 2.0]]), t([[0.0, 2.5]]))
+    dur = (t([[[1.0, 0.5]]]), t([[[1.0, 2.0]]]), t([[[1.0, 1.0]]]))
+    kl_in = tuple(x.to(dtype).float() for x in kl_in)  # round once so both runs see the same numbers
+
+    def cast(x):
+        return x.to(dtype)
+
+    results = [
+        (discriminator_loss(real, fake)[0], discriminator_loss([cast(real[0])], [cast(fake[0])])[0]),
+        (generator_adversarial_loss(fake), generator_adversarial_loss([cast(fake[0])])),
+        (
+            feature_matching_loss(maps_r, maps_f),
+            feature_matching_loss([[cast(maps_r[0][0])]], [[cast(maps_f[0][0])]]),
+        ),
+        (kl_loss(*kl_in), kl_loss(*(cast(x) for x in kl_in))),
+        (mel_reconstruction_loss(*mel), mel_reconstruction_loss(*(cast(x) for x in mel))),
+        (duration_loss_deterministic(*dur), duration_loss_deterministic(*(cast(x) for x in dur))),
+    ]
+    for full, half in results:
+        assert half.dtype == torch.float32
+        assert half.item() == full.item()
+
+
+def test_loss_weights_and_total() -> None:
+    weights = LossWeights()
+    assert weights.to_dict() == {
+        "mel": 45.0,
+        "kl": 1.0,
+        "duration": 1.0,
+        "adversarial": 1.0,
+        "feature_matching": 2.0,
+    }
+    assert LossWeights.from_dict({**weights.to_dict(), "unknown": 3}) == weights
+    losses = {
+        "mel": t(0.1),
+        "kl": t(2.0),
+        "duration": t(0.5),
+        "adversarial": t(3.0),
+        "feature_matching": t(1.5),
+        "disc_logging_only": t(100.0),
+    }
+    # 45 * 0.1 + 2 + 0.5 + 3 + 2 * 1.5 = 13
+    assert generator_total(losses, weights).item() == pytest.approx(13.0)
+    # no adversarial terms yet (e.g. warm-up): they simply do not contribute
+    assert generator_total({"mel": t(0.1), "kl": t(2.0)}, weights).item() == pytest.approx(6.5)
+    with pytest.raises(ValueError, match="no generator loss"):
+        generator_total({"other": t(1.0)}, weights)
