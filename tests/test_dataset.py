@@ -1,0 +1,420 @@
+"""The data pipeline: clip cache, item filtering, validation split, bucketed batching, collation."""
+
+from __future__ import annotations
+
+import os
+import pickle
+import shutil
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+import soundfile as sf
+import torch
+
+from vits_trainer.dataset import (
+    AUDIO_NAME,
+    INDEX_NAME,
+    BucketBatchSampler,
+    ClipDataset,
+    ClipStore,
+    build_items,
+    collate_batch,
+    load_clip_store,
+    make_loader,
+    speaker_map,
+    split_train_val,
+)
+from vits_trainer.errors import UserError
+from vits_trainer.synthetic import ALPHABET, make_corpus
+
+SR = 16000
+
+
+def quiet(_msg: str) -> None:
+    pass
+
+
+class Logs(list):
+    def __call__(self, msg: str) -> None:
+        self.append(msg)
+
+
+def load(data_dir: Path, **kw):
+    kw.setdefault("log", quiet)
+    kw.setdefault("progress", False)
+    return load_clip_store(data_dir, SR, **kw)
+
+
+def char_tokenize(text: str) -> list[int]:
+    return [ALPHABET.index(c) + 1 if c in ALPHABET else 0 for c in text]
+
+
+@pytest.fixture()
+def corpus(tmp_path: Path) -> Path:
+    make_corpus(tmp_path / "data", num_clips=24, sample_rate=SR, num_speakers=2, seed=3)
+    return tmp_path / "data"
+
+
+def assert_same_store(a: ClipStore, b: ClipStore) -> None:
+    assert a.ids == b.ids and a.texts == b.texts and a.speakers == b.speakers
+    np.testing.assert_array_equal(a.offsets, b.offsets)
+    np.testing.assert_array_equal(np.asarray(a.audio), np.asarray(b.audio))
+
+
+# --- clip store and cache -------------------------------------------------------------------------
+
+
+def test_cache_build_then_hit(corpus: Path) -> None:
+    t0 = time.perf_counter()
+    store, report = load(corpus)
+    cold = time.perf_counter() - t0
+    assert not report.cache_hit and report.in_ram and report.clips == 24 and not report.skipped
+    assert (corpus / "cache" / AUDIO_NAME).is_file() and (corpus / "cache" / INDEX_NAME).is_file()
+    assert store.audio.dtype == np.int16 and store.offsets.dtype == np.int64
+    assert report.bytes == store.audio.nbytes and report.hours == pytest.approx(store.seconds / 3600)
+
+    # the clips are exactly the 16-bit samples in the wavs
+    for i in (0, 11, 23):
+        wav, rate = sf.read(corpus / "wavs" / f"{store.ids[i]}.wav", dtype="int16")
+        assert rate == SR
+        np.testing.assert_array_equal(store.clip(i), wav)
+        assert store.num_samples(i) == len(wav)
+
+    t0 = time.perf_counter()
+    again, report2 = load(corpus)
+    warm = time.perf_counter() - t0
+    assert report2.cache_hit and report2.clips == 24
+    assert_same_store(store, again)
+    assert warm < cold
+    assert report2.to_dict()["cache_hit"] is True
+
+
+def test_cache_invalidated_by_metadata_and_wav_changes(corpus: Path) -> None:
+    store, _ = load(corpus)
+    meta = corpus / "metadata.csv"
+    lines = meta.read_text().splitlines()
+    meta.write_text("\n".join(lines[:-1]) + "\n")  # drop the last clip
+    store2, report = load(corpus)
+    assert not report.cache_hit and len(store2) == 23
+
+    _, report = load(corpus)
+    assert report.cache_hit
+
+    # rewrite one wav with different audio (the new mtime alone is what invalidates)
+    target = corpus / "wavs" / f"{store.ids[0]}.wav"
+    sf.write(target, np.zeros(SR // 2, dtype=np.int16), SR, subtype="PCM_16")
+    st = os.stat(target)
+    os.utime(target, ns=(st.st_atime_ns, st.st_mtime_ns + 10**9))
+    store3, report = load(corpus)
+    assert not report.cache_hit
+    assert store3.num_samples(0) == SR // 2 and not store3.clip(0).any()
+
+    # a different target sample rate is a different cache
+    _, report = load_clip_store(corpus, 8000, log=quiet, progress=False)
+    assert not report.cache_hit and report.resampled == 23
+
+
+def test_half_written_cache_is_never_used(corpus: Path) -> None:
+    store, _ = load(corpus)
+    bin_path = corpus / "cache" / AUDIO_NAME
+    with open(bin_path, "r+b") as f:
+        f.truncate(bin_path.stat().st_size // 2)
+    again, report = load(corpus)
+    assert not report.cache_hit
+    assert_same_store(store, again)
+
+
+def test_bad_clips_are_skipped_and_reported(corpus: Path) -> None:
+    store, _ = load(corpus)
+    bad, gone, empty = store.ids[2], store.ids[5], store.ids[7]
+    (corpus / "wavs" / f"{bad}.wav").write_bytes(b"this is not a wav file at all" * 10)
+    (corpus / "wavs" / f"{gone}.wav").unlink()
+    sf.write(corpus / "wavs" / f"{empty}.wav", np.zeros(0, dtype=np.int16), SR, subtype="PCM_16")
+    logs = Logs()
+    store2, report = load(corpus, log=logs)
+    assert report.clips == 21 and len(store2) == 21
+    reasons = dict(report.skipped)
+    assert set(reasons) == {bad, gone, empty}
+    assert "missing" in reasons[gone] and "unreadable" in reasons[bad] and "empty" in reasons[empty]
+    assert bad not in store2.ids and gone not in store2.ids
+    assert any("3 clip(s) skipped" in m for m in logs)
+    # the surviving clips are unchanged
+    for clip_id in store2.ids:
+        np.testing.assert_array_equal(
+            store2.clip(store2.ids.index(clip_id)), store.clip(store.ids.index(clip_id))
+        )
+    # a cache hit still reports what was skipped
+    _, report = load(corpus)
+    assert report.cache_hit and set(dict(report.skipped)) == {bad, gone, empty}
+
+
+def test_wrong_rate_and_stereo_clips_are_converted(corpus: Path) -> None:
+    rows = (corpus / "metadata.csv").read_text().splitlines()
+    ids = [r.split("|")[0] for r in rows]
+    t = np.arange(22050) / 22050
+    sf.write(corpus / "wavs" / f"{ids[0]}.wav", 0.3 * np.sin(2 * np.pi * 220 * t), 22050, subtype="PCM_16")
+    stereo = np.stack([np.full(SR, 0.25), np.full(SR, 0.5)], axis=1)
+    sf.write(corpus / "wavs" / f"{ids[1]}.wav", stereo, SR, subtype="PCM_16")
+    loud = np.concatenate([np.full(100, 1.5), np.full(100, -0.5)]).astype(np.float32)
+    sf.write(corpus / "wavs" / f"{ids[2]}.wav", loud, SR, subtype="FLOAT")
+    logs = Logs()
+    store, report = load(corpus, log=logs)
+    assert report.resampled == 1
+    assert store.clip(2)[0] == 32767 and store.clip(2)[150] == round(-0.5 * 32767)  # clipped, not wrapped
+    assert abs(store.num_samples(0) - SR) <= 1  # one second at the target rate
+    assert np.abs(store.clip(0)).max() == pytest.approx(0.3 * 32768, rel=0.03)
+    assert store.num_samples(1) == SR and abs(int(store.clip(1)[SR // 2]) - int(0.375 * 32768)) <= 1
+    resample_lines = [m for m in logs if "resampled" in m]
+    assert len(resample_lines) == 1 and "prepare_data.py" in resample_lines[0]
+
+
+def test_memmap_mode_gives_same_clips(corpus: Path) -> None:
+    in_ram, _ = load(corpus)
+    logs = Logs()
+    mapped, report = load(corpus, max_ram_gb=1e-9, log=logs)
+    assert report.cache_hit and not report.in_ram and isinstance(mapped.audio, np.memmap)
+    assert any("memory-mapping" in m for m in logs)
+    assert_same_store(in_ram, mapped)
+    # pickling (spawned workers) re-opens the map instead of copying the audio
+    blob = pickle.dumps(mapped)
+    assert len(blob) < mapped.audio.nbytes / 4
+    back = pickle.loads(blob)
+    assert isinstance(back.audio, np.memmap)
+    assert_same_store(in_ram, back)
+
+
+def test_unwritable_cache_dir_loads_into_ram(corpus: Path, tmp_path: Path) -> None:
+    blocker = tmp_path / "file_not_dir"
+    blocker.write_text("x")
+    logs = Logs()
+    store, report = load(corpus, cache_dir=blocker / "cache", log=logs)
+    assert report.in_ram and report.cache_path is None and len(store) == 24
+    assert sum("cannot write the clip cache" in m for m in logs) == 1
+    reference, _ = load(corpus)
+    assert_same_store(reference, store)
+
+
+def test_user_errors(tmp_path: Path) -> None:
+    with pytest.raises(UserError, match="no such data folder"):
+        load(tmp_path / "nope")
+    (tmp_path / "d").mkdir()
+    (tmp_path / "d" / "metadata.csv").write_text("only-one-field\n")
+    with pytest.raises(UserError, match="no usable rows"):
+        load(tmp_path / "d")
+    (tmp_path / "d" / "metadata.csv").write_text("a|abc|0\n")
+    with pytest.raises(UserError, match="none of the 1 listed clips"):
+        load(tmp_path / "d")
+
+
+def test_metadata_problems_are_reported_not_fatal(corpus: Path) -> None:
+    meta = corpus / "metadata.csv"
+    meta.write_text(meta.read_text() + "broken line without fields\n")
+    logs = Logs()
+    store, report = load(corpus, log=logs)
+    assert len(store) == 24 and len(report.metadata_problems) == 1
+    assert any("unusable line" in m for m in logs)
+
+
+# --- speakers, items, split -----------------------------------------------------------------------
+
+
+def test_speaker_map() -> None:
+    logs = Logs()
+    assert speaker_map(["a", "b", "a"], 1, log=logs) == {"a": 0, "b": 0}
+    assert len(logs) == 1 and "2 speakers" in logs[0]
+    assert speaker_map(["x"], 0, log=logs) == {"x": 0} and len(logs) == 1
+    # integer names below num_speakers keep their id, others fill the gaps in sorted order
+    assert speaker_map(["3", "bob", "0", "alice", "07"], 8) == {"0": 0, "3": 3, "07": 1, "alice": 2, "bob": 4}
+    assert speaker_map(["12", "5"], 6) == {"5": 5, "12": 0}
+    with pytest.raises(UserError, match="3 distinct speakers"):
+        speaker_map(["a", "b", "c"], 2)
+
+
+def test_build_items_drops_unalignable(corpus: Path) -> None:
+    store, _ = load(corpus)
+    hop = 256
+    store.texts[4] = "a" * (store.num_samples(4) // hop + 1)  # one token more than frames
+    store.texts[6] = "!!!"  # no tokens
+    tokenize = lambda text: [t for t in char_tokenize(text) if t > 0]  # noqa: E731
+    mapping = speaker_map(store.speakers, 2)
+    items, dropped = build_items(store, range(len(store)), tokenize, mapping, hop, log=quiet)
+    assert {d[0] for d in dropped} == {store.ids[4], store.ids[6]}
+    assert "frames" in dict(dropped)[store.ids[4]]
+    assert len(items) == 22 and 4 not in items.indices and 6 not in items.indices
+    assert all(t.dtype == np.int64 for t in items.token_ids) and items.speaker_ids.dtype == np.int64
+    np.testing.assert_array_equal(items.speaker_ids, [mapping[store.speakers[i]] for i in items.indices])
+    np.testing.assert_array_equal(items.audio_lengths(), [store.num_samples(i) for i in items.indices])
+
+
+def test_split_is_deterministic_and_order_free() -> None:
+    ids = [f"utt{i:04d}" for i in range(100)]
+    train, val = split_train_val(ids, 0.1, seed=1)
+    assert len(val) == 10 and sorted(train + val) == list(range(100))
+    assert split_train_val(ids, 0.1, seed=1) == (train, val)
+    shuffled = list(reversed(ids))
+    _, val2 = split_train_val(shuffled, 0.1, seed=1)
+    assert {shuffled[i] for i in val2} == {ids[i] for i in val}
+    _, val3 = split_train_val(ids, 0.1, seed=2)
+    assert val3 != val
+    # adding clips keeps the old validation clips in validation whenever it keeps its size
+    assert len(split_train_val(ids, 0.01, min_val=4)[1]) == 4
+    assert len(split_train_val(ids, 0.5, max_val=7)[1]) == 7
+    # tiny sets: fewer val items, never an empty training set
+    train, val = split_train_val(["a", "b", "c"], 0.1, min_val=4)
+    assert len(val) == 2 and len(train) == 1
+    with pytest.raises(UserError):
+        split_train_val(["a"], 0.1)
+
+
+# --- sampler --------------------------------------------------------------------------------------
+
+
+def padding_ratio(batches: list[list[int]], lengths: np.ndarray) -> float:
+    padded = sum(len(b) * lengths[b].max() for b in batches)
+    return 1.0 - sum(lengths[b].sum() for b in batches) / padded
+
+
+def test_sampler_covers_every_index_once_and_is_seeded() -> None:
+    rng = np.random.default_rng(0)
+    lengths = rng.integers(10_000, 200_000, size=203)
+    sampler = BucketBatchSampler(lengths, batch_size=8, seed=5, bucket_size_multiplier=4)
+    epoch0 = list(sampler)
+    assert len(epoch0) == len(sampler) == 26
+    assert sorted(i for b in epoch0 for i in b) == list(range(203))
+    assert list(sampler) == epoch0  # same (seed, epoch)
+    sampler.set_epoch(1)
+    epoch1 = list(sampler)
+    assert epoch1 != epoch0 and sorted(i for b in epoch1 for i in b) == list(range(203))
+    other = BucketBatchSampler(lengths, batch_size=8, seed=5, bucket_size_multiplier=4)
+    other.set_epoch(1)
+    assert list(other) == epoch1
+
+    dropped = BucketBatchSampler(lengths, batch_size=8, seed=5, drop_last=True)
+    batches = list(dropped)
+    assert len(batches) == len(dropped) == 25 and all(len(b) == 8 for b in batches)
+
+
+def test_sampler_set_start_skips_once() -> None:
+    sampler = BucketBatchSampler(np.arange(100) + 1, batch_size=4, seed=0)
+    sampler.set_epoch(3)
+    full = list(sampler)
+    sampler.set_start(7)
+    assert list(sampler) == full[7:]
+    assert list(sampler) == full  # only once
+
+
+def test_sampler_shards_are_disjoint_and_equal() -> None:
+    lengths = np.random.default_rng(1).integers(1000, 5000, size=101)
+    for drop_last in (False, True):
+        shards = []
+        for rank in range(3):
+            s = BucketBatchSampler(
+                lengths, batch_size=4, seed=9, num_replicas=3, rank=rank, drop_last=drop_last
+            )
+            s.set_epoch(2)
+            shards.append(list(s))
+            assert len(shards[-1]) == len(s)
+        assert len({len(s) for s in shards}) == 1
+        seen = [i for s in shards for b in s for i in b]
+        if drop_last:
+            assert len(seen) == len(set(seen))  # fully disjoint
+        else:
+            assert set(seen) == set(range(101))  # covered; repeats only from the padding batches
+            assert len(seen) - 101 < 3 * 4
+        # disjoint apart from padding: the first shard-length-minus-one batches never overlap
+        firsts = [set(i for b in s[:-1] for i in b) for s in shards]
+        assert not (firsts[0] & firsts[1]) and not (firsts[1] & firsts[2]) and not (firsts[0] & firsts[2])
+
+
+def test_bucketing_cuts_padding() -> None:
+    lengths = np.random.default_rng(2).integers(16_000, 240_000, size=2000)
+    bucketed = list(BucketBatchSampler(lengths, batch_size=16, seed=0))
+    rng = np.random.default_rng(0)
+    perm = rng.permutation(2000)
+    random_batches = [perm[i : i + 16].tolist() for i in range(0, 2000, 16)]
+    ratio_bucketed, ratio_random = padding_ratio(bucketed, lengths), padding_ratio(random_batches, lengths)
+    assert ratio_bucketed < 0.08 and ratio_random > 0.3
+    assert ratio_bucketed < ratio_random / 5
+
+    val = BucketBatchSampler(lengths, batch_size=16, shuffle=False)
+    batches = list(val)
+    assert batches == list(val)
+    flat = [i for b in batches for i in b]
+    assert np.all(np.diff(lengths[flat]) >= 0)  # sorted by length
+
+
+# --- collation and loader -------------------------------------------------------------------------
+
+
+def test_collate_shapes_dtypes_values() -> None:
+    a1 = np.array([100, -32768, 32767], dtype=np.int16)
+    a2 = np.array([1, 2, 3, 4, 5], dtype=np.int16)
+    items = [
+        {"token_ids": np.array([4, 5], dtype=np.int64), "audio": a1, "speaker_id": 3, "index": 10},
+        {"token_ids": np.array([1, 2, 3, 9], dtype=np.int64), "audio": a2, "speaker_id": 0, "index": 2},
+    ]
+    b = collate_batch(items)
+    assert b["input_ids"].tolist() == [[4, 5, 0, 0], [1, 2, 3, 9]]
+    assert b["attention_mask"].tolist() == [[1, 1, 0, 0], [1, 1, 1, 1]]
+    assert b["text_lengths"].tolist() == [2, 4] and b["audio_lengths"].tolist() == [3, 5]
+    assert b["speaker_ids"].tolist() == [3, 0] and b["indices"].tolist() == [10, 2]
+    assert b["audio"].shape == (2, 1, 5) and b["audio"].dtype == torch.float32
+    for key in ("input_ids", "attention_mask", "text_lengths", "audio_lengths", "speaker_ids", "indices"):
+        assert b[key].dtype == torch.int64, key
+    expected = np.zeros((2, 1, 5), np.float32)
+    expected[0, 0, :3] = a1 / 32768.0
+    expected[1, 0, :] = a2 / 32768.0
+    np.testing.assert_array_equal(b["audio"].numpy(), expected)
+    assert b["audio"].min() == -1.0
+
+
+@pytest.mark.parametrize("mapped", [False, True])
+def test_loader_workers_match_main_process(corpus: Path, mapped: bool) -> None:
+    store, _ = load(corpus, max_ram_gb=1e-9 if mapped else 0.0)
+    assert store.in_ram is not mapped
+    items, _ = build_items(
+        store, range(len(store)), char_tokenize, speaker_map(store.speakers, 2), 256, log=quiet
+    )
+
+    def epoch_batches(workers: int) -> list[dict[str, torch.Tensor]]:
+        sampler = BucketBatchSampler(items.audio_lengths(), batch_size=5, seed=4, bucket_size_multiplier=2)
+        sampler.set_epoch(1)
+        loader = make_loader(items, sampler, num_workers=workers, pin_memory=False)
+        out = list(loader)
+        sampler.set_epoch(2)
+        out += list(loader)  # persistent workers see the new epoch
+        return out
+
+    serial, parallel = epoch_batches(0), epoch_batches(2)
+    assert len(serial) == len(parallel) == 10
+    for a, b in zip(serial, parallel, strict=True):
+        assert a.keys() == b.keys()
+        for key in a:
+            assert torch.equal(a[key], b[key]), key
+    ds = ClipDataset(items)
+    first = ds[0]
+    assert first["audio"].dtype == np.int16 and first["index"] == int(items.indices[0])
+
+
+def test_copy_of_cache_elsewhere_is_a_hit(corpus: Path, tmp_path: Path) -> None:
+    """The cache only depends on the data, not on where the cache lives."""
+    load(corpus)
+    shutil.copytree(corpus / "cache", tmp_path / "elsewhere")
+    _, report = load(corpus, cache_dir=tmp_path / "elsewhere")
+    assert report.cache_hit
+
+
+def test_disk_full_while_writing_cache_falls_back_to_ram(corpus: Path, monkeypatch) -> None:
+    import vits_trainer.dataset as dataset
+
+    def no_space(_fd: int) -> None:
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(dataset.os, "fsync", no_space)
+    logs = Logs()
+    store, report = load(corpus, log=logs)
+    assert len(store) == 24 and report.in_ram and report.cache_path is None
+    assert any("No space left" in m for m in logs)
+    assert not list((corpus / "cache").glob("*.tmp-*")) and not (corpus / "cache" / INDEX_NAME).exists()

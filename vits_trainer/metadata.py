@@ -1,0 +1,72 @@
+"""The training set's `metadata.csv`: `id|text|speaker`, UTF-8, no header, one clip per line.
+
+Written by prepare_data.py, read by the trainers. Text never contains `|` or a newline (prepare
+rejects such rows), so a plain split is exact and needs no quoting rules.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+from .errors import UserError
+
+METADATA_NAME = "metadata.csv"
+WAVS_DIR = "wavs"
+
+
+@dataclass(frozen=True)
+class MetaRow:
+    id: str
+    text: str
+    speaker: str = "0"
+
+
+def write_metadata(path: str | Path, rows: list[MetaRow]) -> None:
+    """Write atomically (temp file + rename): an interrupted run never leaves half a file."""
+    path = Path(path)
+    tmp = path.with_name(path.name + ".tmp")
+    with open(tmp, "w", encoding="utf-8", newline="\n") as f:
+        for row in rows:
+            if "|" in row.text or "\n" in row.text or "|" in row.id:
+                raise ValueError(f"row {row.id!r}: '|' or newline in id/text")
+            f.write(f"{row.id}|{row.text}|{row.speaker}\n")
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+
+
+def read_metadata(path: str | Path) -> tuple[list[MetaRow], list[tuple[int, str]]]:
+    """Return (rows, problems); problems are (line number, reason) for lines that cannot be used.
+
+    A line with two fields (`id|text`) gets speaker "0". Blank lines are ignored.
+    """
+    path = Path(path)
+    if not path.is_file():
+        raise UserError(f"{path}: no such file (run prepare_data.py first)")
+    rows: list[MetaRow] = []
+    problems: list[tuple[int, str]] = []
+    seen: set[str] = set()
+    try:
+        lines = path.read_text(encoding="utf-8").splitlines()
+    except UnicodeDecodeError as err:
+        raise UserError(f"{path}: not UTF-8 text ({err.reason} at byte {err.start})") from None
+    for number, line in enumerate(lines, start=1):
+        if not line.strip():
+            continue
+        fields = line.split("|")
+        if len(fields) not in (2, 3):
+            problems.append((number, f"expected id|text|speaker, got {len(fields)} fields"))
+            continue
+        clip_id, text = fields[0].strip(), fields[1].strip()
+        speaker = fields[2].strip() if len(fields) == 3 and fields[2].strip() else "0"
+        if not clip_id or not text:
+            problems.append((number, "empty id or text"))
+            continue
+        if clip_id in seen:
+            problems.append((number, f"duplicate id {clip_id}"))
+            continue
+        seen.add(clip_id)
+        rows.append(MetaRow(clip_id, text, speaker))
+    return rows, problems
