@@ -1,0 +1,510 @@
+"""Time budget: clock, benchmark, plan, deadline reserve, budget-aware LR. Fake clock only, no sleeps."""
+
+from __future__ import annotations
+
+import math
+import random
+
+import pytest
+
+from vits_trainer.budget import Budget, BudgetLR, lr_lambda_for, make_scheduler
+
+
+class FakeClock:
+    def __init__(self, t: float = 1_000_000.0) -> None:
+        self.t = t
+
+    def __call__(self) -> float:
+        return self.t
+
+    def advance(self, seconds: float) -> None:
+        self.t += seconds
+
+
+def run_steps(budget: Budget, clock: FakeClock, n: int, seconds: float, samples: int) -> None:
+    for _ in range(n):
+        clock.advance(seconds)
+        budget.observe_step(seconds, samples)
+
+
+# ---- time -----------------------------------------------------------------------------------------
+
+
+def test_elapsed_remaining_deadline_count_from_process_start():
+    clock = FakeClock(1000.0)
+    b = Budget(3600, process_start=900.0, clock=clock)
+    assert b.elapsed() == pytest.approx(100.0)
+    assert b.remaining() == pytest.approx(3500.0)
+    assert b.deadline() == pytest.approx(4500.0)
+    clock.advance(3600)
+    assert b.remaining() == pytest.approx(-100.0)
+
+
+def test_safety_margin():
+    clock = FakeClock(0.0)
+    assert Budget(34200, 0.0, clock=clock).safety_seconds() == pytest.approx(342.0)  # 1 %
+    assert Budget(200, 0.0, clock=clock).safety_seconds() == pytest.approx(3.0)  # floor
+    # The floor is capped so that a one-minute run can still end after 97 % of its budget.
+    assert Budget(60, 0.0, clock=clock).safety_seconds() == pytest.approx(0.9)
+
+
+def test_bad_arguments():
+    with pytest.raises(ValueError):
+        Budget(0, 0.0)
+    with pytest.raises(ValueError):
+        Budget(10, 0.0, total_seconds=-1)
+    with pytest.raises(RuntimeError):
+        Budget(10, 0.0).replan()
+
+
+# ---- benchmark ------------------------------------------------------------------------------------
+
+
+def test_benchmark_excludes_warmup_steps():
+    clock = FakeClock(0.0)
+    b = Budget(3600, 0.0, clock=clock, benchmark_samples=32, benchmark_skip_steps=2)
+    b.start_training()
+    run_steps(b, clock, 2, seconds=30.0, samples=8)  # compile / allocator warm-up
+    assert not b.benchmark_done()
+    assert b.samples_per_second() == 0.0
+    assert b.step_seconds() == 30.0  # nothing measured yet: the warm-up step is all we know
+    run_steps(b, clock, 3, seconds=0.5, samples=8)
+    assert not b.benchmark_done()  # 24 measured samples < 32
+    run_steps(b, clock, 1, seconds=0.5, samples=8)
+    assert b.benchmark_done()
+    assert b.samples_per_second() == pytest.approx(16.0)  # warm-up steps would give ~0.26
+    assert b.step_seconds() == pytest.approx(0.5)
+    assert b.global_step == 6 and b.session_steps == 6
+
+
+def test_observe_step_before_start_training_starts_it():
+    clock = FakeClock(100.0)
+    b = Budget(3600, 0.0, clock=clock)
+    clock.advance(2.0)
+    b.observe_step(2.0, 4)
+    assert b.training_start == pytest.approx(100.0)
+
+
+# ---- plan -----------------------------------------------------------------------------------------
+
+
+def make_benchmarked(target: float = 3600.0, step: float = 0.5, batch: int = 16) -> tuple[Budget, FakeClock]:
+    clock = FakeClock(0.0)
+    b = Budget(target, 0.0, clock=clock, benchmark_samples=64, benchmark_skip_steps=1)
+    clock.advance(100.0)  # preload
+    b.set_estimates(eval_seconds=20.0, save_seconds=30.0, export_seconds=40.0)
+    b.start_training()
+    run_steps(b, clock, 1, seconds=5.0, samples=batch)
+    run_steps(b, clock, 4, seconds=step, samples=batch)
+    assert b.benchmark_done()
+    return b, clock
+
+
+def test_plan_arithmetic():
+    b, clock = make_benchmarked()
+    assert b.final_reserve() == pytest.approx(20 + 30 + 40 + 36)
+    plan = b.plan(samples_per_epoch=3200, batch_size_effective=16)
+    assert plan.samples_per_second == pytest.approx(32.0)
+    assert plan.seconds_per_epoch == pytest.approx(100.0)
+    assert plan.steps_per_epoch == 200
+    time_left = b.deadline() - clock() - b.final_reserve()
+    remaining_epochs = time_left / 100.0
+    assert plan.epochs == pytest.approx(5 * 16 / 3200 + remaining_epochs)
+    assert plan.full_epochs == math.floor(plan.epochs)
+    assert plan.optimizer_steps == 5 + int(remaining_epochs * 200)
+    assert plan.horizon_steps == plan.optimizer_steps
+    assert plan.train_end_wall == pytest.approx(3600 - 126)
+    assert plan.run_end_wall == pytest.approx(3600 - 36)
+    text = plan.describe()
+    assert text.startswith(f"plan: {plan.epochs:.1f} epochs ({plan.full_epochs} full) of 200 steps, ")
+    assert f"{plan.optimizer_steps:,} steps, ~32.0 samples/s" in text
+    assert "(budget 1.00 h)" in text and "training ends ~" in text and "run ends ~" in text
+    d = plan.to_dict()
+    assert d["full_epochs"] == plan.full_epochs and "T" in d["train_end_iso"] and "T" in d["run_end_iso"]
+
+
+def test_plan_counts_per_epoch_evals_and_saves():
+    b, _ = make_benchmarked()
+    plan = b.plan(3200, 16, evals_per_epoch=1, saves_per_epoch=0.5)
+    assert plan.seconds_per_epoch == pytest.approx(100.0 + 20.0 + 15.0)
+
+
+def test_replan_follows_throughput_drift():
+    b, clock = make_benchmarked()
+    first = b.plan(3200, 16)
+    run_steps(b, clock, 200, seconds=1.0, samples=16)  # steps become 2x slower
+    assert b.samples_per_second() == pytest.approx(16.0, rel=1e-3)
+    second = b.replan()
+    assert second.seconds_per_epoch == pytest.approx(2 * first.seconds_per_epoch, rel=1e-3)
+    left = b.deadline() - clock() - b.final_reserve()
+    done = b.session_samples / 3200
+    assert second.epochs - done == pytest.approx(left / 200.0, rel=1e-3)
+    # Had the throughput not drifted, twice as many epochs would have fitted in the same time.
+    assert (second.epochs - done) == pytest.approx(0.5 * left / first.seconds_per_epoch, rel=1e-3)
+    assert second.epochs < first.epochs
+    assert b.first_plan is first and b.current_plan is second
+
+
+def test_replan_uses_measured_reserves():
+    b, clock = make_benchmarked()
+    first = b.plan(3200, 16)
+    b.observe_save(130.0)  # far slower than the 30 s estimate
+    second = b.replan()
+    assert second.save_seconds == pytest.approx(130.0)
+    assert second.train_end_wall == pytest.approx(first.train_end_wall - 100.0)
+
+
+def test_target_shorter_than_setup():
+    clock = FakeClock(0.0)
+    b = Budget(10, 0.0, clock=clock)
+    b.load_state_dict({"samples_per_second": 5.0, "step_seconds": 1.0, "save_seconds": 2.0})
+    clock.advance(12.0)  # preload alone overran the budget
+    assert b.should_stop()
+    assert not b.can_afford(0.0)
+    plan = b.plan(100, 4)
+    assert plan.epochs == 0.0 and plan.full_epochs == 0 and plan.optimizer_steps == 0
+    assert "less than one epoch" in plan.describe()
+
+
+def test_plan_needs_a_throughput():
+    b = Budget(100, 0.0, clock=FakeClock(0.0))
+    with pytest.raises(RuntimeError):
+        b.plan(100, 4)
+
+
+# ---- deadline -------------------------------------------------------------------------------------
+
+
+def test_should_stop_flips_exactly_at_step_plus_reserve():
+    clock = FakeClock(0.0)
+    b = Budget(100, 0.0, clock=clock, benchmark_skip_steps=0)
+    b.start_training()
+    run_steps(b, clock, 3, seconds=1.0, samples=4)
+    assert b.final_reserve() == pytest.approx(1.5)  # safety only: min(3 s, 1.5 % of 100 s)
+    clock.t = 97.5  # 97.5 + 1 + 1.5 == 100: still fits
+    assert not b.should_stop()
+    clock.t = 97.5 + 1e-6
+    assert b.should_stop()
+    clock.t = 90.0
+    assert b.can_afford(7.5) and not b.can_afford(7.5 + 1e-6)
+    # A measured save (5 s) makes it stop 5 s earlier.
+    b.observe_save(5.0)
+    clock.t = 92.5
+    assert not b.should_stop()
+    clock.t = 92.5 + 1e-6
+    assert b.should_stop()
+
+
+def test_reserve_is_conservative():
+    clock = FakeClock(0.0)
+    b = Budget(1000, 0.0, clock=clock, benchmark_skip_steps=0)
+    b.set_estimates(save_seconds=50.0)
+    assert b.save_seconds() == 50.0  # estimate until measured
+    b.observe_save(10.0)
+    assert b.save_seconds() == 10.0  # measured replaces the estimate
+    b.observe_save(20.0)
+    assert b.save_seconds() == pytest.approx(20.0)  # max(EMA 15, last 20)
+    # One more step is costed at max(EMA, last): a slow last step makes the stop come earlier.
+    run_steps(b, clock, 10, seconds=1.0, samples=4)
+    run_steps(b, clock, 1, seconds=4.0, samples=4)
+    assert b.step_seconds() < 4.0
+    clock.t = 1000 - b.final_reserve() - 3.5
+    assert b.should_stop()
+
+
+def simulate_run(target: float, seed: int) -> tuple[float, list[float], BudgetLR, Budget]:
+    """A whole run on the fake clock: preload, warm-up steps, benchmark, plan, periodic evals/saves, finals."""
+    rng = random.Random(seed)
+    if target <= 60:
+        preload, step, ev, sv, ex, every = 4.0, 0.2, 1.5, 1.0, 2.0, 50
+    elif target <= 600:
+        preload, step, ev, sv, ex, every = 30.0, 0.6, 8.0, 5.0, 10.0, 100
+    else:
+        preload, step, ev, sv, ex, every = 300.0, 1.5, 60.0, 30.0, 90.0, 1000
+    clock = FakeClock(1_700_000_000.0)
+    b = Budget(target, clock(), clock=clock, benchmark_samples=64, benchmark_skip_steps=2)
+    # Size-based guesses are off (save overestimated, export underestimated) until measured.
+    b.set_estimates(eval_seconds=ev, save_seconds=2 * sv, export_seconds=0.5 * ex)
+    lr = BudgetLR(b, warmup_steps=100)
+    clock.advance(preload)
+    b.start_training()
+    factors = []
+
+    def do(cost: float) -> float:
+        d = cost * rng.uniform(0.9, 1.1)
+        clock.advance(d)
+        return d
+
+    while not b.should_stop():
+        d = step * rng.uniform(0.8, 1.25)
+        if b.session_steps < 2:
+            d = 20 * step  # compilation
+        elif rng.random() < 0.02:
+            d = 2.5 * step  # an unusually long batch
+        clock.advance(d)
+        b.observe_step(d, 16)
+        factors.append(lr.factor(b.global_step))
+        if b.current_plan is None and b.benchmark_done():
+            b.plan(
+                samples_per_epoch=16 * every, batch_size_effective=16, evals_per_epoch=1, saves_per_epoch=1
+            )
+        if b.global_step % every == 0:
+            if b.can_afford(b.eval_seconds()):
+                b.observe_eval(do(ev))
+            if b.can_afford(b.save_seconds()):
+                b.observe_save(do(sv))
+            b.replan()
+    b.observe_eval(do(ev))
+    b.observe_save(do(sv))
+    b.observe_export(do(ex))
+    return clock() - b.process_start, factors, lr, b
+
+
+@pytest.mark.parametrize("target", [60.0, 600.0, 9.5 * 3600])
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_simulated_run_ends_within_budget(target, seed):
+    end, factors, lr, b = simulate_run(target, seed)
+    assert 0.97 * target <= end <= target + max(0.01 * target, 10.0), (end, target)
+    assert b.current_plan is not None and b.current_plan.optimizer_steps > 0
+    # LR: warmup ramp, then monotone down to (nearly) the minimum at the last step.
+    w = lr.effective_warmup_steps
+    assert factors[w - 1] == pytest.approx(1.0)
+    after = factors[w:]
+    assert all(x >= y - 1e-12 for x, y in zip(after, after[1:], strict=False))
+    assert after[-1] == pytest.approx(lr.min_lr_ratio, abs=0.01)
+
+
+# ---- learning rate --------------------------------------------------------------------------------
+
+
+def test_lr_warmup_then_cosine_to_min_exactly_at_training_end():
+    clock = FakeClock(0.0)
+    b = Budget(1000, 0.0, clock=clock, benchmark_skip_steps=0)
+    lr = BudgetLR(b, warmup_steps=10, min_lr_ratio=0.05)
+    b.start_training()
+    assert b.lr_progress() == 0.0
+    factors = []
+    for _ in range(10):
+        factors.append(lr.factor(b.global_step))
+        clock.advance(1.0)
+        b.observe_step(1.0, 4)
+    assert factors == pytest.approx([(k + 1) / 10 for k in range(10)])  # linear, peak on the 10th step
+    assert b.training_end() == pytest.approx(990.0)  # reserve = safety 10 s
+    assert lr.factor(b.global_step) == pytest.approx(1.0)  # cosine starts at peak where warmup ended
+    while clock() + 1.0 <= b.training_end():
+        clock.advance(1.0)
+        b.observe_step(1.0, 4)
+        factors.append(lr.factor(b.global_step))
+    after = factors[10:]
+    assert all(x >= y for x, y in zip(after, after[1:], strict=False))
+    clock.t = b.training_end()
+    assert b.lr_progress() == 1.0
+    assert lr.factor(b.global_step) == 0.05  # exactly the minimum at progress 1
+    clock.advance(5.0)
+    assert lr.factor(b.global_step) == 0.05  # constant after
+    # Midway (in progress since warmup ended) the cosine is halfway between peak and minimum.
+    start = b.lr_decay_start
+    clock2 = FakeClock(0.0)
+    b2 = Budget(1000, 0.0, clock=clock2)
+    b2.start_training()
+    b2.lr_decay_start = start
+    clock2.t = (start + (1 - start) / 2) * 990.0
+    assert BudgetLR(b2, warmup_steps=0).factor(10**6) == pytest.approx(0.525)
+
+
+def test_lr_reaches_min_at_deadline_despite_drift():
+    clock = FakeClock(0.0)
+    b = Budget(2000, 0.0, clock=clock, benchmark_skip_steps=1)
+    b.set_estimates(eval_seconds=30.0, save_seconds=30.0)
+    lr = BudgetLR(b, warmup_steps=20)
+    clock.advance(50.0)
+    b.start_training()
+    factors = []
+    while not b.should_stop():
+        d = 1.0 if b.global_step < 300 else 3.0  # throughput drops threefold
+        clock.advance(d)
+        b.observe_step(d, 8)
+        factors.append(lr.factor(b.global_step))
+        if b.global_step == 400:  # measured costs differ from the estimates: the horizon end moves
+            clock.advance(10.0)
+            b.observe_eval(10.0)
+            clock.advance(45.0)
+            b.observe_save(45.0)
+    after = factors[20:]
+    assert all(x >= y for x, y in zip(after, after[1:], strict=False))
+    assert factors[-1] == pytest.approx(0.05, abs=0.005)
+    clock.t = b.training_end()
+    assert lr.factor(b.global_step) == 0.05
+
+
+def test_warmup_is_capped_once_a_plan_exists():
+    b, clock = make_benchmarked()
+    lr = BudgetLR(b, warmup_steps=5000, max_warmup_fraction=0.1)
+    assert lr.effective_warmup_steps == 5000 and not lr.warmup_capped and lr.warmup_message() is None
+    assert lr.factor(b.global_step) == pytest.approx((b.global_step + 1) / 5000)
+    plan = b.plan(3200, 16)
+    assert lr.effective_warmup_steps == int(0.1 * plan.optimizer_steps) < 5000
+    assert lr.warmup_capped
+    msg = lr.warmup_message()
+    assert msg is not None and "5,000" in msg and f"{lr.effective_warmup_steps:,}" in msg
+    # A later replan does not move the cap.
+    run_steps(b, clock, 200, seconds=1.0, samples=16)
+    b.replan()
+    assert lr.effective_warmup_steps == int(0.1 * plan.optimizer_steps)
+    assert BudgetLR(b, warmup_steps=10).warmup_message() is None
+
+
+def test_total_hours_across_two_sessions():
+    total, target = 1600.0, 1000.0
+    clock = FakeClock(0.0)
+    b1 = Budget(target, 0.0, total_seconds=total, clock=clock, benchmark_skip_steps=1)
+    lr1 = BudgetLR(b1, warmup_steps=2000, max_warmup_fraction=0.5)
+    clock.advance(10.0)
+    b1.start_training()
+    run_steps(b1, clock, 40, seconds=1.0, samples=8)
+    b1.plan(800, 8)  # ~1,570 steps over the horizon: warmup capped to half of that
+    warmup = lr1.effective_warmup_steps
+    assert 700 < warmup < 800
+    # Session 1 is killed mid-warmup, right after a checkpoint.
+    run_steps(b1, clock, 600, seconds=1.0, samples=8)
+    f1 = lr1.factor(b1.global_step)
+    assert f1 == pytest.approx((640 + 1) / warmup)
+    p1 = b1.lr_progress()
+    assert p1 == pytest.approx(650 / total)
+    state = b1.state_dict()
+    assert state["spent_seconds"] == pytest.approx(650.0) and state["global_step"] == 640
+
+    # Session 2: a new process an hour later.
+    clock2 = FakeClock(10_000.0)
+    b2 = Budget(target, 10_000.0, total_seconds=total, clock=clock2, benchmark_skip_steps=1)
+    b2.load_state_dict(state)
+    lr2 = BudgetLR(b2, warmup_steps=2000, max_warmup_fraction=0.5)
+    assert lr2.effective_warmup_steps == warmup  # the cap belongs to the horizon
+    assert b2.lr_progress() == pytest.approx(p1)  # progress continues where session 1 left it
+    assert lr2.factor(b2.global_step) == pytest.approx(f1)  # no warmup restart
+    assert b2.step_seconds() == pytest.approx(1.0)  # the prior until re-measured
+    clock2.advance(10.0)
+    b2.start_training()
+    factors = []
+    while not b2.should_stop():
+        clock2.advance(1.0)
+        b2.observe_step(1.0, 8)
+        factors.append(lr2.factor(b2.global_step))
+    assert factors[: warmup - 641] == pytest.approx([(k + 1) / warmup for k in range(641, warmup)])
+    after = factors[warmup - 641 :]
+    assert after[0] == pytest.approx(1.0, abs=1e-3)
+    assert all(x >= y for x, y in zip(after, after[1:], strict=False))
+    # The rest of the total (950 s) ends within session 2's 1000 s: LR at the minimum by the end.
+    assert factors[-1] == pytest.approx(0.05, abs=1e-3)
+    assert b2.horizon_warning() is not None  # the total ends before this session's training would
+
+
+def test_total_hours_last_session_reaches_min_despite_shortfall():
+    # Two sessions sized for a total of 2x target, each ending a little early: the second is the last.
+    total, target = 2000.0, 1000.0
+    clock = FakeClock(0.0)
+    b = Budget(target, 0.0, total_seconds=total, clock=clock)
+    b.load_state_dict({"spent_seconds": 985.0, "global_step": 900})
+    lr = BudgetLR(b, warmup_steps=10)
+    b.start_training()
+    assert b.horizon_warning() is None
+    clock.t = b.training_end()
+    assert b.lr_progress() == 1.0 and lr.factor(b.global_step) == 0.05
+
+
+def test_total_already_spent():
+    clock = FakeClock(0.0)
+    b = Budget(1000, 0.0, total_seconds=3600, clock=clock)
+    b.load_state_dict({"spent_seconds": 4000.0, "global_step": 5000, "lr_decay_start": 0.01})
+    lr = BudgetLR(b, warmup_steps=100)
+    assert b.lr_progress() == 1.0
+    assert lr.factor(b.global_step) == 0.05
+    assert "already spent" in (b.horizon_warning() or "")
+
+
+def test_without_total_each_session_is_its_own_horizon():
+    clock = FakeClock(0.0)
+    b = Budget(1000, 0.0, clock=clock)
+    b.load_state_dict({"spent_seconds": 4000.0, "global_step": 5000, "lr_decay_start": 0.7})
+    assert b.lr_decay_start is None and b.lr_progress() == 0.0
+    lr = BudgetLR(b, warmup_steps=100)
+    assert lr.factor(b.global_step) == 1.0  # warmup already done in an earlier session: straight to peak
+    assert b.horizon_warning() is None
+
+
+def test_state_dict_round_trip_priors():
+    b, clock = make_benchmarked()
+    b.observe_eval(12.0)
+    b.observe_save(7.0)
+    b.observe_export(33.0)
+    state = b.state_dict()
+    b2 = Budget(3600, 0.0, clock=FakeClock(0.0))
+    b2.load_state_dict(state)
+    assert b2.samples_per_second() == pytest.approx(b.samples_per_second())
+    assert b2.step_seconds() == pytest.approx(b.step_seconds())
+    assert (b2.eval_seconds(), b2.save_seconds(), b2.export_seconds()) == pytest.approx((12.0, 7.0, 33.0))
+    b2.set_estimates(save_seconds=3.0)
+    assert b2.save_seconds() == 7.0  # conservative between prior and estimate until measured
+    with pytest.raises(ValueError):
+        b2.load_state_dict({"version": 99})
+
+
+# ---- torch scheduler ------------------------------------------------------------------------------
+
+
+def test_make_scheduler_round_trip():
+    torch = pytest.importorskip("torch")
+    total, target = 20_000.0, 1000.0  # not the last session: progress is spent / total in both sessions
+    clock = FakeClock(0.0)
+    b = Budget(target, 0.0, total_seconds=total, clock=clock)
+    lr = BudgetLR(b, warmup_steps=5)
+    param = torch.nn.Parameter(torch.zeros(2))
+    opt = torch.optim.AdamW([param], lr=0.1)
+    sched = make_scheduler(opt, lr)
+    assert opt.param_groups[0]["lr"] == pytest.approx(0.1 / 5)
+    b.start_training()
+    for _ in range(30):
+        clock.advance(1.0)
+        opt.step()
+        b.observe_step(1.0, 8)
+        sched.step()
+    lr_now = opt.param_groups[0]["lr"]
+    assert lr_now == pytest.approx(0.1 * lr.factor(b.global_step))
+    assert 0.05 * 0.1 < lr_now < 0.1
+    states = (b.state_dict(), sched.state_dict(), opt.state_dict())
+
+    for optimizer_first in (False, True):
+        clock2 = FakeClock(clock())  # a new process starting right now
+        b2 = Budget(target, clock2(), total_seconds=total, clock=clock2)
+        b2.load_state_dict(states[0])
+        lr2 = BudgetLR(b2, warmup_steps=5)
+        param2 = torch.nn.Parameter(torch.zeros(2))
+        opt2 = torch.optim.AdamW([param2], lr=0.1)
+        if optimizer_first:
+            opt2.load_state_dict(states[2])
+            sched2 = make_scheduler(opt2, lr2)
+        else:
+            sched2 = make_scheduler(opt2, lr2)
+            opt2.load_state_dict(states[2])
+            sched2.load_state_dict(states[1])
+        assert opt2.param_groups[0]["lr"] == pytest.approx(lr_now)
+        assert sched2.base_lrs == pytest.approx([0.1])
+        # Both continue identically from here.
+        clock.advance(1.0)
+        clock2.advance(1.0)
+        opt.step()
+        opt2.step()
+        b.observe_step(1.0, 8)
+        b2.observe_step(1.0, 8)
+        sched.step()
+        sched2.step()
+        assert opt2.param_groups[0]["lr"] == pytest.approx(opt.param_groups[0]["lr"])
+        assert sched2.get_last_lr() == pytest.approx(sched.get_last_lr())
+
+
+def test_lr_lambda_ignores_lambdalr_counter_and_accepts_broadcast_progress():
+    clock = FakeClock(0.0)
+    b = Budget(1000, 0.0, clock=clock)
+    lr = BudgetLR(b, warmup_steps=0)
+    fn = lr_lambda_for(lr, step_fn=lambda: 10**6, progress_fn=lambda: 1.0)
+    assert fn(0) == fn(123) == 0.05

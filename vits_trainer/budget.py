@@ -1,0 +1,614 @@
+"""The time budget: clock, throughput measurement, training plan, deadline and budget-aware learning rate.
+
+One `Budget` per process. It is counted from *process start* (the CLI passes
+``psutil.Process().create_time()``), so model loading, the benchmark, evals, saves and the final export
+all live inside ``--target_hours``. The training loop asks `Budget.should_stop` before each optimizer
+step; the run then does its final eval + save + export, which `Budget.final_reserve` keeps room for.
+
+Typical loop::
+
+    budget = Budget(target_h * 3600, process_start, total_seconds=total_h * 3600 if total_h else None)
+    budget.set_estimates(save_seconds=..., export_seconds=...)   # from model size, until measured
+    budget.load_state_dict(ckpt["budget"])                       # on resume
+    lr = BudgetLR(budget, warmup_steps=args.warmup_steps)
+    sched = make_scheduler(optimizer, lr)
+    budget.start_training()
+    while not budget.should_stop():
+        t = time.time(); train_one_optimizer_step(); budget.observe_step(time.time() - t, n_samples)
+        sched.step()
+        if budget.benchmark_done() and budget.current_plan is None:
+            print(budget.plan(len(train_set), effective_batch).describe())
+            if lr.warmup_message(): print(lr.warmup_message())
+        if eval_due and budget.can_afford(budget.eval_seconds()): evaluate()  # then observe_eval(...)
+    final eval, save (state_dict() goes into the checkpoint), export: observe_* each
+
+Multi-process: only the main process's clock decides. `should_stop` is a pure function of this object's
+state and its clock, so rank 0 evaluates it and broadcasts the answer. The learning rate depends on the
+clock too; ranks must use the same value, so pass rank 0's broadcast progress through
+``make_scheduler(..., progress_fn=...)``.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field
+from datetime import datetime
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    import torch
+
+Clock = Callable[[], float]
+
+STATE_VERSION = 1
+# safety_min_seconds guards fixed jitter (process exit, filesystem sync), but on very short runs it would
+# push the end below 97 % of the target; cap it to this fraction of the target.
+_SAFETY_MIN_CAP_FRACTION = 0.015
+# Sessions end between 97 % and 100 % of their targets, so a total sized as a sum of targets is a few %
+# short of being used up: a remainder below this fraction of the total means "this is the last session".
+_LAST_SESSION_SLACK = 0.03
+
+
+@dataclass
+class _Stat:
+    """Running estimate of one duration: bias-corrected EMA plus the last value."""
+
+    ema: float | None = None
+    last: float | None = None
+    count: int = 0
+
+    def add(self, value: float, alpha: float) -> None:
+        self.count += 1
+        # Weight max(alpha, 1/n): a plain mean over the first 1/alpha values, so the first observation
+        # does not dominate for ~1/alpha updates as a zero- or first-value-seeded EMA would.
+        weight = max(alpha, 1.0 / self.count)
+        self.ema = value if self.ema is None else self.ema + weight * (value - self.ema)
+        self.last = value
+
+    def conservative(self) -> float | None:
+        """max(EMA, last): reacts at once to a slowdown, forgets a one-off spike gradually."""
+        if self.ema is None or self.last is None:
+            return None
+        return max(self.ema, self.last)
+
+
+def _hhmm(wall: float, now: float) -> str:
+    t = time.localtime(wall)
+    if time.localtime(now)[:3] == t[:3]:
+        return time.strftime("%H:%M", t)
+    return time.strftime("%a %H:%M", t)
+
+
+def _iso(wall: float) -> str:
+    return datetime.fromtimestamp(wall).astimezone().isoformat(timespec="seconds")
+
+
+@dataclass
+class Plan:
+    """What fits in this session, computed from measured throughput and reserves.
+
+    Epoch and step counts are for the whole session: steps already taken (the benchmark) plus what fits
+    between now and the training end.
+    """
+
+    samples_per_second: float
+    seconds_per_epoch: float  # training plus the per-epoch evals/saves asked for in `Budget.plan`
+    epochs: float
+    full_epochs: int
+    steps_per_epoch: int
+    optimizer_steps: int  # this session
+    horizon_steps: int  # optimizer steps over the whole LR horizon (global count): used to cap warmup
+    train_end_wall: float  # when the last optimizer step must end
+    run_end_wall: float  # training end + final eval + save + export
+    budget_seconds: float
+    eval_seconds: float
+    save_seconds: float
+    export_seconds: float
+    safety_seconds: float
+    created_wall: float = field(default=0.0)
+
+    def describe(self) -> str:
+        """A few printable lines: the plan, the final reserve, and a warning when not even an epoch fits."""
+        now = self.created_wall
+        lines = [
+            f"plan: {self.epochs:.1f} epochs ({self.full_epochs} full) of {self.steps_per_epoch:,} steps, "
+            f"{self.optimizer_steps:,} steps, ~{self.samples_per_second:.1f} samples/s, "
+            f"training ends ~{_hhmm(self.train_end_wall, now)}, run ends ~{_hhmm(self.run_end_wall, now)} "
+            f"(budget {self.budget_seconds / 3600:.2f} h)",
+            f"plan: {self.seconds_per_epoch:,.0f} s per epoch; final reserve: eval {self.eval_seconds:.0f} s "
+            f"+ save {self.save_seconds:.0f} s + export {self.export_seconds:.0f} s "
+            f"+ safety {self.safety_seconds:.0f} s",
+        ]
+        if self.epochs < 1.0:
+            lines.append("warning: less than one epoch fits in the time budget")
+        return "\n".join(lines)
+
+    def to_dict(self) -> dict[str, Any]:
+        d = asdict(self)
+        d["train_end_iso"] = _iso(self.train_end_wall)
+        d["run_end_iso"] = _iso(self.run_end_wall)
+        return d
+
+
+class Budget:
+    """Wall-clock budget of one process (session), optionally part of a multi-session LR horizon.
+
+    Args:
+        target_seconds: this process's budget, counted from ``process_start``.
+        process_start: wall time the process started (``psutil.Process().create_time()``).
+        total_seconds: LR horizon across resumed sessions; None: the horizon is this session's training.
+        clock: wall clock, injectable for tests.
+        safety_fraction, safety_min_seconds: safety margin kept at the end,
+            ``max(safety_fraction * target, min(safety_min_seconds, 1.5 % of target))``.
+        ema: weight of a new observation in the running estimates.
+        benchmark_samples: samples measured (after the skipped steps) before `benchmark_done`.
+        benchmark_skip_steps: first optimizer steps of the session excluded from the throughput
+            (compilation, allocator warm-up).
+    """
+
+    def __init__(
+        self,
+        target_seconds: float,
+        process_start: float,
+        total_seconds: float | None = None,
+        clock: Clock = time.time,
+        safety_fraction: float = 0.01,
+        safety_min_seconds: float = 3.0,
+        ema: float = 0.1,
+        benchmark_samples: int = 64,
+        benchmark_skip_steps: int = 2,
+    ) -> None:
+        if not target_seconds > 0:
+            raise ValueError(f"target_seconds must be > 0, got {target_seconds}")
+        if total_seconds is not None and not total_seconds > 0:
+            raise ValueError(f"total_seconds must be > 0, got {total_seconds}")
+        if not 0 < ema <= 1:
+            raise ValueError(f"ema must be in (0, 1], got {ema}")
+        self.target_seconds = float(target_seconds)
+        self.process_start = float(process_start)
+        self.total_seconds = None if total_seconds is None else float(total_seconds)
+        self.clock = clock
+        self.safety_fraction = safety_fraction
+        self.safety_min_seconds = safety_min_seconds
+        self.ema = ema
+        self.benchmark_samples = max(0, int(benchmark_samples))
+        self.benchmark_skip_steps = max(0, int(benchmark_skip_steps))
+
+        self.training_start: float | None = None
+        self.global_step = 0  # optimizer steps across sessions (drives warmup)
+        self.session_steps = 0
+        self.session_samples = 0
+        self.spent_before = 0.0  # seconds spent by earlier sessions
+        self._measured_samples = 0  # after the skipped warm-up steps
+        self._last_step_seconds: float | None = None
+        self._step = _Stat()
+        self._step_samples = _Stat()
+        self._events = {"eval": _Stat(), "save": _Stat(), "export": _Stat()}
+        self._estimates: dict[str, float] = {}
+        self._priors: dict[str, float] = {}  # from the previous session's state
+        self._progress_floor = 0.0
+        self._geometry: tuple[int, int, float, float] | None = None
+        self.first_plan: Plan | None = None
+        self.current_plan: Plan | None = None
+        # LR bookkeeping kept here so one state_dict carries it: progress at which warmup ended (the
+        # cosine starts there, at peak) and the horizon's planned step count (caps the warmup).
+        self.lr_decay_start: float | None = None
+        self.planned_horizon_steps: int | None = None
+
+    # ---- time -------------------------------------------------------------------------------------
+
+    def elapsed(self) -> float:
+        """Seconds since process start (this session)."""
+        return self.clock() - self.process_start
+
+    def remaining(self) -> float:
+        """target - elapsed; negative once past the deadline."""
+        return self.target_seconds - self.elapsed()
+
+    def deadline(self) -> float:
+        """Wall time at which this session's budget ends."""
+        return self.process_start + self.target_seconds
+
+    def spent_seconds(self) -> float:
+        """Seconds spent across sessions: earlier sessions plus this one so far."""
+        return self.spent_before + self.elapsed()
+
+    def safety_seconds(self) -> float:
+        t = self.target_seconds
+        return max(self.safety_fraction * t, min(self.safety_min_seconds, _SAFETY_MIN_CAP_FRACTION * t))
+
+    def training_end(self) -> float:
+        """Wall time by which the last optimizer step must end: deadline - final reserve."""
+        return self.deadline() - self.final_reserve()
+
+    # ---- measurements -----------------------------------------------------------------------------
+
+    def start_training(self) -> None:
+        """Mark the start of the training loop (after preload/setup). Later calls keep the first mark."""
+        if self.training_start is None:
+            self.training_start = self.clock()
+
+    def observe_step(self, seconds: float, samples: int) -> None:
+        """Record one *optimizer* step: all its gradient-accumulation micro-steps and data waiting.
+
+        ``samples``: training samples the step consumed. The first ``benchmark_skip_steps`` steps of the
+        session count as steps but not towards throughput.
+        """
+        if seconds < 0 or samples < 0:
+            raise ValueError(f"negative step measurement: {seconds} s, {samples} samples")
+        if self.training_start is None:
+            self.training_start = self.clock() - seconds
+        self.session_steps += 1
+        self.session_samples += samples
+        self.global_step += 1
+        self._last_step_seconds = seconds
+        if self.session_steps > self.benchmark_skip_steps:
+            self._measured_samples += samples
+            self._step.add(seconds, self.ema)
+            self._step_samples.add(float(samples), self.ema)
+
+    def observe_eval(self, seconds: float) -> None:
+        self._events["eval"].add(seconds, self.ema)
+
+    def observe_save(self, seconds: float) -> None:
+        self._events["save"].add(seconds, self.ema)
+
+    def observe_export(self, seconds: float) -> None:
+        self._events["export"].add(seconds, self.ema)
+
+    def set_estimates(
+        self,
+        eval_seconds: float | None = None,
+        save_seconds: float | None = None,
+        export_seconds: float | None = None,
+    ) -> None:
+        """Caller's guesses (e.g. save time from model size), used until the real thing is measured.
+
+        None leaves an estimate unchanged.
+        """
+        for name, value in (("eval", eval_seconds), ("save", save_seconds), ("export", export_seconds)):
+            if value is not None:
+                self._estimates[name] = max(0.0, float(value))
+
+    def _event_seconds(self, name: str) -> float:
+        measured = self._events[name].conservative()
+        if measured is not None:
+            return measured
+        # Not measured this session: be conservative between the caller's guess and the last session.
+        return max(self._estimates.get(name, 0.0), self._priors.get(name, 0.0))
+
+    def eval_seconds(self) -> float:
+        return self._event_seconds("eval")
+
+    def save_seconds(self) -> float:
+        return self._event_seconds("save")
+
+    def export_seconds(self) -> float:
+        return self._event_seconds("export")
+
+    def step_seconds(self) -> float:
+        """EMA of measured optimizer-step time; before any: last session's, else a warm-up step's, else 0."""
+        if self._step.ema is not None:
+            return self._step.ema
+        if "step" in self._priors:
+            return self._priors["step"]
+        return self._last_step_seconds or 0.0
+
+    def samples_per_second(self) -> float:
+        """Throughput over measured steps (EMA of samples / EMA of seconds); else last session's; else 0."""
+        if self._step.ema is not None and self._step_samples.ema is not None and self._step.ema > 0:
+            return self._step_samples.ema / self._step.ema
+        return self._priors.get("samples_per_second", 0.0)
+
+    def benchmark_done(self) -> bool:
+        """True once ``benchmark_samples`` samples were measured after the skipped warm-up steps."""
+        return self._step.count > 0 and self._measured_samples >= self.benchmark_samples
+
+    def _next_step_seconds(self) -> float:
+        # Conservative cost of one more step: the last step may be slower than the average.
+        return max(self.step_seconds(), self._last_step_seconds or 0.0)
+
+    def final_reserve(self) -> float:
+        """Final eval + save + export + safety margin."""
+        return self.eval_seconds() + self.save_seconds() + self.export_seconds() + self.safety_seconds()
+
+    # ---- decisions --------------------------------------------------------------------------------
+
+    def should_stop(self) -> bool:
+        """True when one more optimizer step would not leave room for the final reserve.
+
+        Pure in (state, clock): in multi-process runs rank 0 calls it and broadcasts the answer.
+        """
+        return self.clock() + self._next_step_seconds() + self.final_reserve() > self.deadline()
+
+    def can_afford(self, seconds: float) -> bool:
+        """Whether an extra `seconds` (intermediate eval/save) still leaves one step + the final reserve."""
+        return self.clock() + seconds + self._next_step_seconds() + self.final_reserve() <= self.deadline()
+
+    def plan(
+        self,
+        samples_per_epoch: int,
+        batch_size_effective: int,
+        evals_per_epoch: float = 0.0,
+        saves_per_epoch: float = 0.0,
+    ) -> Plan:
+        """Compute the session's plan from the throughput measured so far (call when the benchmark is done).
+
+        ``evals_per_epoch``/``saves_per_epoch``: intermediate evals/saves the loop will do per epoch; their
+        measured (or estimated) cost is added to the epoch time. The geometry is kept for `replan`. The
+        horizon's first plan fixes ``planned_horizon_steps`` (the warmup cap); replans do not move it.
+        """
+        if samples_per_epoch <= 0 or batch_size_effective <= 0:
+            raise ValueError(f"bad epoch geometry: {samples_per_epoch} samples, batch {batch_size_effective}")
+        self._geometry = (int(samples_per_epoch), int(batch_size_effective), evals_per_epoch, saves_per_epoch)
+        plan = self._make_plan()
+        if self.first_plan is None:
+            self.first_plan = plan
+        if self.planned_horizon_steps is None:
+            self.planned_horizon_steps = plan.horizon_steps
+        self.current_plan = plan
+        return plan
+
+    def replan(self) -> Plan:
+        """Recompute the plan with the current throughput EMA and measured reserves (e.g. each epoch)."""
+        if self._geometry is None:
+            raise RuntimeError("replan() before plan(): the epoch geometry is unknown")
+        self.current_plan = self._make_plan()
+        return self.current_plan
+
+    def _make_plan(self) -> Plan:
+        assert self._geometry is not None
+        samples_per_epoch, batch, evals_per_epoch, saves_per_epoch = self._geometry
+        sps = self.samples_per_second()
+        if sps <= 0:
+            raise RuntimeError("no throughput measured yet: observe some optimizer steps before planning")
+        now = self.clock()
+        steps_per_epoch = math.ceil(samples_per_epoch / batch)
+        ev, sv, ex, safety = (
+            self.eval_seconds(),
+            self.save_seconds(),
+            self.export_seconds(),
+            self.safety_seconds(),
+        )
+        seconds_per_epoch = samples_per_epoch / sps + evals_per_epoch * ev + saves_per_epoch * sv
+        train_end = self.deadline() - (ev + sv + ex + safety)
+        left = max(0.0, train_end - now)
+        remaining_epochs = left / seconds_per_epoch
+        epochs = self.session_samples / samples_per_epoch + remaining_epochs
+        remaining_steps = int(remaining_epochs * steps_per_epoch)
+        optimizer_steps = self.session_steps + remaining_steps
+        horizon_steps = optimizer_steps
+        if self.total_seconds is not None:
+            # Later sessions are assumed to train at this session's rate per second of budget left.
+            beyond = 0.0
+            if not self._last_session():
+                beyond = max(0.0, self.total_seconds - self.spent_before - self.target_seconds)
+            rate = remaining_steps / max(self.deadline() - now, 1e-9)
+            horizon_steps = self.global_step + remaining_steps + int(beyond * rate)
+        return Plan(
+            samples_per_second=sps,
+            seconds_per_epoch=seconds_per_epoch,
+            epochs=epochs,
+            full_epochs=int(math.floor(epochs + 1e-9)),
+            steps_per_epoch=steps_per_epoch,
+            optimizer_steps=optimizer_steps,
+            horizon_steps=horizon_steps,
+            train_end_wall=max(now, train_end),
+            run_end_wall=max(now, train_end) + ev + sv + ex,
+            budget_seconds=self.target_seconds,
+            eval_seconds=ev,
+            save_seconds=sv,
+            export_seconds=ex,
+            safety_seconds=safety,
+            created_wall=now,
+        )
+
+    # ---- learning-rate horizon --------------------------------------------------------------------
+
+    def _last_session(self) -> bool:
+        """Whether the total horizon ends within (or just after) this session."""
+        assert self.total_seconds is not None
+        horizon_end = self.total_seconds - self.spent_before  # seconds after this process started
+        return horizon_end <= self.target_seconds + _LAST_SESSION_SLACK * self.total_seconds
+
+    def lr_progress(self) -> float:
+        """Fraction of the LR horizon spent, in [0, 1]; never decreases within a session.
+
+        With ``total_seconds``: (spent_before + elapsed) / total, except in the horizon's last session (the
+        total runs out within it, or less than 3 % of the total would be left after it): there the horizon
+        ends no later than this session's training end, so the minimum LR is reached by the last step, not
+        during the final export or in a session that never comes. Without it: this session's training
+        window, from `start_training` to `training_end` (0 before training starts). Clamped to 1 once
+        the horizon is over, e.g. a total already spent on resume (see `horizon_warning`).
+        """
+        if self.total_seconds is None:
+            if self.training_start is None:
+                progress = 0.0
+            else:
+                window = self.training_end() - self.training_start
+                progress = 1.0 if window <= 0 else (self.clock() - self.training_start) / window
+        else:
+            horizon_end = self.total_seconds - self.spent_before  # seconds after this process started
+            if self._last_session():
+                horizon_end = min(horizon_end, self.target_seconds - self.final_reserve())
+            denominator = self.spent_before + horizon_end
+            progress = 1.0 if denominator <= 0 else self.spent_seconds() / denominator
+        # Reserves are re-measured while training, which moves the horizon's end a little; the ratchet
+        # keeps the LR monotone anyway.
+        progress = max(self._progress_floor, min(1.0, max(0.0, progress)))
+        self._progress_floor = progress
+        return progress
+
+    def horizon_warning(self) -> str | None:
+        """A line for the caller to print when --total_hours does not fit this session sensibly."""
+        if self.total_seconds is None:
+            return None
+        spent = self.spent_seconds()
+        if spent >= self.total_seconds:
+            return (
+                f"--total_hours {self.total_seconds / 3600:.2f} is already spent ({spent / 3600:.2f} h): "
+                "the learning rate stays at its minimum"
+            )
+        if self.total_seconds - self.spent_before < self.target_seconds - self.final_reserve():
+            end = self.process_start + self.total_seconds - self.spent_before
+            return (
+                f"--total_hours {self.total_seconds / 3600:.2f} ends before this session's training "
+                f"(at ~{_hhmm(end, self.clock())}): the learning rate stays at its minimum after that"
+            )
+        return None
+
+    # ---- persistence ------------------------------------------------------------------------------
+
+    def state_dict(self) -> dict[str, Any]:
+        """What the next session needs: time spent so far, global step, measured costs as priors."""
+
+        def measured_or_prior(name: str) -> float | None:
+            value = self._events[name].conservative()
+            return value if value is not None else self._priors.get(name)
+
+        return {
+            "version": STATE_VERSION,
+            "spent_seconds": self.spent_seconds(),
+            "global_step": self.global_step,
+            "total_seconds": self.total_seconds,
+            "step_seconds": self._step.ema if self._step.ema is not None else self._priors.get("step"),
+            "samples_per_second": self.samples_per_second() or None,
+            "eval_seconds": measured_or_prior("eval"),
+            "save_seconds": measured_or_prior("save"),
+            "export_seconds": measured_or_prior("export"),
+            "lr_decay_start": self.lr_decay_start,
+            "planned_horizon_steps": self.planned_horizon_steps,
+        }
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Restore from a previous session (call before training starts).
+
+        Spent time and the global step continue; measured costs become priors until re-measured. The LR
+        bookkeeping carries over only with ``total_seconds`` (one horizon across sessions); without it this
+        session is a new horizon.
+        """
+        version = state.get("version", STATE_VERSION)
+        if version > STATE_VERSION:
+            raise ValueError(f"budget state version {version} is newer than this code ({STATE_VERSION})")
+        self.spent_before = float(state.get("spent_seconds", 0.0))
+        self.global_step = int(state.get("global_step", 0))
+        priors = {
+            "step": state.get("step_seconds"),
+            "samples_per_second": state.get("samples_per_second"),
+            "eval": state.get("eval_seconds"),
+            "save": state.get("save_seconds"),
+            "export": state.get("export_seconds"),
+        }
+        self._priors = {k: float(v) for k, v in priors.items() if v is not None}
+        if self.total_seconds is not None:
+            self.lr_decay_start = state.get("lr_decay_start")
+            self.planned_horizon_steps = state.get("planned_horizon_steps")
+        else:
+            self.lr_decay_start = None
+            self.planned_horizon_steps = None
+        self._progress_floor = 0.0
+
+
+class BudgetLR:
+    """Budget-aware LR multiplier: linear warmup in optimizer steps, then cosine over wall-clock progress.
+
+    Warmup: ``(step + 1) / w`` for global optimizer step < w (counted across sessions, so a resume never
+    restarts it), where w is ``warmup_steps`` capped to ``max_warmup_fraction`` of the horizon's planned
+    steps once a plan exists. Then a cosine from 1 (peak), starting at the progress where warmup ended, down
+    to ``min_lr_ratio`` exactly at progress 1 (the end of the horizon), constant after. Decaying to the end of
+    the *budget* rather than a guessed step count is what makes small budgets work well (Li, Yumer &
+    Ramanan, "Budgeted Training", ICLR 2020).
+    """
+
+    def __init__(
+        self,
+        budget: Budget,
+        warmup_steps: int,
+        min_lr_ratio: float = 0.05,
+        max_warmup_fraction: float = 0.1,
+    ) -> None:
+        if warmup_steps < 0:
+            raise ValueError(f"warmup_steps must be >= 0, got {warmup_steps}")
+        if not 0 <= min_lr_ratio <= 1:
+            raise ValueError(f"min_lr_ratio must be in [0, 1], got {min_lr_ratio}")
+        self.budget = budget
+        self.warmup_steps = int(warmup_steps)
+        self.min_lr_ratio = float(min_lr_ratio)
+        self.max_warmup_fraction = float(max_warmup_fraction)
+
+    @property
+    def effective_warmup_steps(self) -> int:
+        planned = self.budget.planned_horizon_steps
+        if planned is None:
+            return self.warmup_steps
+        return min(self.warmup_steps, int(self.max_warmup_fraction * planned))
+
+    @property
+    def warmup_capped(self) -> bool:
+        return self.effective_warmup_steps < self.warmup_steps
+
+    def warmup_message(self) -> str | None:
+        """The line to print when the warmup was capped (a flag is never silently ignored)."""
+        if not self.warmup_capped:
+            return None
+        return (
+            f"warmup capped: --warmup_steps {self.warmup_steps:,} is more than "
+            f"{self.max_warmup_fraction:.0%} of the {self.budget.planned_horizon_steps:,} planned optimizer "
+            f"steps; using {self.effective_warmup_steps:,}"
+        )
+
+    def factor(self, optimizer_step: int, progress: float | None = None) -> float:
+        """LR multiplier for global optimizer step ``optimizer_step`` (0-based).
+
+        ``progress``: horizon progress to use instead of this process's `Budget.lr_progress` (multi-process:
+        rank 0's broadcast value).
+        """
+        warmup = self.effective_warmup_steps
+        if optimizer_step < warmup:
+            return (optimizer_step + 1) / warmup
+        p = self.budget.lr_progress() if progress is None else min(1.0, max(0.0, progress))
+        if self.budget.lr_decay_start is None:
+            self.budget.lr_decay_start = p  # warmup just ended: the cosine starts at peak from here
+        start = self.budget.lr_decay_start
+        if p >= 1.0 or start >= 1.0:
+            return self.min_lr_ratio
+        q = min(1.0, max(0.0, (p - start) / (1.0 - start)))
+        return self.min_lr_ratio + (1.0 - self.min_lr_ratio) * 0.5 * (1.0 + math.cos(math.pi * q))
+
+
+def lr_lambda_for(
+    budget_lr: BudgetLR,
+    step_fn: Callable[[], int] | None = None,
+    progress_fn: Callable[[], float] | None = None,
+) -> Callable[[int], float]:
+    """A LambdaLR lambda that ignores LambdaLR's own counter and reads the global optimizer step.
+
+    LambdaLR's ``last_epoch`` restarts at 0 in a new process unless its state is loaded; the budget's
+    ``global_step`` (restored by `Budget.load_state_dict`) cannot drift. Call ``scheduler.step()`` after
+    `Budget.observe_step` so the LR set is the one for the next step. A plain closure on purpose: LambdaLR
+    pickles the ``__dict__`` of callable objects into its state, which would drag the Budget along.
+    """
+    budget = budget_lr.budget
+
+    def lr_lambda(_last_epoch: int) -> float:
+        step = budget.global_step if step_fn is None else step_fn()
+        return budget_lr.factor(step, None if progress_fn is None else progress_fn())
+
+    return lr_lambda
+
+
+def make_scheduler(
+    optimizer: torch.optim.Optimizer,
+    budget_lr: BudgetLR,
+    step_fn: Callable[[], int] | None = None,
+    progress_fn: Callable[[], float] | None = None,
+) -> torch.optim.lr_scheduler.LambdaLR:
+    """A LambdaLR driven by `BudgetLR`. Peak LR = the param groups' ``initial_lr`` (their lr at first use).
+
+    Resume: restoring the Budget is enough for the right LR; the scheduler's own state_dict round-trips too.
+    """
+    from torch.optim.lr_scheduler import LambdaLR
+
+    return LambdaLR(optimizer, lr_lambda_for(budget_lr, step_fn, progress_fn))
