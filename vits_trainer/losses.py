@@ -76,9 +76,17 @@ def kl_loss(z_p: Tensor, logs_q: Tensor, m_p: Tensor, logs_p: Tensor, mask: Tens
     return kl.sum() / mask.sum().clamp_min(1.0)
 
 
-def mel_reconstruction_loss(mel_fake: Tensor, mel_real: Tensor) -> Tensor:
-    """Mean absolute error between the generated and the reference mel spectrograms."""
-    return torch.nn.functional.l1_loss(mel_fake.float(), mel_real.float())
+def mel_reconstruction_loss(mel_fake: Tensor, mel_real: Tensor, mask: Tensor | None = None) -> Tensor:
+    """Mean absolute error between the generated and the reference mel spectrograms.
+
+    With `mask` ([B, 1, frames], 1 inside each clip) only the frames inside the clips count: used for
+    full-length evaluation of a padded batch.
+    """
+    if mask is None:
+        return torch.nn.functional.l1_loss(mel_fake.float(), mel_real.float())
+    mask = mask.float()
+    error = torch.where(mask > 0, (mel_fake.float() - mel_real.float()).abs(), 0.0)
+    return error.sum() / (mask.sum() * mel_fake.size(1)).clamp_min(1.0)
 
 
 def duration_loss_deterministic(log_durations_pred: Tensor, durations: Tensor, mask: Tensor) -> Tensor:

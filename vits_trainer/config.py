@@ -1,0 +1,167 @@
+"""The run's settings: one dataclass, its command line, and validation of the combinations.
+
+Every field carries its help text; `--help` shows each default. The resolved settings are stored in
+every checkpoint and in the run folder, so a run can always be explained and resumed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import math
+from dataclasses import dataclass, field, fields
+
+from .errors import UserError
+
+
+def _f(default, help: str, **kw):
+    return field(default=default, metadata={"help": help, **kw})
+
+
+@dataclass
+class TrainConfig:
+    # --- data and folders ---
+    data_dir: str = _f("training", "prepared data: wavs/ + metadata.csv (from prepare_data.py)")
+    checkpoint_dir: str = _f("training/checkpoints", "checkpoints, best_model/, samples, metrics.jsonl")
+    output_dir: str = _f("training/final_model", "final model folder (loadable by VitsModel.from_pretrained)")
+    model_name: str = _f(
+        "facebook/mms-tts-kmr-script_latin",
+        "pretrained VITS/MMS model: hub id (needs network or cache) or folder",
+    )
+    discriminator: str = _f(
+        "", "folder with discriminator.safetensors (default: the model folder's, else a fresh one)"
+    )
+    max_samples: int = _f(0, "use at most this many clips (0 = all)")
+    val_fraction: float = _f(0.02, "held-out validation share (at least a few clips, fixed across resumes)")
+    max_ram_gb: float = _f(0.0, "preload audio into RAM up to this size (0 = 75%% of available RAM)")
+    num_workers: int = _f(2, "DataLoader worker processes")
+    # --- budget ---
+    target_hours: float = _f(9.5, "wall-clock budget of this process, start-up to exit included")
+    total_hours: float | None = _f(None, "budget of the whole training across resumed sessions (LR horizon)")
+    benchmark_samples: int = _f(200, "samples of real training used to measure throughput before planning")
+    # --- optimisation ---
+    batch_size: int = _f(8, "clips per micro-batch (per process)")
+    gradient_accumulation_steps: int = _f(4, "micro-batches per optimiser step")
+    learning_rate: float = _f(2e-5, "peak learning rate of both generator and discriminator")
+    warmup_steps: int = _f(500, "linear warmup in optimiser steps (capped at 10%% of the planned steps)")
+    min_lr_ratio: float = _f(0.05, "the LR decays (cosine, by budget spent) to this fraction of the peak")
+    weight_decay: float = _f(0.01, "AdamW weight decay")
+    max_grad_norm: float = _f(10.0, "gradient clipping (global L2 norm per network)")
+    mixed_precision: str = _f(
+        "auto", "auto (fp16 on CUDA, fp32 on CPU) | fp16 | bf16 | no", choices=["auto", "fp16", "bf16", "no"]
+    )
+    segment_size: int = _f(8192, "samples of each clip decoded per step (VITS: 8192 = 32 frames of hop 256)")
+    mel_weight: float = _f(45.0, "weight of the mel L1 loss")
+    kl_weight: float = _f(1.0, "weight of the KL loss")
+    duration_weight: float = _f(1.0, "weight of the duration loss")
+    adversarial_weight: float = _f(1.0, "weight of the generator's adversarial loss")
+    feature_matching_weight: float = _f(2.0, "weight of the feature-matching loss")
+    discriminator_width: float = _f(1.0, "channel multiplier of a fresh discriminator (1.0 = VITS size)")
+    extend_vocab: bool = _f(False, "add characters the data needs to the vocabulary (new embedding rows)")
+    mas_backend: str = _f(
+        "auto", "alignment search: auto | torch (GPU) | numba (CPU)", choices=["auto", "torch", "numba"]
+    )
+    seed: int = _f(42, "random seed (data order, segments, init of new parts)")
+    # --- saving, evaluation, logging ---
+    save_minutes: float = _f(30.0, "checkpoint at least this often (and at epoch ends, overhead permitting)")
+    keep_checkpoints: int = _f(
+        2, "complete checkpoints kept (older ones deleted after a newer one is complete)"
+    )
+    eval_samples: int = _f(3, "validation sentences synthesised to WAV at each evaluation")
+    resume: str = _f("auto", "auto (newest complete checkpoint) | none | PATH of a checkpoint folder")
+    log_every: int = _f(10, "optimiser steps between metric lines (metrics.jsonl, trackers)")
+    report_to: str = _f(
+        "none",
+        "none | tensorboard | wandb (through accelerate's trackers)",
+        choices=["none", "tensorboard", "wandb"],
+    )
+    # --- hardware ---
+    cpu: bool = _f(False, "run on CPU even when a GPU is present")
+    demo: bool = _f(
+        False, "built-in tone-language data + tiny model, ~2 minutes on CPU, under training/demo/"
+    )
+
+    def loss_weights(self):
+        from .losses import LossWeights
+
+        return LossWeights(
+            mel=self.mel_weight,
+            kl=self.kl_weight,
+            duration=self.duration_weight,
+            adversarial=self.adversarial_weight,
+            feature_matching=self.feature_matching_weight,
+        )
+
+    def to_dict(self) -> dict:
+        return dataclasses.asdict(self)
+
+    @property
+    def target_seconds(self) -> float:
+        return self.target_hours * 3600.0
+
+    def validate(self) -> None:
+        """Reject what the code does not support instead of ignoring it."""
+        positive = {
+            "target_hours": self.target_hours,
+            "batch_size": self.batch_size,
+            "gradient_accumulation_steps": self.gradient_accumulation_steps,
+            "learning_rate": self.learning_rate,
+            "segment_size": self.segment_size,
+            "keep_checkpoints": self.keep_checkpoints,
+            "save_minutes": self.save_minutes,
+            "log_every": self.log_every,
+            "discriminator_width": self.discriminator_width,
+        }
+        for name, value in positive.items():
+            if not (isinstance(value, int | float) and math.isfinite(value) and value > 0):
+                raise UserError(f"--{name} must be positive (got {value})")
+        if self.total_hours is not None and not self.total_hours > 0:
+            raise UserError(f"--total_hours must be positive (got {self.total_hours})")
+        for name in ("max_samples", "benchmark_samples", "warmup_steps", "num_workers", "eval_samples"):
+            if getattr(self, name) < 0:
+                raise UserError(f"--{name} must be 0 or more (got {getattr(self, name)})")
+        if not 0.0 <= self.val_fraction < 0.5:
+            raise UserError(f"--val_fraction must be in [0, 0.5) (got {self.val_fraction})")
+        if not 0.0 <= self.min_lr_ratio <= 1.0:
+            raise UserError(f"--min_lr_ratio must be in [0, 1] (got {self.min_lr_ratio})")
+        if self.max_ram_gb < 0:
+            raise UserError(f"--max_ram_gb must be 0 or more (got {self.max_ram_gb})")
+
+
+def add_arguments(parser: argparse.ArgumentParser, cls=TrainConfig, skip: tuple[str, ...] = ()) -> None:
+    """One flag per field (snake_case, as in the config), with its default in --help."""
+    for f in fields(cls):
+        if f.name in skip:
+            continue
+        help_text = f.metadata.get("help", "")
+        default = f.default if f.default is not dataclasses.MISSING else f.default_factory()
+        flag = f"--{f.name}"
+        if f.type in ("bool", bool):
+            parser.add_argument(flag, action=argparse.BooleanOptionalAction, default=default, help=help_text)
+            continue
+        if f.name == "mixed_precision":
+            group = parser.add_mutually_exclusive_group()
+            group.add_argument(flag, default=default, choices=f.metadata["choices"], help=help_text)
+            group.add_argument(
+                "--fp16", dest=f.name, action="store_const", const="fp16", help="= --mixed_precision fp16"
+            )
+            group.add_argument(
+                "--bf16", dest=f.name, action="store_const", const="bf16", help="= --mixed_precision bf16"
+            )
+            group.add_argument(
+                "--no_mixed_precision",
+                dest=f.name,
+                action="store_const",
+                const="no",
+                help="= --mixed_precision no",
+            )
+            continue
+        kind = {"int": int, "float": float, "str": str, "float | None": float}.get(str(f.type), str)
+        parser.add_argument(
+            flag, type=kind, default=default, choices=f.metadata.get("choices"), help=help_text
+        )
+
+
+def config_from_args(args: argparse.Namespace, cls=TrainConfig):
+    values = {f.name: getattr(args, f.name) for f in fields(cls) if hasattr(args, f.name)}
+    return cls(**values)

@@ -1,0 +1,89 @@
+"""Validation on held-out clips (teacher-forced mel and KL) and listening samples.
+
+Runs on the unwrapped generator on every process with no collective operation inside, so it can
+never deadlock a multi-GPU run; a fixed seed makes the stochastic parts (posterior sample, duration
+noise) repeatable, so two evaluations of the same weights give the same numbers.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from pathlib import Path
+
+import numpy as np
+import soundfile as sf
+import torch
+
+from .losses import LossWeights
+
+
+def move_batch(batch: dict[str, torch.Tensor], device: torch.device) -> dict[str, torch.Tensor]:
+    # non_blocking pairs with the DataLoader's pinned memory; BatchEncoding.to() is avoided on purpose
+    return {k: v.to(device, non_blocking=True) for k, v in batch.items()}
+
+
+@torch.no_grad()
+def evaluate(generator, loader, device: torch.device, autocast=None, seed: int = 1234, weights=None) -> dict:
+    """Mean validation losses over `loader`: val_mel (full-length L1 of log-mels), val_kl, val_duration,
+    and val_loss (their weighted sum, with the training weights)."""
+    weights = weights or LossWeights()
+    was_training = generator.training
+    generator.eval()
+    sums = {"mel": 0.0, "kl": 0.0, "duration": 0.0}
+    count = 0
+    devices = [device] if device.type == "cuda" else []
+    with torch.random.fork_rng(devices=devices):
+        torch.manual_seed(seed)
+        for batch in loader:
+            batch = move_batch(batch, device)
+            with autocast() if autocast else contextlib.nullcontext():
+                out = generator(
+                    batch["input_ids"],
+                    batch["attention_mask"],
+                    batch["audio"],
+                    batch["audio_lengths"],
+                    batch.get("speaker_ids"),
+                    full_length=True,
+                )
+            n = batch["input_ids"].size(0)
+            for key in sums:
+                sums[key] += float(getattr(out, key)) * n
+            count += n
+    generator.train(was_training)
+    if count == 0:
+        return {}
+    result = {f"val_{k}": v / count for k, v in sums.items()}
+    result["val_loss"] = (
+        weights.mel * result["val_mel"]
+        + weights.kl * result["val_kl"]
+        + weights.duration * result["val_duration"]
+    )
+    return result
+
+
+@torch.no_grad()
+def synthesize(
+    model,
+    text_encoder,
+    sentences: list[tuple[str, str, int]],
+    out_dir: Path,
+    device: torch.device,
+    seed: int = 1234,
+) -> list[Path]:
+    """Speak each (name, text, speaker id) with the plain transformers inference path; write 16-bit WAVs."""
+    out_dir.mkdir(parents=True, exist_ok=True)
+    was_training = model.training
+    model.eval()
+    written = []
+    devices = [device] if device.type == "cuda" else []
+    with torch.random.fork_rng(devices=devices):
+        torch.manual_seed(seed)
+        for name, text, speaker in sentences:
+            ids = torch.tensor([text_encoder.encode(text)], dtype=torch.long, device=device)
+            kwargs = {"speaker_id": speaker} if model.config.num_speakers > 1 else {}
+            waveform = model(input_ids=ids, **kwargs).waveform[0].float().cpu().numpy()
+            path = out_dir / f"{name}.wav"
+            sf.write(path, np.clip(waveform, -1.0, 1.0), model.config.sampling_rate, subtype="PCM_16")
+            written.append(path)
+    model.train(was_training)
+    return written

@@ -1,0 +1,437 @@
+"""The training loop shared by train_vits.py and train_feedback.py.
+
+One optimiser step = `gradient_accumulation_steps` micro-batches (fewer at the end of an epoch).
+After each step the budget is told how long it took; once the benchmark samples are measured the
+run is planned, and from then on it re-plans each epoch and stops at the last step boundary after
+which the final evaluation, checkpoint and export still fit before the deadline. Evaluations and
+checkpoints in between happen at epoch ends (skipped when they would cost more than ~10 % of the
+training time or no longer fit) and every --save_minutes. SIGINT/SIGTERM end the run the same way,
+minus the final evaluation: finish the step, save, export, exit 0.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import shutil
+import signal
+import time
+from pathlib import Path
+
+import torch
+
+from .checkpoint import checkpoint_name, prune_checkpoints, write_checkpoint
+from .discriminator import save_discriminator
+from .evaluate import evaluate, move_batch, synthesize
+from .reporting import MetricsLog, Progress, log_audio_to_trackers, plot_losses
+from .runtime import git_revision
+from .session import Session
+from .step import GanStep
+from .trainstate import checkpoint_files
+from .vits import export_model
+
+OVERHEAD_SHARE = 0.1  # epoch-end evals/saves are skipped when they would exceed this share of the time
+
+
+class SignalStop:
+    """First SIGINT/SIGTERM: finish the step, save, exit 0. Second: exit at once."""
+
+    def __init__(self, log):
+        self.log = log
+        self.received: str | None = None
+        self._previous = {}
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            try:
+                self._previous[sig] = signal.signal(sig, self._handle)
+            except ValueError:  # not the main thread (e.g. called from a notebook worker)
+                pass
+
+    def _handle(self, signum, frame):
+        name = signal.Signals(signum).name
+        if self.received is not None:
+            self.log(f"{name} again: exiting now without saving")
+            os._exit(128 + signum)
+        self.received = name
+        self.log(f"{name} received: finishing this step, then saving (send it again to exit at once)")
+
+    def restore(self):
+        for sig, handler in self._previous.items():
+            signal.signal(sig, handler)
+
+
+class Trainer:
+    def __init__(self, session: Session):
+        self.s = session
+        cfg = session.cfg
+        self.metrics = MetricsLog(session.checkpoint_dir / "metrics.jsonl", session.is_main)
+        self.step_fn = GanStep(
+            session.accelerator,
+            session.generator,
+            session.discriminator,
+            session.g_optimizer,
+            session.d_optimizer,
+            cfg.loss_weights(),
+            cfg.max_grad_norm,
+        )
+        self.accumulation = cfg.gradient_accumulation_steps
+        self.last_eval = self.last_save = time.time()
+        self.data_wait = 0.0
+        self.train_seconds = 0.0
+        self.resumed_from_step = session.budget.global_step if session.resumed_from else None
+        self.last_checkpoint: Path | None = session.resumed_from
+        self.last_val: dict | None = None
+
+    # ---- helpers --------------------------------------------------------------------------------
+
+    def stop_decision(self, signals: SignalStop) -> str | None:
+        """The main process decides (its clock, its signals); every rank gets the same answer."""
+        s = self.s
+        code = 0
+        if s.is_main:
+            code = 2 if signals.received else (1 if s.budget.should_stop() else 0)
+        if s.accelerator.num_processes > 1:
+            from accelerate.utils import broadcast
+
+            code = int(broadcast(torch.tensor([code], device=s.device), from_process=0).item())
+        return {0: None, 1: "budget", 2: "signal"}[code]
+
+    def clip_ids(self, indices: list[torch.Tensor]) -> list[str]:
+        store = self.s.data.store
+        return [store.ids[int(i)] for t in indices for i in t.tolist()]
+
+    # ---- evaluation, checkpoints, export ---------------------------------------------------------
+
+    def run_eval(self, tag: str, export_best: bool = True) -> dict:
+        s = self.s
+        t0 = time.perf_counter()
+        results = {}
+        for name, loader in s.val_loaders.items():
+            values = evaluate(
+                s.generator_raw, loader, s.device, s.accelerator.autocast, weights=s.cfg.loss_weights()
+            )
+            prefix = "" if name == "val" else f"{name}_"
+            results.update({prefix + k: v for k, v in values.items()})
+        step = s.budget.global_step
+        primary = next(iter(s.val_loaders))
+        primary_mel = results.get("val_mel" if primary == "val" else f"{primary}_val_mel")
+        improved = primary_mel is not None and (s.state.best_val is None or primary_mel < s.state.best_val)
+        record = {
+            "event": "eval",
+            "tag": tag,
+            "step": step,
+            "epoch": s.state.epoch,
+            "time": time.time(),
+            **results,
+        }
+        s.state.val_history.append({k: v for k, v in record.items() if k != "event"})
+        self.metrics.write(record)
+        if s.is_main and s.cfg.eval_samples:
+            self.write_samples(step)
+        if improved:
+            s.state.best_val, s.state.best_step = primary_mel, step
+        s.log(
+            f"eval ({tag}) step {step}: "
+            + ", ".join(f"{k} {v:.4f}" for k, v in results.items())
+            + (" (best so far)" if improved else "")
+        )
+        if s.accelerator.trackers:
+            s.accelerator.log(results, step=step)
+        s.budget.observe_eval(time.perf_counter() - t0)
+        self.last_eval = time.time()
+        if improved and export_best:
+            t1 = time.perf_counter()
+            self.export(s.checkpoint_dir / "best_model")
+            s.budget.observe_export(time.perf_counter() - t1)
+        self.last_val = results
+        return results
+
+    def write_samples(self, step: int) -> None:
+        s = self.s
+        items = next(iter(s.data.val_sets.values()), None)
+        if items is None:
+            return
+        sentences = []
+        for k in range(min(s.cfg.eval_samples, len(items))):
+            idx = int(items.indices[k])
+            sentences.append((s.data.store.ids[idx], s.data.store.texts[idx], int(items.speaker_ids[k])))
+        folder = s.checkpoint_dir / "samples" / checkpoint_name(step)
+        paths = synthesize(s.model, s.text, sentences, folder, s.device)
+        log_audio_to_trackers(s.accelerator, paths, step, s.model.config.sampling_rate)
+
+    def trainer_state(self) -> dict:
+        s = self.s
+        return {
+            "global_step": s.budget.global_step,
+            "train_state": s.state.to_dict(),
+            "budget": s.budget.state_dict(),
+            "val_ids": s.data.val_ids,
+            "speakers": s.speakers,
+            "config": s.cfg.to_dict(),
+            "model_source": s.model_source,
+            "git_revision": git_revision(),
+            "versions": {"torch": torch.__version__, "transformers": _version("transformers")},
+        }
+
+    def save_checkpoint(self, why: str) -> Path | None:
+        """Write a complete checkpoint (main process); a failed write warns and training goes on."""
+        s = self.s
+        t0 = time.perf_counter()
+        path = None
+        if s.is_main:
+            files = checkpoint_files(
+                s.model,
+                s.text.tokenizer,
+                s.discriminator_raw,
+                s.g_optimizer,
+                s.d_optimizer,
+                s.g_scheduler,
+                s.d_scheduler,
+                s.accelerator.scaler,
+                self.trainer_state(),
+            )
+            try:
+                path = write_checkpoint(s.checkpoint_dir, s.budget.global_step, files, info={"why": why})
+            except OSError as err:
+                s.log(
+                    f"warning: checkpoint at step {s.budget.global_step} failed ({err.strerror or err}); "
+                    f"the previous one is intact, retrying at the next interval"
+                )
+            else:
+                self.last_checkpoint = path
+                prune_checkpoints(s.checkpoint_dir, s.cfg.keep_checkpoints, protect=path)
+        s.accelerator.wait_for_everyone()
+        s.budget.observe_save(time.perf_counter() - t0)
+        self.last_save = time.time()
+        return path
+
+    def export(self, folder: Path) -> Path | None:
+        s = self.s
+        if not s.is_main:
+            return None
+        speakers = s.speakers if s.model.config.num_speakers > 1 else None
+        return export_model(
+            s.model,
+            s.text.tokenizer,
+            folder,
+            speakers,
+            extras=lambda tmp: save_discriminator(s.discriminator_raw, tmp),
+        )
+
+    # ---- the loop --------------------------------------------------------------------------------
+
+    def train(self) -> dict:
+        s, cfg, budget, state = self.s, self.s.cfg, self.s.budget, self.s.state
+        acc = s.accelerator
+        signals = SignalStop(s.log)
+        progress = Progress(s.log, s.is_main, s.device)
+        if cfg.report_to != "none":
+            acc.init_trackers("vits_trainer", config=_flat_config(cfg.to_dict()))
+        if s.resumed_from is None and s.val_loaders:
+            self.run_eval("start", export_best=False)  # baseline, and a measured eval time for the plan
+        warning = budget.horizon_warning()
+        if warning:
+            s.log(f"warning: {warning}")
+        budget.start_training()
+        stop_reason = None
+        window = {"samples": 0, "seconds": 0.0, "wait": 0.0, "steps": 0}
+        sums: dict[str, torch.Tensor] = {}
+        while stop_reason is None:
+            s.sampler.set_epoch(state.epoch)
+            s.sampler.set_start(state.batch_in_epoch)
+            n_batches = len(s.sampler)
+            b = state.batch_in_epoch
+            cycle_samples, cycle_indices = 0, []
+            it = iter(s.loader) if b < n_batches else iter(())
+            t_step = time.perf_counter()
+            while b < n_batches:
+                t0 = time.perf_counter()
+                try:
+                    batch = next(it)
+                except StopIteration:
+                    break
+                wait = time.perf_counter() - t0
+                self.data_wait += wait
+                window["wait"] += wait
+                cycle_start = (b // self.accumulation) * self.accumulation
+                cycle_length = min(self.accumulation, n_batches - cycle_start)
+                indices = batch.pop("indices")
+                batch.pop("text_lengths", None)
+                batch = move_batch(batch, s.device)
+                result = self.step_fn(batch, b - cycle_start, cycle_length)
+                b += 1
+                cycle_samples += indices.numel()
+                cycle_indices.append(indices)
+                for k, v in result.metrics.items():
+                    sums[k] = sums.get(k, 0.0) + v.float()
+                if not result.synced:
+                    continue
+
+                # ---- an optimiser step ended --------------------------------------------------
+                now = time.perf_counter()
+                seconds, t_step = now - t_step, now
+                samples = cycle_samples * acc.num_processes
+                budget.observe_step(seconds, samples)
+                s.g_scheduler.step()
+                s.d_scheduler.step()
+                self.train_seconds += seconds
+                window["samples"] += samples
+                window["seconds"] += seconds
+                window["steps"] += 1
+                state.samples_seen += samples
+                state.batch_in_epoch = b
+                if result.skipped:
+                    state.skipped_steps += 1
+                    ids = self.clip_ids(cycle_indices)
+                    s.log(
+                        f"warning: step {budget.global_step} skipped (non-finite loss or gradient; no weights "
+                        f"changed), clips: {', '.join(ids[:8])}{' ...' if len(ids) > 8 else ''}"
+                    )
+                cycle_samples, cycle_indices = 0, []
+
+                if budget.current_plan is None and budget.benchmark_done():
+                    self.make_plan(progress)
+                if budget.global_step % cfg.log_every == 0:
+                    self.log_step(sums, window, progress, n_batches - b)
+                    sums = {}
+                    window = {"samples": 0, "seconds": 0.0, "wait": 0.0, "steps": 0}
+                if time.time() - self.last_save >= cfg.save_minutes * 60 and budget.can_afford(
+                    budget.save_seconds()
+                ):
+                    self.save_checkpoint("interval")
+                stop_reason = self.stop_decision(signals)
+                if stop_reason:
+                    break
+            if stop_reason:
+                break
+            # ---- epoch end --------------------------------------------------------------------------
+            state.epoch += 1
+            state.batch_in_epoch = 0
+            state.epochs_completed += 1
+            if budget.current_plan is not None:
+                budget.replan()
+            self.epoch_end_housekeeping()
+            stop_reason = self.stop_decision(signals)
+        progress.close()
+        signals.restore()
+        return self.finish(stop_reason)
+
+    def make_plan(self, progress: Progress) -> None:
+        s, cfg = self.s, self.s.cfg
+        effective = cfg.batch_size * self.accumulation * s.accelerator.num_processes
+        plan = s.budget.plan(len(s.data.train), effective)
+        s.log(plan.describe())
+        message = s.budget_lr.warmup_message()
+        if message:
+            s.log(message)
+        progress.set_total(plan.optimizer_steps + (self.resumed_from_step or 0), s.budget.global_step)
+        self.metrics.write({"event": "plan", "step": s.budget.global_step, **plan.to_dict()})
+
+    def log_step(self, sums: dict, window: dict, progress: Progress, batches_left: int) -> None:
+        s = self.s
+        micro = max(1, window["steps"] * self.accumulation)
+        values = {k: float(v) / micro for k, v in sums.items()}  # the one sync of a log step
+        values["samples_per_second"] = window["samples"] / max(window["seconds"], 1e-9)
+        values["data_wait_fraction"] = window["wait"] / max(window["seconds"], 1e-9)
+        values["lr"] = s.g_optimizer.param_groups[0]["lr"]
+        values["skipped_steps"] = s.state.skipped_steps
+        record = {"step": s.budget.global_step, "epoch": s.state.epoch, "time": time.time(), **values}
+        if s.device.type == "cuda":
+            record["vram_gb"] = torch.cuda.max_memory_allocated(s.device) / 2**30
+        self.metrics.write(record)
+        if s.accelerator.trackers:
+            s.accelerator.log(values, step=s.budget.global_step)
+        epoch_eta = batches_left / self.accumulation * s.budget.step_seconds()
+        progress.update(s.budget.global_step, values, s.budget, epoch_eta)
+
+    def epoch_end_housekeeping(self) -> None:
+        s, budget = self.s, self.s.budget
+        since_eval = time.time() - self.last_eval
+        if s.val_loaders and since_eval * OVERHEAD_SHARE >= budget.eval_seconds():
+            if budget.can_afford(budget.eval_seconds() + budget.export_seconds()):
+                self.run_eval(f"epoch {s.state.epoch}")
+        since_save = time.time() - self.last_save
+        if since_save * OVERHEAD_SHARE >= budget.save_seconds() and budget.can_afford(budget.save_seconds()):
+            self.save_checkpoint("epoch")
+
+    def finish(self, stop_reason: str | None) -> dict:
+        s, budget = self.s, self.s.budget
+        if stop_reason != "signal" and s.val_loaders:
+            self.run_eval("final", export_best=False)
+        final_is_best = bool(s.state.val_history) and s.state.best_step == budget.global_step
+        self.save_checkpoint(stop_reason or "end")
+        t0 = time.perf_counter()
+        exported = None
+        try:
+            exported = self.export(s.output_dir)
+            if exported and final_is_best:
+                best = s.checkpoint_dir / "best_model"
+                tmp = best.with_name(".best_model.tmp")
+                shutil.rmtree(tmp, ignore_errors=True)
+                shutil.copytree(exported, tmp)
+                shutil.rmtree(best, ignore_errors=True)
+                os.replace(tmp, best)
+        except OSError as err:
+            s.log(
+                f"error: exporting the final model to {s.output_dir} failed ({err.strerror or err}); "
+                f"the last good checkpoint is {self.last_checkpoint}"
+            )
+        budget.observe_export(time.perf_counter() - t0)
+        summary = self.summary(stop_reason, exported)
+        if s.is_main:
+            if exported:
+                (exported / "train_summary.json").write_text(json.dumps(summary, indent=1), encoding="utf-8")
+            (s.checkpoint_dir / "train_summary.json").write_text(
+                json.dumps(summary, indent=1), encoding="utf-8"
+            )
+            try:
+                plot_losses(s.checkpoint_dir / "metrics.jsonl", s.checkpoint_dir / "loss_curve.png")
+            except Exception as err:  # a plot is never worth losing the run's ending over
+                s.log(f"warning: loss curve not written ({err})")
+        if s.accelerator.trackers:
+            s.accelerator.end_training()
+        s.accelerator.wait_for_everyone()
+        return summary
+
+    def summary(self, stop_reason: str | None, exported: Path | None) -> dict:
+        s, budget, state = self.s, self.s.budget, self.s.state
+        first = budget.first_plan
+        return {
+            "target_seconds": budget.target_seconds,
+            "wall_seconds": budget.elapsed(),
+            "steps": budget.global_step,
+            "session_steps": budget.session_steps,
+            "epochs_planned": first.epochs if first else None,
+            "epochs_completed": state.epochs_completed,
+            "epochs_trained": state.samples_seen / max(1, len(s.data.train)),
+            "samples_per_second": budget.samples_per_second(),
+            "best_val_loss": state.best_val,
+            "best_step": state.best_step,
+            "final_val": self.last_val,
+            "stopped_reason": stop_reason or "end",
+            "resumed_from_step": self.resumed_from_step,
+            "data_wait_fraction": self.data_wait / max(self.train_seconds, 1e-9),
+            "preload_seconds": s.preload_seconds,
+            "skipped_steps": state.skipped_steps,
+            "plan": first.to_dict() if first else None,
+            "final_model": str(exported) if exported else None,
+            "last_checkpoint": str(self.last_checkpoint) if self.last_checkpoint else None,
+            "best_model": str(s.checkpoint_dir / "best_model") if state.best_step is not None else None,
+        }
+
+
+def _flat_config(config: dict) -> dict:
+    return {k: (v if isinstance(v, int | float | str | bool) else str(v)) for k, v in config.items()}
+
+
+def _version(package: str) -> str | None:
+    try:
+        from importlib.metadata import version
+
+        return version(package)
+    except Exception:
+        return None
+
+
+def finite_or_none(x: float | None) -> float | None:
+    return x if x is not None and math.isfinite(x) else None

@@ -1,0 +1,154 @@
+"""What the user sees and keeps: the progress bar or log lines, metrics.jsonl, the loss-curve PNG,
+and accelerate's trackers (TensorBoard / W&B) with validation audio."""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+
+import torch
+
+from .runtime import is_interactive
+
+
+def _fmt_seconds(seconds: float) -> str:
+    seconds = max(0, int(seconds))
+    h, rest = divmod(seconds, 3600)
+    m, s = divmod(rest, 60)
+    return f"{h}:{m:02d}:{s:02d}" if h else f"{m}:{s:02d}"
+
+
+def vram_text(device: torch.device) -> str | None:
+    if device.type != "cuda":
+        return None
+    used = torch.cuda.memory_reserved(device) / 2**30
+    total = torch.cuda.get_device_properties(device).total_memory / 2**30
+    return f"{used:.1f}/{total:.0f}G"
+
+
+class MetricsLog:
+    """Append-only JSON lines; a resumed run keeps appending to the same file."""
+
+    def __init__(self, path: Path, enabled: bool):
+        self.path = path
+        self.enabled = enabled
+
+    def write(self, record: dict) -> None:
+        if not self.enabled:
+            return
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        with open(self.path, "a", encoding="utf-8") as f:
+            f.write(json.dumps(record, ensure_ascii=False) + "\n")
+
+
+class Progress:
+    """A tqdm bar on a terminal, plain lines otherwise (logs of Kaggle/Colab/CI are not TTYs)."""
+
+    def __init__(self, log, enabled: bool, device: torch.device):
+        self.log = log
+        self.device = device
+        self.enabled = enabled
+        self.bar = None
+        if enabled and is_interactive():
+            from tqdm import tqdm
+
+            self.bar = tqdm(total=None, unit="step", dynamic_ncols=True, leave=True)
+            log.bar = self.bar
+
+    def set_total(self, total: int, done: int) -> None:
+        if self.bar is not None:
+            self.bar.total = total
+            self.bar.n = done
+            self.bar.refresh()
+
+    def update(self, step: int, values: dict, budget, epoch_eta: float | None) -> None:
+        if not self.enabled:
+            return
+        fields = {
+            "loss": f"{values['loss_g']:.3f}",
+            "mel": f"{values['mel']:.3f}",
+            "samples/s": f"{values['samples_per_second']:.1f}",
+            "wait": f"{100 * values['data_wait_fraction']:.0f}%",
+        }
+        vram = vram_text(self.device)
+        if vram:
+            fields["vram"] = vram
+        if epoch_eta is not None:
+            fields["epoch ETA"] = _fmt_seconds(epoch_eta)
+        fields["ETA"] = _fmt_seconds(budget.remaining())
+        if self.bar is not None:
+            self.bar.n = step
+            self.bar.set_postfix(fields, refresh=True)
+        else:
+            self.log(f"step {step} | " + " | ".join(f"{k} {v}" for k, v in fields.items()))
+
+    def close(self) -> None:
+        if self.bar is not None:
+            self.bar.close()
+            self.log.bar = None
+            self.bar = None
+
+
+def plot_losses(metrics_path: Path, out_path: Path) -> Path | None:
+    """Training mel/total loss and validation mel against steps, from metrics.jsonl."""
+    if not metrics_path.is_file():
+        return None
+    train, val = [], []
+    for line in metrics_path.read_text(encoding="utf-8").splitlines():
+        try:
+            record = json.loads(line)
+        except ValueError:
+            continue
+        if record.get("event") == "eval" and "val_mel" in record:
+            val.append((record["step"], record["val_mel"]))
+        elif "mel" in record:
+            train.append((record["step"], record["mel"], record.get("loss_g")))
+    if not train and not val:
+        return None
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(8, 4.5), dpi=100)
+    if train:
+        ax.plot([t[0] for t in train], [t[1] for t in train], label="train mel L1", alpha=0.8)
+    if val:
+        ax.plot([v[0] for v in val], [v[1] for v in val], "o-", label="validation mel L1")
+    ax.set_xlabel("optimizer step")
+    ax.set_ylabel("mel L1 (log-mel)")
+    ax.grid(alpha=0.3)
+    ax.legend()
+    fig.tight_layout()
+    tmp = out_path.with_name(out_path.name + ".tmp.png")
+    fig.savefig(tmp)
+    plt.close(fig)
+    tmp.replace(out_path)
+    return out_path
+
+
+def log_audio_to_trackers(accelerator, paths: list[Path], step: int, sample_rate: int) -> None:
+    """Validation samples to TensorBoard / W&B; other trackers get nothing (they take no audio)."""
+    import soundfile as sf
+
+    for tracker in getattr(accelerator, "trackers", []):
+        name = getattr(tracker, "name", "")
+        for path in paths:
+            audio, sr = sf.read(path, dtype="float32")
+            if name == "tensorboard":
+                tracker.writer.add_audio(
+                    f"samples/{path.stem}", torch.from_numpy(audio), step, sample_rate=sr
+                )
+            elif name == "wandb":
+                import wandb
+
+                tracker.log({f"samples/{path.stem}": wandb.Audio(audio, sample_rate=sr)}, step=step)
+
+
+class Stopwatch:
+    def __init__(self):
+        self.start = time.perf_counter()
+
+    def __call__(self) -> float:
+        return time.perf_counter() - self.start

@@ -1,0 +1,173 @@
+"""One VITS training step under `accelerate`: a discriminator block, then a generator block.
+
+Order and bookkeeping, and why:
+- D is trained on detached fakes; its gradients are cleared right before its first backward of an
+  accumulation cycle, so nothing from an earlier generator pass can leak into its update.
+- The generator's adversarial pass runs through the unwrapped D with D's parameters frozen
+  (`requires_grad_(False)`): gradients reach the fake waveform but are never written into D.
+- Both optimisers step together at the end of the cycle, after one finiteness check of every loss
+  and both gradient norms: a non-finite step is skipped for BOTH networks (no weights touched).
+  This is why D steps after the generator's backward (its adversarial terms therefore see D from
+  before this step's update; the gradients are the same ones VITS would compute otherwise).
+- Gradient accumulation is driven by the loop (cycle position and length per call), so a cycle can
+  end early at an epoch boundary and the micro-batch can shrink after an out-of-memory error; DDP
+  gradient sync is suppressed with `accelerator.no_sync` on all but a cycle's last micro-batch.
+- One GradScaler serves both optimisers (fp16): unscale both, check, step both, update once.
+  `AcceleratedOptimizer.step` would call `update()` after each optimiser, so the raw optimisers are
+  stepped here instead.
+- Losses and spectrograms are float32 (autocast covers only the networks).
+"""
+
+from __future__ import annotations
+
+import contextlib
+from dataclasses import dataclass, field
+
+import torch
+
+from .losses import (
+    LossWeights,
+    discriminator_loss,
+    feature_matching_loss,
+    generator_adversarial_loss,
+    generator_total,
+)
+
+
+def make_optimizer(params, lr: float, weight_decay: float = 0.01) -> torch.optim.AdamW:
+    """AdamW as VITS trains it: betas (0.8, 0.99), eps 1e-9."""
+    return torch.optim.AdamW(
+        [p for p in params if p.requires_grad], lr=lr, betas=(0.8, 0.99), eps=1e-9, weight_decay=weight_decay
+    )
+
+
+def grad_norm(params: list[torch.nn.Parameter]) -> torch.Tensor:
+    grads = [p.grad for p in params if p.grad is not None]
+    if not grads:
+        return torch.zeros(())
+    return torch.linalg.vector_norm(torch.stack([torch.linalg.vector_norm(g.float()) for g in grads]))
+
+
+@dataclass
+class StepResult:
+    synced: bool  # end of an accumulation cycle: the optimisers were asked to step
+    skipped: bool = False  # non-finite losses or gradients: neither network was updated
+    metrics: dict[str, torch.Tensor] = field(default_factory=dict)  # detached, on the device
+
+
+class GanStep:
+    """Drives generator + discriminator for one micro-batch of an accumulation cycle."""
+
+    def __init__(
+        self,
+        accelerator,
+        generator,
+        discriminator,
+        g_optimizer: torch.optim.Optimizer,
+        d_optimizer: torch.optim.Optimizer,
+        weights: LossWeights | None = None,
+        max_grad_norm: float = 10.0,
+    ):
+        self.accelerator = accelerator
+        self.generator = generator
+        self.discriminator = discriminator
+        self.disc_raw = accelerator.unwrap_model(discriminator)
+        self.g_optimizer = g_optimizer
+        self.d_optimizer = d_optimizer
+        self.weights = weights or LossWeights()
+        self.max_grad_norm = max_grad_norm
+        self.g_params = [p for group in g_optimizer.param_groups for p in group["params"]]
+        self.d_params = [p for group in d_optimizer.param_groups for p in group["params"]]
+
+    def _no_sync(self, sync: bool):
+        if sync or self.accelerator.num_processes == 1:
+            return contextlib.nullcontext()
+        stack = contextlib.ExitStack()
+        stack.enter_context(self.accelerator.no_sync(self.generator))
+        stack.enter_context(self.accelerator.no_sync(self.discriminator))
+        return stack
+
+    def __call__(
+        self, batch: dict[str, torch.Tensor], micro_index: int = 0, cycle_length: int = 1
+    ) -> StepResult:
+        """Micro-batch `micro_index` of a cycle of `cycle_length`; the optimisers step after the last one."""
+        acc = self.accelerator
+        first, last = micro_index == 0, micro_index == cycle_length - 1
+        with self._no_sync(last):
+            with acc.autocast():
+                out = self.generator(
+                    batch["input_ids"],
+                    batch["attention_mask"],
+                    batch["audio"],
+                    batch["audio_lengths"],
+                    batch.get("speaker_ids"),
+                )
+            real, fake = out.waveform_real, out.waveform_fake
+
+            # --- discriminator: real vs detached fake, one pass over both halves -----------------
+            with acc.autocast():
+                logits, _ = self.discriminator(torch.cat([real, fake.detach()], dim=0))
+            n = real.size(0)
+            loss_d, _, _ = discriminator_loss([x[:n] for x in logits], [x[n:] for x in logits])
+            if first:
+                self.d_optimizer.zero_grad(set_to_none=True)
+            acc.backward(loss_d / cycle_length)
+
+            # --- generator: adversarial + feature matching through a frozen D --------------------
+            self.disc_raw.requires_grad_(False)
+            try:
+                with acc.autocast():
+                    logits, features = self.disc_raw(torch.cat([real, fake], dim=0))
+            finally:
+                self.disc_raw.requires_grad_(True)
+            losses = {
+                "mel": out.mel,
+                "kl": out.kl,
+                "duration": out.duration,
+                "adversarial": generator_adversarial_loss([x[n:] for x in logits]),
+                "feature_matching": feature_matching_loss(
+                    [[f[:n] for f in fs] for fs in features], [[f[n:] for f in fs] for fs in features]
+                ),
+            }
+            loss_g = generator_total(losses, self.weights)
+            if first:
+                self.g_optimizer.zero_grad(set_to_none=True)
+            acc.backward(loss_g / cycle_length)
+
+            metrics = {k: v.detach() for k, v in losses.items()}
+            metrics["loss_g"] = loss_g.detach()
+            metrics["loss_d"] = loss_d.detach()
+        if not last:
+            return StepResult(synced=False, metrics=metrics)
+        return self._optimizer_step(metrics)
+
+    def _optimizer_step(self, metrics: dict[str, torch.Tensor]) -> StepResult:
+        scaler = self.accelerator.scaler
+        if scaler is not None:
+            scaler.unscale_(self.d_optimizer)
+            scaler.unscale_(self.g_optimizer)
+        norm_d, norm_g = grad_norm(self.d_params), grad_norm(self.g_params)
+        metrics["grad_norm_d"], metrics["grad_norm_g"] = norm_d, norm_g
+        checks = torch.stack(
+            [
+                metrics["loss_g"].float(),
+                metrics["loss_d"].float(),
+                norm_d.to(metrics["loss_g"].device),
+                norm_g.to(metrics["loss_g"].device),
+            ]
+        )
+        finite = bool(torch.isfinite(checks).all())  # the one host sync of an optimiser step
+        if finite:
+            torch.nn.utils.clip_grad_norm_(self.d_params, self.max_grad_norm)
+            torch.nn.utils.clip_grad_norm_(self.g_params, self.max_grad_norm)
+            if scaler is not None:
+                scaler.step(self.d_optimizer)
+                scaler.step(self.g_optimizer)
+            else:
+                self.d_optimizer.step()
+                self.g_optimizer.step()
+        if scaler is not None:
+            scaler.update()  # lowers the scale after an overflow, raises it after a calm stretch
+        self.d_optimizer.zero_grad(set_to_none=True)
+        self.g_optimizer.zero_grad(set_to_none=True)
+        return StepResult(synced=True, skipped=not finite, metrics=metrics)

@@ -1,0 +1,149 @@
+"""What a checkpoint holds and how it is turned back into a running session.
+
+A checkpoint carries the complete training state: generator and discriminator weights (safetensors),
+the model's config and tokenizer files (so an extended vocabulary survives), both optimisers and
+schedulers, the fp16 scaler, every RNG, and a JSON `trainer_state.json` (position in the data,
+budget spent, best validation loss, the validation ids, the speaker map, the resolved settings).
+"""
+
+from __future__ import annotations
+
+import json
+import random
+import tempfile
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from .checkpoint import (
+    bytes_to_object,
+    bytes_to_tensors,
+    json_bytes,
+    object_to_bytes,
+    read_file,
+    tensors_to_bytes,
+)
+
+TOKENIZER_FILES = ("vocab.json", "tokenizer_config.json", "special_tokens_map.json", "added_tokens.json")
+
+
+@dataclass
+class TrainState:
+    """Where the run is. Saved as JSON in every checkpoint."""
+
+    epoch: int = 0  # current epoch (0-based)
+    batch_in_epoch: int = 0  # batches of the current epoch already trained (always a cycle boundary)
+    epochs_completed: int = 0
+    samples_seen: int = 0
+    best_val: float | None = None  # lowest validation mel loss so far
+    best_step: int | None = None
+    skipped_steps: int = 0  # non-finite steps skipped (neither network updated)
+    recoveries: int = 0
+    sessions: int = 0
+    val_history: list[dict] = field(default_factory=list)
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: dict) -> TrainState:
+        known = {k: v for k, v in data.items() if k in cls.__dataclass_fields__}
+        return cls(**known)
+
+
+def rng_state() -> dict:
+    numpy_state = np.random.get_state()
+    state = {
+        "torch": torch.get_rng_state(),
+        "numpy_keys": torch.from_numpy(numpy_state[1].astype(np.int64)),
+        "numpy_meta": [numpy_state[2], numpy_state[3], numpy_state[4]],
+        "python": json.dumps(random.getstate()),
+    }
+    if torch.cuda.is_available():
+        state["cuda"] = torch.cuda.get_rng_state_all()
+    return state
+
+
+def set_rng_state(state: dict) -> None:
+    torch.set_rng_state(state["torch"])
+    pos, has_gauss, cached = state["numpy_meta"]
+    np.random.set_state(("MT19937", state["numpy_keys"].numpy().astype(np.uint32), pos, has_gauss, cached))
+    version, internal, gauss = json.loads(state["python"])
+    random.setstate((version, tuple(internal), gauss))
+    if "cuda" in state and torch.cuda.is_available() and len(state["cuda"]) == torch.cuda.device_count():
+        torch.cuda.set_rng_state_all(state["cuda"])
+
+
+def tokenizer_files(tokenizer) -> dict[str, bytes]:
+    with tempfile.TemporaryDirectory() as tmp:
+        tokenizer.save_pretrained(tmp)
+        return {
+            name: (Path(tmp) / name).read_bytes() for name in TOKENIZER_FILES if (Path(tmp) / name).exists()
+        }
+
+
+def checkpoint_files(
+    model,
+    tokenizer,
+    discriminator,
+    g_optimizer,
+    d_optimizer,
+    g_scheduler,
+    d_scheduler,
+    scaler,
+    trainer_state: dict,
+) -> dict[str, bytes]:
+    files = {
+        "generator.safetensors": tensors_to_bytes(model.state_dict()),
+        "config.json": json_bytes(model.config.to_dict()),
+        "discriminator.safetensors": tensors_to_bytes(discriminator.state_dict()),
+        "discriminator_config.json": json_bytes(discriminator.config.to_dict()),
+        "optimizer_g.pt": object_to_bytes(g_optimizer.state_dict()),
+        "optimizer_d.pt": object_to_bytes(d_optimizer.state_dict()),
+        "scheduler_g.pt": object_to_bytes(g_scheduler.state_dict()),
+        "scheduler_d.pt": object_to_bytes(d_scheduler.state_dict()),
+        "rng.pt": object_to_bytes(rng_state()),
+        "trainer_state.json": json_bytes(trainer_state),
+    }
+    if scaler is not None:
+        files["scaler.pt"] = object_to_bytes(scaler.state_dict())
+    files.update({f"tokenizer.{name}": data for name, data in tokenizer_files(tokenizer).items()})
+    return files
+
+
+class LoadedCheckpoint:
+    """Lazy, verified access to one checkpoint's parts (each file checked against the manifest)."""
+
+    def __init__(self, path: Path, manifest: dict):
+        self.path = path
+        self.manifest = manifest
+
+    def has(self, name: str) -> bool:
+        return name in self.manifest["files"]
+
+    def bytes(self, name: str) -> bytes:
+        return read_file(self.path, name, self.manifest)
+
+    def json(self, name: str):
+        return json.loads(self.bytes(name).decode("utf-8"))
+
+    def tensors(self, name: str) -> dict[str, torch.Tensor]:
+        return bytes_to_tensors(self.bytes(name))
+
+    def object(self, name: str):
+        return bytes_to_object(self.bytes(name))
+
+    def write_tokenizer(self, folder: Path) -> Path:
+        """Materialise the checkpoint's tokenizer files (and config.json) into `folder`."""
+        folder.mkdir(parents=True, exist_ok=True)
+        for name in self.manifest["files"]:
+            if name.startswith("tokenizer."):
+                (folder / name[len("tokenizer.") :]).write_bytes(self.bytes(name))
+        (folder / "config.json").write_bytes(self.bytes("config.json"))
+        return folder
+
+    @property
+    def step(self) -> int:
+        return int(self.manifest["step"])

@@ -1,0 +1,240 @@
+"""The VITS training forward, composed from the parts of transformers' `VitsModel`, and export.
+
+transformers ships the modules (text encoder, posterior encoder, flow, duration predictor, HiFi-GAN
+decoder, speaker embedding) but its `forward` refuses labels. `VitsGenerator.forward` is the training
+path of Kim et al. (2021): posterior encoder -> z; flow(z) -> z_p; monotonic alignment search on the
+log-likelihood of z_p under the text prior; duration loss; prior expanded by the path (KL); a random
+segment of z decoded to a waveform (mel reconstruction; the adversarial terms live in step.py).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import shutil
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+from torch import nn
+from transformers import VitsModel
+
+from .alignment import maximum_path
+from .losses import duration_loss_deterministic, kl_loss, mel_reconstruction_loss
+from .spectrogram import SpectrogramFrontEnd
+
+LOG_2PI = math.log(2 * math.pi)
+
+
+def sequence_mask(lengths: torch.Tensor, max_length: int) -> torch.Tensor:
+    return torch.arange(max_length, device=lengths.device).unsqueeze(0) < lengths.unsqueeze(1)
+
+
+def prior_log_likelihood(z_p: torch.Tensor, m_p: torch.Tensor, logs_p: torch.Tensor) -> torch.Tensor:
+    """log N(z_p[:, :, j] | m_p[:, :, i], exp(logs_p[:, :, i])) summed over channels -> [B, T_text, T_frames].
+
+    Expanded into four matrix products so no [B, C, T_text, T_frames] tensor is ever built.
+    z_p: [B, C, F]; m_p, logs_p: [B, C, T]. Float32 in, float32 out.
+    """
+    inv_var = torch.exp(-2.0 * logs_p)  # [B, C, T]
+    const = torch.sum(-0.5 * LOG_2PI - logs_p, dim=1).unsqueeze(-1)  # [B, T, 1]
+    quad_z = torch.matmul(inv_var.transpose(1, 2), -0.5 * z_p.square())  # [B, T, F]
+    cross = torch.matmul((m_p * inv_var).transpose(1, 2), z_p)  # [B, T, F]
+    quad_m = torch.sum(-0.5 * m_p.square() * inv_var, dim=1).unsqueeze(-1)  # [B, T, 1]
+    return const + quad_z + cross + quad_m
+
+
+def random_segment_starts(frame_lengths: torch.Tensor, segment_frames: int) -> torch.Tensor:
+    """A random start frame per item so the segment lies inside the clip (0 when the clip is shorter)."""
+    highest = (frame_lengths - segment_frames + 1).clamp(min=1)
+    return (torch.rand(frame_lengths.shape, device=frame_lengths.device) * highest).long()
+
+
+def slice_segments(x: torch.Tensor, starts: torch.Tensor, length: int) -> torch.Tensor:
+    """x: [B, C, T]; returns [B, C, length] with x[b, :, starts[b]:starts[b]+length] (a gather, no loop)."""
+    index = starts.view(-1, 1, 1) + torch.arange(length, device=x.device).view(1, 1, -1)
+    return torch.gather(x, 2, index.expand(x.size(0), x.size(1), length))
+
+
+@dataclass
+class GeneratorOutput:
+    waveform_fake: torch.Tensor  # [B, 1, segment samples], decoder output
+    waveform_real: torch.Tensor  # [B, 1, segment samples], the matching slice of the recording
+    mel: torch.Tensor  # L1 between log-mels, fp32
+    kl: torch.Tensor
+    duration: torch.Tensor
+    durations: torch.Tensor  # [B, 1, T_text] frames per token from the alignment search
+
+
+class VitsGenerator(nn.Module):
+    """A `VitsModel` plus the training forward. `self.model` stays a plain transformers model."""
+
+    def __init__(self, model: VitsModel, segment_frames: int = 32, mas_backend: str = "auto"):
+        super().__init__()
+        self.model = model
+        self.frontend = SpectrogramFrontEnd.from_vits_config(model.config)
+        self.segment_frames = segment_frames
+        self.mas_backend = mas_backend
+
+    @property
+    def hop_length(self) -> int:
+        return self.frontend.hop_length
+
+    def speaker_embedding(self, speaker_ids: torch.Tensor | None) -> torch.Tensor | None:
+        if self.model.config.num_speakers > 1 and speaker_ids is not None:
+            return self.model.embed_speaker(speaker_ids).unsqueeze(-1)
+        return None
+
+    def encode_text(self, input_ids, attention_mask):
+        mask = attention_mask.unsqueeze(-1).to(self.model.text_encoder.embed_tokens.weight.dtype)
+        out = self.model.text_encoder(input_ids=input_ids, padding_mask=mask, attention_mask=attention_mask)
+        hidden = out.last_hidden_state.transpose(1, 2)  # [B, H, T]
+        # transformers calls it a log-variance; it is used as a log standard deviation (exp(.) * noise)
+        return hidden, out.prior_means.transpose(1, 2), out.prior_log_variances.transpose(1, 2)
+
+    def forward(
+        self,
+        input_ids: torch.Tensor,
+        attention_mask: torch.Tensor,
+        audio: torch.Tensor,
+        audio_lengths: torch.Tensor,
+        speaker_ids: torch.Tensor | None = None,
+        decode: bool = True,
+        full_length: bool = False,
+    ) -> GeneratorOutput:
+        hop, seg = self.hop_length, self.segment_frames
+        if audio.size(-1) < seg * hop:  # a batch of clips shorter than one segment
+            audio = nn.functional.pad(audio, (0, seg * hop - audio.size(-1)))
+        spec = self.frontend.linear(audio)  # fp32 [B, bins, F]
+        frame_lengths = audio_lengths // hop
+        text_lengths = attention_mask.sum(-1)
+        y_mask = sequence_mask(frame_lengths, spec.size(-1)).unsqueeze(1).to(spec.dtype)
+        x_mask = attention_mask.unsqueeze(1).to(spec.dtype)
+        g = self.speaker_embedding(speaker_ids)
+
+        hidden, m_p, logs_p = self.encode_text(input_ids, attention_mask)
+        z, _, logs_q = self.model.posterior_encoder(spec, y_mask, g)
+        z_p = self.model.flow(z, y_mask, g)
+
+        with torch.no_grad(), torch.autocast(device_type=spec.device.type, enabled=False):
+            log_lik = prior_log_likelihood(z_p.float(), m_p.float(), logs_p.float())
+            path = maximum_path(log_lik, text_lengths, frame_lengths, backend=self.mas_backend)  # [B, T, F]
+        durations = path.sum(-1).unsqueeze(1)  # [B, 1, T]
+
+        if self.model.config.use_stochastic_duration_prediction:
+            nll = self.model.duration_predictor(hidden, x_mask, g, durations=durations)
+            duration = nll.float().sum() / x_mask.sum()
+        else:
+            log_pred = self.model.duration_predictor(hidden, x_mask, g)
+            duration = duration_loss_deterministic(log_pred, durations, x_mask)
+
+        # the prior of each frame is that of the token the path assigns it to
+        m_p_frames = torch.matmul(m_p.float(), path)
+        logs_p_frames = torch.matmul(logs_p.float(), path)
+        kl = kl_loss(z_p, logs_q, m_p_frames, logs_p_frames, y_mask)
+
+        if full_length:  # evaluation: decode every frame, compare only the frames inside each clip
+            fake = self.model.decoder(z * y_mask, g) if decode else None
+            real = audio[..., : spec.size(-1) * hop]
+            mel_mask = y_mask
+        else:
+            starts = random_segment_starts(frame_lengths, seg)
+            fake = self.model.decoder(slice_segments(z, starts, seg), g) if decode else None
+            real = slice_segments(audio, starts * hop, seg * hop)
+            mel_mask = None
+        if fake is not None:
+            mel = mel_reconstruction_loss(self.frontend.mel(fake), self.frontend.mel(real), mel_mask)
+        else:
+            mel = torch.zeros((), device=spec.device)
+        return GeneratorOutput(fake, real, mel, kl, duration, durations)
+
+
+# --- weight norm on the decoder ------------------------------------------------------------------
+
+
+def decoder_has_weight_norm(model: VitsModel) -> bool:
+    return any(
+        torch.nn.utils.parametrize.is_parametrized(m, "weight")
+        for m in model.decoder.modules()
+        if isinstance(m, nn.Conv1d | nn.ConvTranspose1d)
+    )
+
+
+def apply_decoder_weight_norm(model: VitsModel) -> None:
+    """VITS trains its HiFi-GAN decoder with weight norm; MMS checkpoints ship it folded into the weights.
+
+    Re-parametrising keeps the function unchanged (g = ||v||) and restores the original training dynamics.
+    """
+    if not decoder_has_weight_norm(model):
+        model.decoder.apply_weight_norm()
+
+
+def plain_copy(model: VitsModel) -> VitsModel:
+    """A copy of `model` whose decoder weights have the weight norm folded in (the published layout).
+
+    Built from the state dict on the meta device, not by deepcopy + remove_parametrizations: that
+    removal edits the parametrised class, which the copy shares with the original (the training
+    model would lose its `weight`).
+    """
+    state = {
+        name: tensor
+        for name, tensor in model.state_dict().items()
+        if not (name.startswith("decoder.") and ".parametrizations.weight." in name)
+    }
+    for name, module in model.decoder.named_modules():
+        if torch.nn.utils.parametrize.is_parametrized(module, "weight"):
+            state[f"decoder.{name}.weight"] = module.weight.detach()
+    with torch.device("meta"):
+        plain = VitsModel(model.config)
+    plain.load_state_dict({k: v.detach().clone().cpu() for k, v in state.items()}, strict=True, assign=True)
+    return plain.eval()
+
+
+# --- loading and export --------------------------------------------------------------------------
+
+
+def load_vits_model(model_dir: str | Path) -> VitsModel:
+    from transformers.utils import logging as hf_logging
+
+    verbosity = hf_logging.get_verbosity()
+    hf_logging.set_verbosity_error()  # the load report is noise here; real problems raise
+    try:
+        return VitsModel.from_pretrained(str(model_dir))
+    finally:
+        hf_logging.set_verbosity(verbosity)
+
+
+def export_model(
+    model: VitsModel,
+    tokenizer,
+    out_dir: str | Path,
+    speakers: dict[str, int] | None = None,
+    extras=None,
+) -> Path:
+    """Save the generator as a plain `VitsModel` folder that transformers loads with no project code.
+
+    Written into a temporary sibling folder and renamed into place, so `out_dir` is never half-written.
+    Decoder weight norm is folded back into the weights (on a copy: training continues unaffected).
+    `extras(folder)` may add files before the folder is moved into place.
+    """
+    out_dir = Path(out_dir)
+    tmp = out_dir.with_name(f".{out_dir.name}.tmp-{os.getpid()}")
+    if tmp.exists():
+        shutil.rmtree(tmp)
+    plain = plain_copy(model)
+    plain.save_pretrained(tmp)
+    tokenizer.save_pretrained(tmp)
+    if speakers:
+        (tmp / "speakers.json").write_text(
+            json.dumps(speakers, ensure_ascii=False, indent=1), encoding="utf-8"
+        )
+    if extras is not None:  # e.g. the discriminator, saved beside the generator
+        extras(tmp)
+    old = out_dir.with_name(f".{out_dir.name}.old-{os.getpid()}")
+    if out_dir.exists():
+        os.replace(out_dir, old)
+    os.replace(tmp, out_dir)
+    if old.exists():
+        shutil.rmtree(old, ignore_errors=True)
+    return out_dir
