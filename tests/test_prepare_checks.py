@@ -1,0 +1,360 @@
+"""Row checks (every skip reason), text/id rules, filters, vocabulary, trimming and the incremental re-run."""
+
+from __future__ import annotations
+
+import json
+import os
+
+import numpy as np
+import pytest
+import soundfile as sf
+from test_prepare_fixtures import output_rows, run_prepare, skipped_reasons, speech, write_audio
+
+from vits_trainer.errors import UserError
+from vits_trainer.prepare import STATE_NAME, PrepareSettings, clean_text, prepare, safe_id, validate_settings
+
+RATE = 22050
+
+
+def _ljspeech(root, rows: list[str]) -> None:
+    (root / "wavs").mkdir(parents=True, exist_ok=True)
+    (root / "metadata.csv").write_text("\n".join(rows) + "\n", encoding="utf-8")
+
+
+@pytest.fixture()
+def messy_corpus(tmp_path):
+    """An LJSpeech folder with one row of every kind of problem, plus good and warned rows."""
+    src = tmp_path / "messy"
+    wavs = src / "wavs"
+    good = speech("abc def", RATE)
+    write_audio(wavs / "good1.wav", good, RATE)
+    write_audio(wavs / "good2.wav", speech("gh ij", RATE), RATE)
+    write_audio(wavs / "dup.wav", good, RATE)
+    write_audio(wavs / "a b.wav", good, RATE)
+    write_audio(wavs / "a_b.wav", good, RATE)
+    (wavs / "corrupt.wav").write_bytes(b"RIFF$\x00\x00\x00WAVEfmt " + os.urandom(200))
+    (wavs / "empty.wav").write_bytes(b"")
+    (wavs / "textfile.wav").write_text("just some words", encoding="utf-8")
+    write_audio(wavs / "short.wav", speech("a", RATE, seconds=0.0)[: int(0.2 * RATE)], RATE)
+    write_audio(wavs / "long.wav", np.tile(good, 30), RATE)
+    write_audio(wavs / "silent.wav", np.zeros(RATE, dtype=np.float32), RATE)
+    write_audio(wavs / "hiss.wav", 1e-4 * np.random.default_rng(0).standard_normal(RATE), RATE)
+    nan = good.copy()
+    nan[100] = np.nan
+    write_audio(wavs / "nan.wav", nan, RATE, "FLOAT")
+    clipped = np.clip(good * 20, -1, 1)
+    write_audio(wavs / "clipped.wav", clipped, RATE, "FLOAT")
+    write_audio(wavs / "emptytext.wav", good, RATE)
+    write_audio(wavs / "blank.wav", good, RATE)
+    _ljspeech(
+        src,
+        [
+            "good1|abc def",
+            "good2|  gh \t ij  ",
+            "dup|first copy",
+            "dup|second copy",
+            "a b|space id",
+            "a_b|collides after sanitizing",
+            "corrupt|x",
+            "empty|x",
+            "textfile|x",
+            "missing|x",
+            "short|x",
+            "long|x",
+            "silent|x",
+            "hiss|x",
+            "nan|x",
+            "clipped|x",
+            "emptytext|",
+            "blank|   ",
+            "only_one_field",
+            "a|b|c|d",
+        ],
+    )
+    return src
+
+
+def test_every_bad_row_is_skipped_and_reported(tmp_path, messy_corpus):
+    result, lines = run_prepare(messy_corpus, tmp_path / "out")
+    rows = output_rows(tmp_path / "out")
+    assert rows == {
+        "good1": ("abc def", "0"),
+        "good2": ("gh ij", "0"),
+        "dup": ("first copy", "0"),
+        "a_b": ("space id", "0"),
+        "clipped": ("x", "0"),
+    }
+    reasons = skipped_reasons(tmp_path / "out")
+    assert reasons == {
+        "dup": "duplicate_id",
+        "a_b": "duplicate_id",
+        "corrupt": "unreadable_audio",
+        "empty": "empty_audio",
+        "textfile": "unreadable_audio",
+        "missing": "missing_audio",
+        "short": "too_short",
+        "long": "too_long",
+        "silent": "silent",
+        "hiss": "silent",
+        "nan": "nan_or_inf",
+        "emptytext": "empty_text",
+        "blank": "empty_text",
+        "only_one_field": "malformed_row",
+        "a": "malformed_row",
+    }
+    report = json.loads(result.report_path.read_text(encoding="utf-8"))
+    assert report["counts"]["kept"] == 5 and report["counts"]["skipped"] == 15
+    assert sum(report["counts"]["skipped_by_reason"].values()) == 15
+    assert [w["id"] for w in report["warnings"]] == ["clipped"]
+    assert report["warnings"][0]["warning"] == "clipping"
+    by_origin = {s["origin"]: s["reason"] for s in report["skipped_rows"]}
+    assert by_origin["metadata.csv:4"] == "duplicate_id" and by_origin["metadata.csv:19"] == "malformed_row"
+    assert report["settings"]["min_seconds"] == 0.5 and report["settings"]["resolved_sample_rate"] == 16000
+    assert report["durations"]["total_hours"] > 0 and report["speakers"] == {"0": 5}
+    assert report["characters"][" "] >= 3
+    summary = "\n".join(lines)
+    assert "kept 5 of 20 rows" in summary and "duplicate_id 2" in summary and "clipping 1" in summary
+    # Every WAV written is listed: nothing half-made or unlisted in wavs/.
+    assert sorted(p.stem for p in (tmp_path / "out" / "wavs").iterdir()) == sorted(rows)
+
+
+def test_text_rules_and_lowercase(tmp_path):
+    src = tmp_path / "t"
+    for name in ["nfc", "pipe", "newline", "upper", "tabs"]:
+        write_audio(src / f"{name}.wav", speech(rate=16000), 16000)
+    decomposed = "Cafe\u0301  au   lait"  # e + combining acute: NFC makes it one character
+    (src / "list.csv").write_text(
+        "path,text\n"
+        f"nfc.wav,{decomposed}\n"
+        'pipe.wav,"a|b"\n'
+        'newline.wav,"line one\nline two"\n'
+        "upper.wav,ÀB Cd\n"
+        'tabs.wav,"\tx\t y "\n',
+        encoding="utf-8",
+    )
+    run_prepare(src / "list.csv", tmp_path / "out", lowercase=True)
+    assert output_rows(tmp_path / "out") == {
+        "nfc": ("café au lait", "0"),
+        "upper": ("àb cd", "0"),
+        "tabs": ("x y", "0"),
+    }
+    assert skipped_reasons(tmp_path / "out") == {"pipe": "text_has_pipe", "newline": "text_has_newline"}
+
+
+def test_clean_text_and_safe_id_units():
+    assert clean_text("  a\u00a0 b  ") == ("a b", None, "")
+    assert clean_text("x\u2028y")[1] == "text_has_newline"
+    assert clean_text("ABC", lowercase=True)[0] == "abc"
+    assert safe_id("spk 1/utt#2.flac") == "spk_1_utt_2.flac"
+    assert safe_id(".hidden") == "_hidden"
+    long_a, long_b = safe_id("x" * 300 + "a"), safe_id("x" * 300 + "b")
+    assert len(long_a) <= 120 and long_a != long_b
+
+
+def test_ids_sanitized_in_output(tmp_path):
+    src = tmp_path / "t"
+    write_audio(src / "dir one" / "utt#1.wav", speech(rate=16000), 16000)
+    (src / "list.csv").write_text("path,text\ndir one/utt#1.wav,hello\n", encoding="utf-8")
+    run_prepare(src / "list.csv", tmp_path / "out")
+    assert output_rows(tmp_path / "out") == {"dir_one_utt_1": ("hello", "0")}
+    assert (tmp_path / "out" / "wavs" / "dir_one_utt_1.wav").is_file()
+
+
+def _speaker_table(tmp_path, n=6):
+    src = tmp_path / "spk"
+    lines = ["path,text,speaker"]
+    for i in range(n):
+        write_audio(src / f"u{i}.wav", speech(rate=16000), 16000)
+        lines.append(f"u{i}.wav,text {i},s{i % 3}")
+    (src / "list.csv").write_text("\n".join(lines) + "\n", encoding="utf-8")
+    return src / "list.csv"
+
+
+def test_speaker_and_max_samples_filters_are_counted_not_errors(tmp_path):
+    table = _speaker_table(tmp_path)
+    result, lines = run_prepare(
+        table, tmp_path / "out", speaker_column="speaker", speakers=["s0", "s1"], max_samples=3
+    )
+    assert output_rows(tmp_path / "out") == {
+        "u0": ("text 0", "s0"),
+        "u1": ("text 1", "s1"),
+        "u3": ("text 3", "s0"),
+    }
+    counts = result.report["counts"]
+    assert counts["filtered_by_reason"] == {"filtered_speaker": 2, "filtered_max_samples": 1}
+    assert counts["skipped"] == 0 and result.report["skipped_rows"] == []
+    assert any("filtered 3" in line for line in lines)
+
+
+def _model_dir(tmp_path, rate=22050):
+    from vits_trainer.tiny import make_tokenizer
+
+    model = tmp_path / "model"
+    make_tokenizer(model)  # tone-language alphabet a..o + space, lower-casing like MMS
+    (model / "config.json").write_text(
+        json.dumps({"model_type": "vits", "sampling_rate": rate}), encoding="utf-8"
+    )
+    return model
+
+
+def test_model_sets_rate_and_unknown_characters_are_counted_or_dropped(tmp_path):
+    model = _model_dir(tmp_path)
+    src = tmp_path / "pairs"
+    for stem, text in {"ok": "ABC def", "odd": "abc xyz!", "accent": "café"}.items():
+        write_audio(src / f"{stem}.wav", speech(rate=16000), 16000)
+        (src / f"{stem}.txt").write_text(text, encoding="utf-8")
+    result, lines = run_prepare(src, tmp_path / "keep", model_name=str(model))
+    assert set(output_rows(tmp_path / "keep")) == {"ok", "odd", "accent"}
+    assert sf.info(tmp_path / "keep" / "wavs" / "ok.wav").samplerate == 22050
+    # Upper case is fine (the tokenizer lower-cases); x, y, z, '!' and é are not in the vocabulary.
+    assert result.report["unknown_characters"] == {"x": 1, "y": 1, "z": 1, "!": 1, "é": 1}
+    assert any("not in the model's vocabulary" in line for line in lines)
+
+    result, _ = run_prepare(src, tmp_path / "drop", model_name=str(model), drop_unknown_chars=True)
+    assert set(output_rows(tmp_path / "drop")) == {"ok"}
+    assert skipped_reasons(tmp_path / "drop") == {"odd": "unknown_chars", "accent": "unknown_chars"}
+
+
+def test_sample_rate_disagreeing_with_model_is_an_error(tmp_path):
+    model = _model_dir(tmp_path)
+    with pytest.raises(UserError, match="disagrees"):
+        run_prepare(tmp_path, tmp_path / "out", model_name=str(model), sample_rate=16000)
+    assert not (tmp_path / "out").exists()
+
+
+def test_trim_silence_before_duration_check(tmp_path):
+    src = tmp_path / "pairs"
+    voice = speech("abc de fg", RATE, seconds=0.0)
+    padded = np.concatenate([np.zeros(RATE, np.float32), voice, np.zeros(RATE, np.float32)])
+    write_audio(src / "p.wav", padded, RATE)
+    (src / "p.txt").write_text("abc de fg", encoding="utf-8")
+    run_prepare(src, tmp_path / "plain")
+    run_prepare(src, tmp_path / "trim", trim_silence=True, trim_top_db=30)
+    plain = sf.info(tmp_path / "plain" / "wavs" / "p.wav").duration
+    trimmed = sf.info(tmp_path / "trim" / "wavs" / "p.wav").duration
+    assert plain == pytest.approx(len(padded) / RATE, abs=1e-3)
+    assert trimmed < len(voice) / RATE + 0.1
+    with pytest.raises(UserError):
+        run_prepare(src, tmp_path / "trim_short", trim_silence=True, min_seconds=2.0)
+    assert skipped_reasons(tmp_path / "trim_short") == {"p": "too_short"}
+
+
+def test_no_surviving_row_is_an_error_but_the_report_is_written(tmp_path):
+    src = tmp_path / "pairs"
+    write_audio(src / "s.wav", np.zeros(RATE, np.float32), RATE)
+    (src / "s.txt").write_text("silence", encoding="utf-8")
+    with pytest.raises(UserError, match="no usable clips.*silent 1"):
+        run_prepare(src, tmp_path / "out")
+    assert skipped_reasons(tmp_path / "out") == {"s": "silent"}
+    assert not (tmp_path / "out" / "metadata.csv").exists()
+
+
+@pytest.mark.parametrize(
+    ("field", "value", "message"),
+    [
+        ("sample_rate", 0, "--sample_rate"),
+        ("sample_rate", -16000, "--sample_rate"),
+        ("min_seconds", 25.0, "greater than --max_seconds"),
+        ("max_seconds", 0.0, "--max_seconds"),
+        ("max_samples", -1, "--max_samples"),
+        ("trim_top_db", 0.0, "--trim_top_db"),
+    ],
+)
+def test_bad_settings(field, value, message):
+    settings = PrepareSettings(source="x")
+    setattr(settings, field, value)
+    with pytest.raises(UserError, match=message):
+        validate_settings(settings)
+
+
+def test_unwritable_data_dir_writes_nothing(tmp_path):
+    make_src = tmp_path / "pairs"
+    write_audio(make_src / "a.wav", speech(rate=16000), 16000)
+    (make_src / "a.txt").write_text("abc", encoding="utf-8")
+    blocker = tmp_path / "file.txt"
+    blocker.write_text("not a folder", encoding="utf-8")
+    with pytest.raises(UserError, match="data_dir"):
+        run_prepare(make_src, blocker / "training")
+    with pytest.raises(UserError, match="source folder"):
+        run_prepare(make_src, make_src)
+    assert sorted(p.name for p in make_src.iterdir()) == ["a.txt", "a.wav"]
+
+
+# --- incremental re-run ---------------------------------------------------------------------------------
+
+
+@pytest.fixture()
+def pairs_corpus(tmp_path):
+    src = tmp_path / "pairs"
+    for i in range(6):
+        write_audio(src / f"c{i}.wav", speech("abc def gh", RATE, speaker=i % 2), RATE)
+        (src / f"c{i}.txt").write_text(f"clip {i}", encoding="utf-8")
+    return src
+
+
+def test_rerun_reuses_and_reconverts_only_changed_sources(tmp_path, pairs_corpus):
+    out = tmp_path / "out"
+    first, _ = run_prepare(pairs_corpus, out)
+    assert first.report["counts"]["converted"] == 6
+    mtimes = {p.name: p.stat().st_mtime_ns for p in (out / "wavs").iterdir()}
+
+    second, lines = run_prepare(pairs_corpus, out)
+    assert (second.report["counts"]["converted"], second.report["counts"]["reused"]) == (0, 6)
+    assert any("6 reused" in line for line in lines)
+    assert {p.name: p.stat().st_mtime_ns for p in (out / "wavs").iterdir()} == mtimes
+
+    write_audio(pairs_corpus / "c2.wav", speech("mno", RATE), RATE)  # a changed source file
+    (pairs_corpus / "c3.txt").write_text("new text only", encoding="utf-8")
+    third, _ = run_prepare(pairs_corpus, out)
+    assert (third.report["counts"]["converted"], third.report["counts"]["reused"]) == (1, 5)
+    changed = {p.name for p in (out / "wavs").iterdir() if p.stat().st_mtime_ns != mtimes[p.name]}
+    assert changed == {"c2.wav"}
+    assert output_rows(out)["c3"] == ("new text only", "0")  # text is always re-read
+
+    fourth, _ = run_prepare(pairs_corpus, out, sample_rate=22050)  # new target settings: all re-made
+    assert fourth.report["counts"]["converted"] == 6
+    assert sf.info(out / "wavs" / "c0.wav").samplerate == 22050
+
+    (out / "wavs" / "c1.wav").write_bytes(b"damaged")  # a WAV changed behind our back is re-made
+    fifth, _ = run_prepare(pairs_corpus, out, sample_rate=22050)
+    assert (fifth.report["counts"]["converted"], fifth.report["counts"]["reused"]) == (1, 5)
+
+
+def test_parallel_run_matches_in_process_run(tmp_path, pairs_corpus):
+    run_prepare(pairs_corpus, tmp_path / "one", num_workers=1)
+    run_prepare(pairs_corpus, tmp_path / "two", num_workers=2)
+    assert (tmp_path / "one" / "metadata.csv").read_bytes() == (
+        tmp_path / "two" / "metadata.csv"
+    ).read_bytes()
+    for wav in (tmp_path / "one" / "wavs").iterdir():
+        assert wav.read_bytes() == (tmp_path / "two" / "wavs" / wav.name).read_bytes()
+    state = json.loads((tmp_path / "two" / STATE_NAME).read_text(encoding="utf-8"))
+    assert set(state["clips"]) == {f"c{i}" for i in range(6)}
+
+
+def test_other_sources_files_are_kept_unless_clean(tmp_path, pairs_corpus):
+    out = tmp_path / "out"
+    (out / "wavs").mkdir(parents=True)
+    write_audio(out / "wavs" / "theirs.wav", speech(rate=16000), 16000)
+    write_audio(out / "wavs" / "c0.wav", speech(rate=16000), 16000)  # same id as a new clip: replaced
+    (out / "metadata.csv").write_text("theirs|their text|0\nc0|old|0\n", encoding="utf-8")
+    (out / "wavs" / ".c5.wav.999.tmp").write_bytes(b"half a file from an interrupted run")
+
+    result, lines = run_prepare(pairs_corpus, out)
+    assert (out / "wavs" / "theirs.wav").is_file()
+    assert (out / "metadata.csv.bak").read_text(encoding="utf-8").startswith("theirs|")
+    assert "theirs" not in output_rows(out)
+    assert result.report["wavs"]["unlisted"] == 1 and result.report["counts"]["replaced_wavs"] == 1
+    assert any("not listed" in line and "--clean" in line for line in lines)
+    assert not (out / "wavs" / ".c5.wav.999.tmp").exists()
+
+    result, lines = run_prepare(pairs_corpus, out, clean=True)
+    assert not (out / "wavs" / "theirs.wav").exists()
+    assert result.report["wavs"]["removed"] == 1 and any("removed 1" in line for line in lines)
+    assert not (out / "metadata.csv.bak2").exists()  # same source as last time: no new backup
+
+
+def test_prepare_default_settings_use_all_cores():
+    settings = PrepareSettings(source="x")
+    assert settings.num_workers == (os.cpu_count() or 1)
+    assert callable(prepare)

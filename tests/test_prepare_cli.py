@@ -1,0 +1,98 @@
+"""`python prepare_data.py ...` as a subprocess: bad input is one `error:` line, no traceback, nothing written."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from test_prepare_fixtures import output_rows, speech, write_audio
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def cli(*args: str, cwd: Path | None = None) -> subprocess.CompletedProcess:
+    env = dict(os.environ, HF_HUB_OFFLINE="1", PYTHONPATH=str(ROOT))
+    return subprocess.run(
+        [sys.executable, str(ROOT / "prepare_data.py"), *args],
+        capture_output=True,
+        text=True,
+        env=env,
+        cwd=cwd or ROOT,
+        timeout=120,
+    )
+
+
+def assert_one_error_line(proc: subprocess.CompletedProcess, contains: str) -> None:
+    assert proc.returncode != 0
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1, proc.stderr
+    assert lines[0].startswith("error:") and contains in lines[0], lines[0]
+    assert "Traceback" not in proc.stderr + proc.stdout
+
+
+@pytest.fixture()
+def small_pairs(tmp_path):
+    src = tmp_path / "pairs"
+    for i in range(3):
+        write_audio(src / f"p{i}.wav", speech("abc def", 22050), 22050)
+        (src / f"p{i}.txt").write_text(f"clip {i}", encoding="utf-8")
+    return src
+
+
+def test_successful_run(tmp_path, small_pairs):
+    out = tmp_path / "training"
+    proc = cli("--source", str(small_pairs), "--data_dir", str(out), "--num_workers", "2")
+    assert proc.returncode == 0, proc.stderr
+    assert "kept 3 of 3 rows" in proc.stdout
+    assert output_rows(out) == {f"p{i}": (f"clip {i}", "0") for i in range(3)}
+    assert (out / "prepare_report.json").is_file()
+
+
+@pytest.mark.parametrize(
+    ("args", "contains"),
+    [
+        (["--source", "{tmp}/nope"], "no such file or folder"),
+        (["--source", "{src}", "--format", "mp4"], "invalid choice"),
+        (["--source", "{src}", "--sample_rate", "0"], "--sample_rate"),
+        (["--source", "{src}", "--min_seconds", "30", "--max_seconds", "20"], "greater than --max_seconds"),
+        (["--source", "{tmp}/empty"], "could not detect the format"),
+        (["--source", "{src}", "--data_dir", "{tmp}/blocker/training"], "cannot be created"),
+        (["--source", "someone/not-cached-dataset"], "hub"),
+        (["--data_dir", "{tmp}/out"], "--source"),
+    ],
+)
+def test_bad_input_is_one_error_line_and_writes_nothing(tmp_path, small_pairs, args, contains):
+    (tmp_path / "empty").mkdir()
+    (tmp_path / "blocker").write_text("a file, not a folder", encoding="utf-8")
+    args = [a.format(tmp=tmp_path, src=small_pairs) for a in args]
+    if "--data_dir" not in args:
+        args += ["--data_dir", str(tmp_path / "out")]
+    proc = cli(*args)
+    assert_one_error_line(proc, contains)
+    assert not (tmp_path / "out").exists()
+
+
+def test_no_surviving_row_fails_but_writes_the_report(tmp_path, small_pairs):
+    out = tmp_path / "out"
+    proc = cli(
+        "--source", str(small_pairs), "--data_dir", str(out), "--min_seconds", "10", "--max_seconds", "20"
+    )
+    assert_one_error_line(proc, "no usable clips (too_short 3)")
+    assert (out / "prepare_report.json").is_file() and not (out / "metadata.csv").exists()
+
+
+def test_help_shows_defaults():
+    proc = cli("--help")
+    assert proc.returncode == 0
+    text = " ".join(proc.stdout.split())
+    for default in [
+        "(default: auto)",
+        "(default: training)",
+        "(default: 0.5)",
+        "(default: 20.0)",
+        "(default: 0)",
+    ]:
+        assert default in text

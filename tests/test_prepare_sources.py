@@ -1,0 +1,255 @@
+"""Every source format, read end to end into a training set (format named and auto-detected)."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+import soundfile as sf
+from test_prepare_fixtures import output_rows, run_prepare, skipped_reasons, speech, wav_info, write_audio
+
+from vits_trainer.corpus import detect_format
+from vits_trainer.errors import UserError
+from vits_trainer.synthetic import make_corpus
+
+
+def test_ljspeech_uses_normalized_column_when_present(tmp_path):
+    src = tmp_path / "lj"
+    for i in range(3):
+        write_audio(src / "wavs" / f"LJ{i}.wav", speech("abc de", 22050), 22050)
+    (src / "metadata.csv").write_text(
+        'LJ0|Dr. "Smith" 2|doctor smith two\nLJ1|plain text|\nLJ2|only two fields\n', encoding="utf-8"
+    )
+    assert detect_format(str(src))[0] == "ljspeech"
+    result, _ = run_prepare(src, tmp_path / "out", format="ljspeech")
+    assert output_rows(tmp_path / "out") == {
+        "LJ0": ("doctor smith two", "0"),
+        "LJ1": ("plain text", "0"),
+        "LJ2": ("only two fields", "0"),
+    }
+    assert wav_info(tmp_path / "out" / "wavs" / "LJ0.wav") == (16000, 1, "PCM_16")
+    assert result.report["counts"]["kept"] == 3
+
+
+def test_own_output_layout_reads_third_column_as_speaker(tmp_path):
+    make_corpus(tmp_path / "corpus", num_clips=6, sample_rate=16000, num_speakers=2)
+    run_prepare(tmp_path / "corpus", tmp_path / "out")
+    assert {speaker for _, speaker in output_rows(tmp_path / "out").values()} == {"0", "1"}
+
+
+def _common_voice(root, rows, tsv="validated.tsv"):
+    header = "client_id\tpath\tsentence\tup_votes\tdown_votes\tage\n"
+    lines = [f"{client}\t{name}\t{text}\t2\t0\t\n" for client, name, text in rows]
+    (root / tsv).write_text(header + "".join(lines), encoding="utf-8")
+
+
+def test_common_voice_mp3_clips_and_split(tmp_path):
+    src = tmp_path / "cv"
+    for i in range(4):
+        write_audio(src / "clips" / f"common_voice_xx_{i}.mp3", speech("abcd efg", 48000, i % 2), 48000)
+    # Quotes are ordinary characters in Common Voice TSVs (no CSV quoting).
+    _common_voice(
+        src,
+        [
+            ("aaa111", "common_voice_xx_0.mp3", 'He said "hello"'),
+            ("bbb222", "common_voice_xx_1.mp3", "second one"),
+            ("aaa111", "common_voice_xx_2", "no extension in the tsv"),
+        ],
+    )
+    _common_voice(src, [("ccc333", "common_voice_xx_3.mp3", "from train")], tsv="train.tsv")
+    assert detect_format(str(src))[0] == "commonvoice"
+    run_prepare(src, tmp_path / "out", sample_rate=22050)
+    rows = output_rows(tmp_path / "out")
+    assert rows == {
+        "common_voice_xx_0": ('He said "hello"', "aaa111"),
+        "common_voice_xx_1": ("second one", "bbb222"),
+        "common_voice_xx_2": ("no extension in the tsv", "aaa111"),
+    }
+    assert wav_info(tmp_path / "out" / "wavs" / "common_voice_xx_0.wav") == (22050, 1, "PCM_16")
+    run_prepare(src, tmp_path / "out_train", split="train", format="commonvoice")
+    assert output_rows(tmp_path / "out_train") == {"common_voice_xx_3": ("from train", "ccc333")}
+
+
+@pytest.mark.parametrize(
+    ("name", "sep"), [("list.csv", ","), ("list.tsv", "\t"), ("list.txt", ";"), ("list.csv", "|")]
+)
+def test_csv_table_with_sniffed_delimiter_and_relative_paths(tmp_path, name, sep):
+    src = tmp_path / "table"
+    write_audio(src / "audio" / "one.flac", speech("abc", 16000), 16000)
+    write_audio(src / "audio" / "two.ogg", speech("def", 44100), 44100)
+    lines = [sep.join(["file", "transcript", "who"]), sep.join(["audio/one.flac", "first clip", "anna"])]
+    lines.append(sep.join(["audio/two.ogg", "second clip", "ben"]))
+    (src / name).write_text("\n".join(lines) + "\n", encoding="utf-8")
+    args = dict(audio_column="file", text_column="transcript", speaker_column="who")
+    run_prepare(src / name, tmp_path / "out", **args)
+    assert output_rows(tmp_path / "out") == {
+        "audio_one": ("first clip", "anna"),
+        "audio_two": ("second clip", "ben"),
+    }
+
+
+def test_csv_default_columns_and_quoted_text(tmp_path):
+    src = tmp_path / "t"
+    write_audio(src / "x.wav", speech("abc", 16000), 16000)
+    (src / "data.csv").write_text('path,text\nx.wav,"hello, world"\n', encoding="utf-8")
+    run_prepare(src / "data.csv", tmp_path / "out")
+    assert output_rows(tmp_path / "out") == {"x": ("hello, world", "0")}
+
+
+def test_csv_missing_column_is_a_user_error(tmp_path):
+    (tmp_path / "data.csv").write_text("path,words\nx.wav,hi\n", encoding="utf-8")
+    with pytest.raises(UserError, match="--text_column"):
+        run_prepare(tmp_path / "data.csv", tmp_path / "out")
+    assert not (tmp_path / "out").exists()
+
+
+def _hf_rows(tmp_path, n=4):
+    audio, texts, speakers = [], [], []
+    for i in range(n):
+        wav = write_audio(tmp_path / "raw" / f"utt{i}.wav", speech("abc def", 24000), 24000, "PCM_16")
+        audio.append({"bytes": wav.read_bytes(), "path": f"utt{i}.wav"})
+        texts.append(f"sentence {i}")
+        speakers.append(f"spk{i % 2}")
+    return {"audio": audio, "sentence": texts, "speaker_id": speakers}
+
+
+def test_hf_save_to_disk_dataset_dict_and_split(tmp_path):
+    from datasets import Audio, Dataset, DatasetDict
+
+    data = _hf_rows(tmp_path)
+    train = Dataset.from_dict(data).cast_column("audio", Audio(decode=False))
+    test = Dataset.from_dict({k: v[:1] for k, v in data.items()}).cast_column("audio", Audio(decode=False))
+    DatasetDict({"train": train, "test": test}).save_to_disk(str(tmp_path / "ds"))
+    assert detect_format(str(tmp_path / "ds"))[0] == "hf"
+    run_prepare(tmp_path / "ds", tmp_path / "out", speaker_column="speaker_id")
+    rows = output_rows(tmp_path / "out")
+    assert rows == {f"utt{i}": (f"sentence {i}", f"spk{i % 2}") for i in range(4)}
+    assert wav_info(tmp_path / "out" / "wavs" / "utt0.wav") == (16000, 1, "PCM_16")
+    run_prepare(tmp_path / "ds", tmp_path / "out_test", split="test")
+    assert output_rows(tmp_path / "out_test") == {"utt0": ("sentence 0", "0")}
+
+
+def test_hf_single_dataset_mp3_bytes_without_paths(tmp_path):
+    from datasets import Audio, Dataset
+
+    clips = []
+    for i in range(3):
+        mp3 = write_audio(tmp_path / "raw" / f"{i}.mp3", speech("ab cd", 16000), 16000)
+        clips.append({"bytes": mp3.read_bytes(), "path": None})
+    ds = Dataset.from_dict({"audio": clips, "transcription": ["one", "two", "three"]})
+    ds.cast_column("audio", Audio(decode=False)).save_to_disk(str(tmp_path / "ds"))
+    run_prepare(tmp_path / "ds", tmp_path / "out", format="hf")
+    # No file names in the dataset: ids come from the split and row number.
+    assert output_rows(tmp_path / "out") == {
+        "train_000000": ("one", "0"),
+        "train_000001": ("two", "0"),
+        "train_000002": ("three", "0"),
+    }
+
+
+def test_hf_path_column_and_id_column(tmp_path):
+    from datasets import Dataset
+
+    ds_dir = tmp_path / "ds"
+    for i in range(2):
+        write_audio(ds_dir / "audio" / f"{i}.flac", speech(rate=16000), 16000)
+    data = {"audio": ["audio/0.flac", "audio/1.flac"], "text": ["zero", "one"], "key": ["k-0", "k/1"]}
+    Dataset.from_dict(data).save_to_disk(str(ds_dir))  # a plain string column: paths relative to the folder
+    run_prepare(ds_dir, tmp_path / "out", id_column="key")
+    assert output_rows(tmp_path / "out") == {"k-0": ("zero", "0"), "k_1": ("one", "0")}
+
+
+def test_hf_parquet_folder(tmp_path):
+    from datasets import Audio, Dataset
+
+    ds = Dataset.from_dict(_hf_rows(tmp_path, 3)).cast_column("audio", Audio(decode=False))
+    (tmp_path / "pq" / "data").mkdir(parents=True)
+    ds.to_parquet(str(tmp_path / "pq" / "data" / "train-00000-of-00001.parquet"))
+    assert detect_format(str(tmp_path / "pq"))[0] == "hf"
+    run_prepare(tmp_path / "pq", tmp_path / "out", text_column="sentence")
+    assert set(output_rows(tmp_path / "out")) == {"utt0", "utt1", "utt2"}
+
+
+def test_audiofolder_with_metadata(tmp_path):
+    src = tmp_path / "af"
+    write_audio(src / "train" / "a.wav", speech("abc", 16000), 16000)
+    write_audio(src / "train" / "sub" / "b.flac", speech("de", 16000), 16000)
+    (src / "train" / "metadata.csv").write_text(
+        "file_name,transcription\na.wav,first\nsub/b.flac,second\n", encoding="utf-8"
+    )
+    write_audio(src / "test" / "c.wav", speech("abc", 16000), 16000)
+    (src / "test" / "metadata.jsonl").write_text(
+        json.dumps({"file_name": "c.wav", "transcription": "third"}) + "\n", encoding="utf-8"
+    )
+    assert detect_format(str(src))[0] == "audiofolder"
+    run_prepare(src, tmp_path / "out")
+    assert output_rows(tmp_path / "out") == {"a": ("first", "0"), "sub_b": ("second", "0")}
+    run_prepare(src, tmp_path / "out_test", split="test")
+    assert output_rows(tmp_path / "out_test") == {"c": ("third", "0")}
+
+
+def test_pairs_folder_all_formats(tmp_path):
+    src = tmp_path / "pairs"
+    rate = 22050
+    x = speech("abc def", rate)
+    write_audio(src / "w16.wav", x, rate, "PCM_16")
+    write_audio(src / "w24.wav", x, rate, "PCM_24")
+    write_audio(src / "wfl.wav", x, rate, "FLOAT")
+    write_audio(src / "f.flac", x, rate)
+    write_audio(src / "o.ogg", x, rate)
+    write_audio(src / "m.mp3", x, rate)
+    write_audio(src / "nested" / "st.wav", np.stack([x, x * 0.5], axis=1), rate)
+    for stem in ["w16", "w24", "wfl", "f", "o", "m", "nested/st"]:
+        (src / f"{stem}.txt").write_text(f"text of {stem}\n", encoding="utf-8")
+    write_audio(src / "notext.wav", x, rate)
+    (src / "orphan.txt").write_text("no audio", encoding="utf-8")
+    assert detect_format(str(src))[0] == "pairs"
+    result, _ = run_prepare(src, tmp_path / "out")
+    rows = output_rows(tmp_path / "out")
+    assert set(rows) == {"w16", "w24", "wfl", "f", "o", "m", "nested_st"}
+    assert rows["nested_st"] == ("text of nested/st", "0")
+    for clip_id in rows:
+        assert wav_info(tmp_path / "out" / "wavs" / f"{clip_id}.wav") == (16000, 1, "PCM_16")
+    assert skipped_reasons(tmp_path / "out") == {"notext": "missing_text", "orphan": "missing_audio"}
+    # Lossless inputs give the same samples whatever their container; the stereo one is the channel mean.
+    ref, _ = sf.read(tmp_path / "out" / "wavs" / "w16.wav", dtype="float32")
+    for clip_id in ("w24", "wfl", "f"):
+        other, _ = sf.read(tmp_path / "out" / "wavs" / f"{clip_id}.wav", dtype="float32")
+        assert np.max(np.abs(other - ref)) < 2e-4
+    stereo, _ = sf.read(tmp_path / "out" / "wavs" / "nested_st.wav", dtype="float32")
+    assert len(stereo) == len(ref)
+    assert np.max(np.abs(stereo - 0.75 * ref)) < 2e-4
+    assert result.report["counts"]["skipped_by_reason"] == {"missing_text": 1, "missing_audio": 1}
+
+
+def test_hub_id_offline_is_one_clear_error(tmp_path):
+    with pytest.raises(UserError, match="(?i)hub.*(network|offline)"):
+        run_prepare("some-org/some-dataset-that-is-not-cached", tmp_path / "out")
+    assert not (tmp_path / "out").exists()
+
+
+@pytest.mark.parametrize(
+    ("setup", "message"),
+    [
+        ("missing", "no such file or folder"),
+        ("empty", "could not detect the format"),
+        ("binary", "not a .csv/.tsv"),
+    ],
+)
+def test_detection_failures(tmp_path, setup, message):
+    src = tmp_path / "src"
+    if setup == "empty":
+        src.mkdir()
+        (src / "readme.md").write_text("hi", encoding="utf-8")
+    elif setup == "binary":
+        src = tmp_path / "thing.bin"
+        src.write_bytes(b"\x00\x01")
+    with pytest.raises(UserError, match=message):
+        run_prepare(src, tmp_path / "out")
+    assert not (tmp_path / "out").exists()
+
+
+def test_unknown_format_name(tmp_path):
+    with pytest.raises(UserError, match="unknown format"):
+        run_prepare(tmp_path, tmp_path / "out", format="wav2vec")

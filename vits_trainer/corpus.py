@@ -1,0 +1,624 @@
+"""Source readers for prepare_data.py: turn a corpus on disk (or a datasets dataset) into candidate rows.
+
+Every reader returns a `Source` whose rows are `Candidate`s (an id, the raw text, a speaker, and where
+the audio is) or `Problem`s (a row that could not even be parsed). Nothing here decodes audio or
+judges the text: prepare.py does the checks, so every format gets exactly the same rules.
+Problems in the *source as a whole* (missing file, missing column, unknown layout) raise UserError.
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+import re
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from .audio import AUDIO_EXTENSIONS
+from .errors import UserError
+from .hub import looks_like_path
+
+FORMATS = ("auto", "ljspeech", "commonvoice", "csv", "hf", "audiofolder", "pairs")
+TEXT_COLUMNS = ("sentence", "text", "transcription", "normalized_text")
+AUDIO_COLUMNS = ("audio", "path", "file_name", "file", "audio_path", "audio_file", "wav", "filename")
+AUDIOFOLDER_METADATA = ("metadata.csv", "metadata.jsonl", "metadata.parquet")
+HF_DATA_SUFFIXES = (".parquet", ".arrow")
+
+
+@dataclass(frozen=True)
+class Candidate:
+    """One source row. Exactly one of `audio_path` / `audio_key` is set (or neither: missing audio)."""
+
+    source_id: str
+    text: str
+    speaker: str
+    origin: str  # where the row came from, for the report: "metadata.csv:12", "train[7]", a path
+    audio_path: Path | None = None
+    audio_key: int | None = None  # row index for Source.fetch_audio (audio held as bytes in a dataset)
+
+
+@dataclass(frozen=True)
+class Problem:
+    """A row that could not be turned into a Candidate."""
+
+    origin: str
+    reason: str
+    detail: str
+    source_id: str = ""
+
+
+Row = Candidate | Problem
+AudioFetcher = Callable[[list[int]], list[bytes | None]]
+
+
+@dataclass
+class Source:
+    format: str
+    location: str  # the --source value, resolved when it is a path
+    rows: list[Row]
+    folder: Path | None = None  # local folder holding the source (None for a hub dataset)
+    fetch_audio: AudioFetcher | None = None
+    notes: list[str] = field(default_factory=list)
+
+
+def open_source(
+    source: str,
+    fmt: str = "auto",
+    split: str | None = None,
+    audio_column: str | None = None,
+    text_column: str | None = None,
+    speaker_column: str | None = None,
+    id_column: str | None = None,
+    exclude: Path | None = None,
+) -> Source:
+    """Read `source` in format `fmt` ("auto" detects). `exclude` is a folder never scanned (the output)."""
+    if fmt not in FORMATS:
+        raise UserError(f"--format {fmt}: unknown format (choose from {', '.join(FORMATS)})")
+    path = Path(source).expanduser()
+    if fmt == "auto":
+        fmt, path = detect_format(source)
+    columns = dict(audio_column=audio_column, text_column=text_column, speaker_column=speaker_column)
+    if fmt == "hf":
+        return read_hf(source, split, id_column=id_column, **columns)
+    if not path.exists():
+        raise UserError(f"--source {source}: no such file or folder")
+    if fmt == "ljspeech":
+        return read_ljspeech(path)
+    if fmt == "commonvoice":
+        return read_commonvoice(path, split)
+    if fmt == "csv":
+        return read_table(path, id_column=id_column, **columns)
+    if fmt == "audiofolder":
+        return read_audiofolder(path, split, id_column=id_column, **columns)
+    return read_pairs(path, exclude)
+
+
+def detect_format(source: str) -> tuple[str, Path]:
+    """Guess the layout of `source`; return (format, path to read). Raise UserError when unsure."""
+    path = Path(source).expanduser()
+    if not path.exists():
+        if looks_like_path(source) or not re.fullmatch(r"[\w.-]+(/[\w.-]+)?", source):
+            raise UserError(f"--source {source}: no such file or folder")
+        return "hf", path  # an `owner/name` hub id
+    if path.is_file():
+        folder = path.parent
+        if path.name == "metadata.csv" and _is_ljspeech(folder):
+            return "ljspeech", folder
+        if path.suffix == ".tsv" and (folder / "clips").is_dir() and "client_id" in _first_line(path):
+            return "commonvoice", folder
+        if path.suffix.lower() in (".csv", ".tsv", ".txt"):
+            return "csv", path
+        raise UserError(f"--source {source}: a file, but not a .csv/.tsv table; pass --format or a folder")
+    if (path / "state.json").is_file() or (path / "dataset_dict.json").is_file():
+        return "hf", path  # a `save_to_disk` folder
+    if _is_ljspeech(path):
+        return "ljspeech", path
+    if (path / "clips").is_dir() and any((path / n).is_file() for n in ("validated.tsv", "train.tsv")):
+        return "commonvoice", path
+    if _audiofolder_metadata(path):
+        return "audiofolder", path
+    if any(p.suffix in HF_DATA_SUFFIXES for p in _walk(path, None)):
+        return "hf", path
+    if any(p.suffix.lower() in AUDIO_EXTENSIONS for p in _walk(path, None)):
+        return "pairs", path
+    raise UserError(
+        f"--source {source}: could not detect the format (looked for metadata.csv + wavs/, "
+        "validated.tsv + clips/, a datasets folder, audio + .txt pairs); pass --format"
+    )
+
+
+# --- LJSpeech: metadata.csv (id|text[|normalized_text]) + wavs/ ---------------------------------------
+
+
+def read_ljspeech(root: Path) -> Source:
+    meta = root / "metadata.csv"
+    if not meta.is_file():
+        raise UserError(f"--source {root}: no metadata.csv (LJSpeech layout: metadata.csv + wavs/)")
+    lines = _read_text(meta).split("\n")
+    parsed: list[tuple[int, list[str]]] = []
+    rows: list[Row] = []
+    for number, line in enumerate(lines, start=1):
+        line = line.rstrip("\r")
+        if not line.strip():
+            continue
+        fields = line.split("|")
+        origin = f"{meta.name}:{number}"
+        if len(fields) not in (2, 3) or not fields[0].strip():
+            detail = f"expected id|text or id|text|normalized_text, got {len(fields)} field(s)"
+            rows.append(Problem(origin, "malformed_row", detail, fields[0].strip()))
+        elif _has_bad_utf8(line):
+            rows.append(Problem(origin, "malformed_row", "not valid UTF-8", ""))
+        else:
+            parsed.append((number, fields))
+    third_is_speaker = _third_column_is_speaker([f for _, f in parsed])
+    notes = []
+    if third_is_speaker:
+        notes.append("metadata.csv's third column looks like speaker ids (id|text|speaker); used as speaker")
+    for number, fields in parsed:
+        clip_id = fields[0].strip()
+        text, speaker = fields[1], "0"
+        if len(fields) == 3 and third_is_speaker:
+            speaker = fields[2].strip() or "0"
+        elif len(fields) == 3 and fields[2].strip():
+            text = fields[2]  # the normalized column, when present
+        audio = _find_audio(root / "wavs", clip_id)
+        rows.append(Candidate(clip_id, text, speaker, f"{meta.name}:{number}", audio_path=audio))
+    return Source("ljspeech", str(root), rows, folder=root, notes=notes)
+
+
+def _third_column_is_speaker(rows: list[list[str]]) -> bool:
+    """LJSpeech's 3rd column is normalized text; our own output's is a speaker id.
+
+    Normalized text of a multi-word sentence has spaces, so a 3rd column of single short tokens next
+    to multi-word texts can only be speakers. All-single-word corpora stay on the LJSpeech reading.
+    """
+    thirds = [r for r in rows if len(r) == 3]
+    if not thirds:
+        return False
+    speaker_like = all(len(r[2].strip()) <= 64 and not re.search(r"\s", r[2].strip()) for r in thirds)
+    return speaker_like and any(len(r[1].split()) > 1 for r in thirds)
+
+
+def _find_audio(folder: Path, stem: str) -> Path:
+    """`folder/<stem>.wav`, or the same stem with another audio extension when only that exists."""
+    wav = folder / f"{stem}.wav"
+    if wav.is_file():
+        return wav
+    for ext in AUDIO_EXTENSIONS:
+        other = folder / f"{stem}{ext}"
+        if other.is_file():
+            return other
+    return wav  # missing: the check reports it
+
+
+# --- Common Voice: validated.tsv / train.tsv + clips/ --------------------------------------------------
+
+
+def read_commonvoice(root: Path, split: str | None) -> Source:
+    if root.is_file():
+        root, split = root.parent, split or root.stem
+    name = split or ("validated" if (root / "validated.tsv").is_file() else "train")
+    tsv = root / f"{name}.tsv"
+    if not tsv.is_file():
+        found = sorted(p.stem for p in root.glob("*.tsv"))
+        raise UserError(
+            f"--source {root}: no {tsv.name} (--split picks one of: {', '.join(found) or 'none'})"
+        )
+    # Common Voice sentences contain quote characters: tab-separated, no quoting at all.
+    rows = list(
+        _table_rows(
+            tsv,
+            "\t",
+            audio_column="path",
+            text_column="sentence",
+            speaker_column="client_id",
+            id_column=None,
+            audio_root=root / "clips",
+            id_from="stem",
+        )
+    )
+    return Source("commonvoice", str(root), rows, folder=root, notes=[f"read {tsv.name}"])
+
+
+# --- Any CSV/TSV table with audio-path and text columns ------------------------------------------------
+
+
+def read_table(
+    path: Path,
+    audio_column: str | None = None,
+    text_column: str | None = None,
+    speaker_column: str | None = None,
+    id_column: str | None = None,
+) -> Source:
+    if not path.is_file():
+        raise UserError(f"--source {path}: --format csv needs a .csv/.tsv file")
+    delimiter = sniff_delimiter(path)
+    rows = list(
+        _table_rows(path, delimiter, audio_column, text_column, speaker_column, id_column, path.parent)
+    )
+    return Source("csv", str(path), rows, folder=path.parent)
+
+
+def sniff_delimiter(path: Path) -> str:
+    """Tab for .tsv; otherwise whichever of , ; tab | the header line splits on most."""
+    if path.suffix.lower() == ".tsv":
+        return "\t"
+    header = _first_line(path)
+    counts = {d: header.count(d) for d in (",", ";", "\t", "|")}
+    best = max(counts, key=lambda d: counts[d])
+    return best if counts[best] else ","
+
+
+def _table_rows(
+    path: Path,
+    delimiter: str,
+    audio_column: str | None,
+    text_column: str | None,
+    speaker_column: str | None,
+    id_column: str | None,
+    audio_root: Path,
+    id_from: str = "relpath",
+) -> Iterable[Row]:
+    quoting = csv.QUOTE_NONE if delimiter == "\t" else csv.QUOTE_MINIMAL
+    with open(path, encoding="utf-8-sig", errors="surrogateescape", newline="") as f:
+        reader = csv.reader(f, delimiter=delimiter, quoting=quoting)
+        header = [h.strip() for h in next(reader, [])]
+        if not header:
+            raise UserError(f"{path}: empty file (expected a header row)")
+        audio_column = _pick_column(path, header, audio_column, AUDIO_COLUMNS, "--audio_column")
+        text_column = _pick_column(path, header, text_column, TEXT_COLUMNS, "--text_column")
+        for name, flag in ((speaker_column, "--speaker_column"), (id_column, "--id_column")):
+            if name is not None and name not in header:
+                raise UserError(f"{path}: {flag} {name} is not a column (columns: {', '.join(header)})")
+        index = {name: i for i, name in enumerate(header)}
+        for fields in reader:
+            origin = f"{path.name}:{reader.line_num}"
+            if not any(x.strip() for x in fields):
+                continue
+            if len(fields) != len(header):
+                detail = f"expected {len(header)} fields, got {len(fields)}"
+                yield Problem(origin, "malformed_row", detail, fields[0] if fields else "")
+                continue
+            if any(_has_bad_utf8(x) for x in fields):
+                yield Problem(origin, "malformed_row", "not valid UTF-8")
+                continue
+            rel = fields[index[audio_column]].strip()
+            if not rel:
+                yield Problem(origin, "missing_audio", f"empty {audio_column} field")
+                continue
+            audio = _resolve(audio_root, rel)
+            if id_column is not None:
+                clip_id = fields[index[id_column]].strip()
+            elif id_from == "stem":
+                clip_id = Path(rel).stem
+            else:
+                clip_id = _path_id(rel)
+            if id_from == "stem" and not audio.exists() and not audio.suffix:
+                audio = audio.with_suffix(".mp3")  # some Common Voice releases list paths without .mp3
+            speaker = fields[index[speaker_column]].strip() if speaker_column else ""
+            text = fields[index[text_column]]
+            yield Candidate(clip_id, text, speaker or "0", origin, audio_path=audio)
+
+
+def _pick_column(
+    path: Path, header: list[str], wanted: str | None, defaults: tuple[str, ...], flag: str
+) -> str:
+    if wanted is not None:
+        if wanted not in header:
+            raise UserError(f"{path}: {flag} {wanted} is not a column (columns: {', '.join(header)})")
+        return wanted
+    for name in defaults:
+        if name in header:
+            return name
+    raise UserError(
+        f"{path}: no {flag[2:].replace('_column', '')} column found (tried {', '.join(defaults)}; "
+        f"columns: {', '.join(header)}); pass {flag}"
+    )
+
+
+# --- audiofolder: metadata.csv/.jsonl/.parquet with a file_name column, read without `datasets` ---------
+
+
+def read_audiofolder(
+    root: Path,
+    split: str | None,
+    audio_column: str | None = None,
+    text_column: str | None = None,
+    speaker_column: str | None = None,
+    id_column: str | None = None,
+) -> Source:
+    """The `audiofolder` layout, read directly: `datasets` needs torchcodec just to index such a folder."""
+    if split is not None:
+        base = root / split
+        if not base.is_dir():
+            raise UserError(f"--source {root}: no {split}/ folder for --split {split}")
+    else:
+        base = root / "train" if _audiofolder_metadata(root / "train") else root
+    metas = _audiofolder_metadata(base)
+    if not metas:
+        raise UserError(f"--source {root}: no metadata.csv/.jsonl/.parquet with a file_name column")
+    audio_column = audio_column or "file_name"
+    rows: list[Row] = []
+    for meta in metas:
+        if meta.suffix == ".csv":
+            delimiter = sniff_delimiter(meta)
+            rows += _table_rows(
+                meta, delimiter, audio_column, text_column, speaker_column, id_column, meta.parent
+            )
+        else:
+            records = _read_records(meta)
+            rows += _record_rows(meta, records, audio_column, text_column, speaker_column, id_column)
+    return Source("audiofolder", str(root), rows, folder=root, notes=[f"read {len(metas)} metadata file(s)"])
+
+
+def _read_records(meta: Path) -> list[dict | None]:
+    if meta.suffix == ".parquet":
+        import pyarrow.parquet as pq
+
+        return pq.read_table(meta).to_pylist()
+    records: list[dict | None] = []
+    for line in _read_text(meta).split("\n"):
+        if not line.strip():
+            continue
+        try:
+            value = json.loads(line)
+        except json.JSONDecodeError:
+            value = None
+        records.append(value if isinstance(value, dict) else None)
+    return records
+
+
+def _record_rows(
+    meta: Path,
+    records: list[dict | None],
+    audio_column: str,
+    text_column: str | None,
+    speaker_column: str | None,
+    id_column: str | None,
+) -> list[Row]:
+    keys = sorted({k for r in records if r for k in r})
+    text_column = _pick_column(meta, keys, text_column, TEXT_COLUMNS, "--text_column")
+    rows: list[Row] = []
+    for number, record in enumerate(records, start=1):
+        origin = f"{meta.name}:{number}"
+        if record is None:
+            rows.append(Problem(origin, "malformed_row", "not a JSON object"))
+            continue
+        rel, text = record.get(audio_column), record.get(text_column)
+        if not isinstance(rel, str) or not rel.strip():
+            rows.append(Problem(origin, "missing_audio", f"no {audio_column} value"))
+            continue
+        clip_id = str(record.get(id_column, "")) if id_column else _path_id(rel)
+        speaker = str(record.get(speaker_column) or "0") if speaker_column else "0"
+        text = "" if text is None else str(text)
+        rows.append(Candidate(clip_id, text, speaker, origin, audio_path=_resolve(meta.parent, rel)))
+    return rows
+
+
+def _audiofolder_metadata(folder: Path) -> list[Path]:
+    """Metadata files of an audiofolder under `folder` (those naming a `file_name` column)."""
+    if not folder.is_dir():
+        return []
+    found = []
+    for p in sorted(_walk(folder, None)):
+        if p.name not in AUDIOFOLDER_METADATA:
+            continue
+        if p.suffix == ".parquet" or "file_name" in _first_line(p):
+            found.append(p)
+    return found
+
+
+# --- A Hugging Face `datasets` dataset: save_to_disk folder, data-file folder, or hub id ---------------
+
+
+def read_hf(
+    source: str,
+    split: str | None,
+    audio_column: str | None = None,
+    text_column: str | None = None,
+    speaker_column: str | None = None,
+    id_column: str | None = None,
+) -> Source:
+    ds, split_name, folder = _load_dataset(source, split)
+    columns = list(ds.column_names)
+    audio_column = audio_column or "audio"
+    if audio_column not in columns:
+        raise UserError(f"--source {source}: no {audio_column!r} column (columns: {', '.join(columns)})")
+    text_column = _pick_column(Path(source), columns, text_column, TEXT_COLUMNS, "--text_column")
+    for name, flag in ((speaker_column, "--speaker_column"), (id_column, "--id_column")):
+        if name is not None and name not in columns:
+            raise UserError(
+                f"--source {source}: {flag} {name} is not a column (columns: {', '.join(columns)})"
+            )
+
+    from datasets import Audio, Value
+
+    feature = ds.features[audio_column]
+    is_path_column = isinstance(feature, Value) and feature.dtype in ("string", "large_string")
+    if not is_path_column and not isinstance(feature, Audio):
+        raise UserError(f"--source {source}: column {audio_column!r} holds {feature}, not audio or paths")
+    if not is_path_column:
+        # Keep the encoded file bytes: decoding is ours (soundfile), so no torchcodec/ffmpeg is needed.
+        ds = ds.cast_column(audio_column, Audio(decode=False))
+
+    wanted = [c for c in dict.fromkeys([audio_column, text_column, speaker_column, id_column]) if c]
+    table = ds.select_columns(wanted).with_format("arrow")
+    paths: list[str | None] = []
+    has_bytes: list[bool] = []
+    texts, speakers, ids = [], [], []
+    for start in range(0, len(ds), 1000):
+        batch = table[start : start + 1000]
+        audio = batch.column(audio_column).combine_chunks()
+        if is_path_column:
+            paths += audio.to_pylist()
+            has_bytes += [False] * len(audio)
+        else:
+            paths += audio.field("path").to_pylist()
+            has_bytes += audio.field("bytes").is_valid().to_pylist()
+        texts += batch.column(text_column).to_pylist()
+        speakers += batch.column(speaker_column).to_pylist() if speaker_column else [None] * len(audio)
+        ids += batch.column(id_column).to_pylist() if id_column else [None] * len(audio)
+
+    stems = [Path(p).stem if p else "" for p in paths]
+    use_stems = all(stems) and len(set(stems)) == len(stems)
+    width = max(6, len(str(len(ds))))
+    rows: list[Row] = []
+    for i, (path, blob) in enumerate(zip(paths, has_bytes, strict=True)):
+        origin = f"{split_name}[{i}]"
+        if id_column:
+            clip_id = "" if ids[i] is None else str(ids[i])
+        else:
+            clip_id = stems[i] if use_stems else f"{split_name}_{i:0{width}d}"
+        text = "" if texts[i] is None else str(texts[i])
+        speaker = "0" if speakers[i] is None or str(speakers[i]).strip() == "" else str(speakers[i])
+        if blob:
+            rows.append(Candidate(clip_id, text, speaker, origin, audio_key=i))
+        elif path:
+            resolved = _resolve(folder, path) if folder is not None else Path(path)
+            rows.append(Candidate(clip_id, text, speaker, origin, audio_path=resolved))
+        else:
+            rows.append(Problem(origin, "missing_audio", "no audio bytes or path", clip_id))
+
+    fetch_table = ds.select_columns([audio_column])
+
+    def fetch_audio(keys: list[int]) -> list[bytes | None]:
+        return [item["bytes"] for item in fetch_table[keys][audio_column]]
+
+    location = str(folder) if folder is not None else source
+    notes = [f"split {split_name}: {len(ds)} rows; text from {text_column!r}"]
+    return Source("hf", location, rows, folder=folder, fetch_audio=fetch_audio, notes=notes)
+
+
+def _load_dataset(source: str, split: str | None):
+    """Return (Dataset, split name, local folder or None) without decoding any audio."""
+    try:
+        import datasets
+    except ImportError:
+        raise UserError("--format hf needs the `datasets` package (pip install datasets)") from None
+    path = Path(source).expanduser()
+    if not path.exists():
+        try:
+            return datasets.load_dataset(source, split=split or "train"), split or "train", None
+        except Exception as err:
+            offline = "offline" in str(err).lower() or "connect" in str(err).lower()
+            why = "no network or HF_HUB_OFFLINE is set" if offline else _one_line(err)
+            raise UserError(
+                f"--source {source}: no such file or folder, and no Hugging Face hub dataset of that name "
+                f"could be loaded ({why}); for a hub dataset, download it where there is network and pass "
+                "its folder"
+            ) from None
+    try:
+        if (path / "state.json").is_file() or (path / "dataset_dict.json").is_file():
+            loaded = datasets.load_from_disk(str(path))
+        else:
+            loaded = datasets.load_dataset(str(path))
+    except Exception as err:
+        raise UserError(f"--source {source}: datasets could not load it ({_one_line(err)})") from None
+    if isinstance(loaded, datasets.Dataset):
+        if split is not None and split != "train":
+            raise UserError(f"--source {source}: a single dataset (no splits); drop --split {split}")
+        return loaded, "train", path
+    names = list(loaded.keys())
+    if split is None:
+        split = "train" if "train" in names else (names[0] if len(names) == 1 else None)
+    if split not in names:
+        raise UserError(f"--source {source}: pass --split (one of: {', '.join(names)})")
+    return loaded[split], split, path
+
+
+# --- A folder of audio files with same-name .txt transcripts --------------------------------------------
+
+
+def read_pairs(root: Path, exclude: Path | None = None) -> Source:
+    if not root.is_dir():
+        raise UserError(f"--source {root}: --format pairs needs a folder of audio + .txt files")
+    files = sorted(_walk(root, exclude))
+    audio = [p for p in files if p.suffix.lower() in AUDIO_EXTENSIONS]
+    if not audio:
+        raise UserError(f"--source {root}: no audio files ({', '.join(AUDIO_EXTENSIONS)}) found")
+    stems_with_audio = {p.with_suffix("") for p in audio}
+    rows: list[Row] = []
+    for wav in audio:
+        # x.wav and x.flac both give id "x": the duplicate check reports the second one.
+        clip_id = _path_id(str(wav.relative_to(root)))
+        txt = wav.with_suffix(".txt")
+        if not txt.is_file():
+            rows.append(Problem(str(wav), "missing_text", "audio has no .txt transcript", clip_id))
+            continue
+        text = _read_text(txt).strip()
+        if _has_bad_utf8(text):
+            rows.append(Problem(str(txt), "malformed_row", "transcript is not valid UTF-8", clip_id))
+            continue
+        rows.append(Candidate(clip_id, text, "0", str(wav), audio_path=wav))
+    for txt in files:
+        if txt.suffix.lower() == ".txt" and txt.with_suffix("") not in stems_with_audio:
+            clip_id = _path_id(str(txt.relative_to(root)))
+            rows.append(Problem(str(txt), "missing_audio", "transcript has no audio file", clip_id))
+    return Source("pairs", str(root), rows, folder=root)
+
+
+# --- helpers ---------------------------------------------------------------------------------------------
+
+
+def _walk(root: Path, exclude: Path | None) -> Iterable[Path]:
+    """Files under `root`, skipping hidden folders and `exclude` (the output folder)."""
+    skip = exclude.resolve() if exclude is not None else None
+    stack = [root]
+    while stack:
+        folder = stack.pop()
+        try:
+            entries = list(folder.iterdir())
+        except OSError:
+            continue
+        for p in entries:
+            if p.name.startswith("."):
+                continue
+            if p.is_dir():
+                if skip is None or p.resolve() != skip:
+                    stack.append(p)
+            elif p.is_file():
+                yield p
+
+
+def _is_ljspeech(folder: Path) -> bool:
+    meta = folder / "metadata.csv"
+    if not (meta.is_file() and (folder / "wavs").is_dir()):
+        return False
+    first = _first_line(meta)
+    return "|" in first and "file_name" not in first
+
+
+def _first_line(path: Path) -> str:
+    try:
+        with open(path, encoding="utf-8-sig", errors="replace") as f:
+            return f.readline(65536)
+    except OSError:
+        return ""
+
+
+def _read_text(path: Path) -> str:
+    # surrogateescape: a stray non-UTF-8 byte spoils one row (reported), not the whole file.
+    return path.read_bytes().decode("utf-8-sig", errors="surrogateescape")
+
+
+def _has_bad_utf8(text: str) -> bool:
+    return any("\udc80" <= ch <= "\udcff" for ch in text)
+
+
+def _resolve(root: Path | None, rel: str) -> Path:
+    p = Path(rel).expanduser()
+    return p if p.is_absolute() or root is None else root / p
+
+
+def _path_id(rel: str) -> str:
+    """An id from an audio path: a relative path without its extension (folders kept, made safe later);
+    an absolute path gives just its stem."""
+    p = Path(rel)
+    if p.is_absolute():
+        return p.stem
+    return str(p.with_suffix("")) if p.suffix else str(p)
+
+
+def _one_line(err: BaseException) -> str:
+    return (" ".join(str(err).split()) or type(err).__name__)[:300]
