@@ -39,6 +39,7 @@ class TrainConfig:
     target_hours: float = _f(9.5, "wall-clock budget of this process, start-up to exit included")
     total_hours: float | None = _f(None, "budget of the whole training across resumed sessions (LR horizon)")
     benchmark_samples: int = _f(200, "samples of real training used to measure throughput before planning")
+    max_steps: int = _f(0, "stop after this many optimiser steps in total (0 = the budget decides)")
     # --- optimisation ---
     batch_size: int = _f(8, "clips per micro-batch (per process)")
     gradient_accumulation_steps: int = _f(4, "micro-batches per optimiser step")
@@ -117,7 +118,7 @@ class TrainConfig:
                 raise UserError(f"--{name} must be positive (got {value})")
         if self.total_hours is not None and not self.total_hours > 0:
             raise UserError(f"--total_hours must be positive (got {self.total_hours})")
-        for name in ("max_samples", "benchmark_samples", "warmup_steps", "num_workers", "eval_samples"):
+        for name in ("max_samples", "max_steps", "benchmark_samples", "warmup_steps", "num_workers", "eval_samples"):
             if getattr(self, name) < 0:
                 raise UserError(f"--{name} must be 0 or more (got {getattr(self, name)})")
         if not 0.0 <= self.val_fraction < 0.5:

@@ -89,12 +89,17 @@ class Trainer:
         s = self.s
         code = 0
         if s.is_main:
-            code = 2 if signals.received else (1 if s.budget.should_stop() else 0)
+            if signals.received:
+                code = 2
+            elif s.budget.should_stop():
+                code = 1
+            elif s.cfg.max_steps and s.budget.global_step >= s.cfg.max_steps:
+                code = 3
         if s.accelerator.num_processes > 1:
             from accelerate.utils import broadcast
 
             code = int(broadcast(torch.tensor([code], device=s.device), from_process=0).item())
-        return {0: None, 1: "budget", 2: "signal"}[code]
+        return {0: None, 1: "budget", 2: "signal", 3: "max_steps"}[code]
 
     def clip_ids(self, indices: list[torch.Tensor]) -> list[str]:
         store = self.s.data.store

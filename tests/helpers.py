@@ -1,0 +1,53 @@
+"""Settings for end-to-end runs on the tiny model and the tone-language corpus."""
+
+from __future__ import annotations
+
+import dataclasses
+import sys
+from pathlib import Path
+
+from vits_trainer.config import TrainConfig
+
+ROOT = Path(__file__).resolve().parent.parent
+PYTHON = sys.executable
+
+# A tiny model trained from scratch: higher LR and a short warmup than a real fine-tuning run.
+TINY_SETTINGS = dict(
+    batch_size=8,
+    gradient_accumulation_steps=1,
+    learning_rate=2e-4,
+    warmup_steps=10,
+    discriminator_width=0.125,
+    num_workers=0,
+    benchmark_samples=32,
+    val_fraction=0.1,
+    eval_samples=0,
+    log_every=5,
+    cpu=True,
+    seed=0,
+)
+
+
+def tiny_config(tmp: Path, data_dir: Path, model_dir: Path, **overrides) -> TrainConfig:
+    settings = dict(
+        TINY_SETTINGS,
+        data_dir=str(data_dir),
+        model_name=str(model_dir),
+        checkpoint_dir=str(tmp / "checkpoints"),
+        output_dir=str(tmp / "final_model"),
+    )
+    settings.update(overrides)
+    cfg = dataclasses.replace(TrainConfig(), **settings)
+    cfg.validate()
+    return cfg
+
+
+def cli_args(cfg_overrides: dict) -> list[str]:
+    """`--flag value` pairs for train_vits.py (booleans as --flag / --no-flag)."""
+    args = []
+    for key, value in cfg_overrides.items():
+        if isinstance(value, bool):
+            args.append(f"--{key}" if value else f"--no-{key}")
+        else:
+            args += [f"--{key}", str(value)]
+    return args
