@@ -118,7 +118,14 @@ class TrainConfig:
                 raise UserError(f"--{name} must be positive (got {value})")
         if self.total_hours is not None and not self.total_hours > 0:
             raise UserError(f"--total_hours must be positive (got {self.total_hours})")
-        for name in ("max_samples", "max_steps", "benchmark_samples", "warmup_steps", "num_workers", "eval_samples"):
+        for name in (
+            "max_samples",
+            "max_steps",
+            "benchmark_samples",
+            "warmup_steps",
+            "num_workers",
+            "eval_samples",
+        ):
             if getattr(self, name) < 0:
                 raise UserError(f"--{name} must be 0 or more (got {getattr(self, name)})")
         if not 0.0 <= self.val_fraction < 0.5:

@@ -32,6 +32,7 @@ from .losses import (
     generator_adversarial_loss,
     generator_total,
 )
+from .profiling import NO_TIMER
 
 
 def make_optimizer(params, lr: float, weight_decay: float = 0.01) -> torch.optim.AdamW:
@@ -78,6 +79,7 @@ class GanStep:
         self.max_grad_norm = max_grad_norm
         self.g_params = [p for group in g_optimizer.param_groups for p in group["params"]]
         self.d_params = [p for group in d_optimizer.param_groups for p in group["params"]]
+        self.timer = NO_TIMER  # a SectionTimer in the benchmarks (also set on the generator)
 
     def _no_sync(self, sync: bool):
         if sync or self.accelerator.num_processes == 1:
@@ -105,18 +107,20 @@ class GanStep:
             real, fake = out.waveform_real, out.waveform_fake
 
             # --- discriminator: real vs detached fake, one pass over both halves -----------------
-            with acc.autocast():
+            timer = self.timer
+            with timer("discriminator"), acc.autocast():
                 logits, _ = self.discriminator(torch.cat([real, fake.detach()], dim=0))
             n = real.size(0)
             loss_d, _, _ = discriminator_loss([x[:n] for x in logits], [x[n:] for x in logits])
             if first:
                 self.d_optimizer.zero_grad(set_to_none=True)
-            acc.backward(loss_d / cycle_length)
+            with timer("backward"):
+                acc.backward(loss_d / cycle_length)
 
             # --- generator: adversarial + feature matching through a frozen D --------------------
             self.disc_raw.requires_grad_(False)
             try:
-                with acc.autocast():
+                with timer("discriminator"), acc.autocast():
                     logits, features = self.disc_raw(torch.cat([real, fake], dim=0))
             finally:
                 self.disc_raw.requires_grad_(True)
@@ -132,14 +136,16 @@ class GanStep:
             loss_g = generator_total(losses, self.weights)
             if first:
                 self.g_optimizer.zero_grad(set_to_none=True)
-            acc.backward(loss_g / cycle_length)
+            with timer("backward"):
+                acc.backward(loss_g / cycle_length)
 
             metrics = {k: v.detach() for k, v in losses.items()}
             metrics["loss_g"] = loss_g.detach()
             metrics["loss_d"] = loss_d.detach()
         if not last:
             return StepResult(synced=False, metrics=metrics)
-        return self._optimizer_step(metrics)
+        with self.timer("optimizer"):
+            return self._optimizer_step(metrics)
 
     def _optimizer_step(self, metrics: dict[str, torch.Tensor]) -> StepResult:
         scaler = self.accelerator.scaler

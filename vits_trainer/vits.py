@@ -22,6 +22,7 @@ from transformers import VitsModel
 
 from .alignment import maximum_path
 from .losses import duration_loss_deterministic, kl_loss, mel_reconstruction_loss
+from .profiling import NO_TIMER
 from .spectrogram import SpectrogramFrontEnd
 
 LOG_2PI = math.log(2 * math.pi)
@@ -76,6 +77,7 @@ class VitsGenerator(nn.Module):
         self.frontend = SpectrogramFrontEnd.from_vits_config(model.config)
         self.segment_frames = segment_frames
         self.mas_backend = mas_backend
+        self.timer = NO_TIMER  # a SectionTimer in the benchmarks
 
     @property
     def hop_length(self) -> int:
@@ -103,50 +105,53 @@ class VitsGenerator(nn.Module):
         decode: bool = True,
         full_length: bool = False,
     ) -> GeneratorOutput:
-        hop, seg = self.hop_length, self.segment_frames
+        hop, seg, timer = self.hop_length, self.segment_frames, self.timer
         if audio.size(-1) < seg * hop:  # a batch of clips shorter than one segment
             audio = nn.functional.pad(audio, (0, seg * hop - audio.size(-1)))
-        spec = self.frontend.linear(audio)  # fp32 [B, bins, F]
+        with timer("spectrogram"):
+            spec = self.frontend.linear(audio)  # fp32 [B, bins, F]
         frame_lengths = audio_lengths // hop
         text_lengths = attention_mask.sum(-1)
         y_mask = sequence_mask(frame_lengths, spec.size(-1)).unsqueeze(1).to(spec.dtype)
         x_mask = attention_mask.unsqueeze(1).to(spec.dtype)
-        g = self.speaker_embedding(speaker_ids)
+        with timer("generator"):
+            g = self.speaker_embedding(speaker_ids)
+            hidden, m_p, logs_p = self.encode_text(input_ids, attention_mask)
+            z, _, logs_q = self.model.posterior_encoder(spec, y_mask, g)
+            z_p = self.model.flow(z, y_mask, g)
 
-        hidden, m_p, logs_p = self.encode_text(input_ids, attention_mask)
-        z, _, logs_q = self.model.posterior_encoder(spec, y_mask, g)
-        z_p = self.model.flow(z, y_mask, g)
-
-        with torch.no_grad(), torch.autocast(device_type=spec.device.type, enabled=False):
+        with timer("mas"), torch.no_grad(), torch.autocast(device_type=spec.device.type, enabled=False):
             log_lik = prior_log_likelihood(z_p.float(), m_p.float(), logs_p.float())
             path = maximum_path(log_lik, text_lengths, frame_lengths, backend=self.mas_backend)  # [B, T, F]
         durations = path.sum(-1).unsqueeze(1)  # [B, 1, T]
 
-        if self.model.config.use_stochastic_duration_prediction:
-            nll = self.model.duration_predictor(hidden, x_mask, g, durations=durations)
-            duration = nll.float().sum() / x_mask.sum()
-        else:
-            log_pred = self.model.duration_predictor(hidden, x_mask, g)
-            duration = duration_loss_deterministic(log_pred, durations, x_mask)
+        with timer("generator"):
+            if self.model.config.use_stochastic_duration_prediction:
+                nll = self.model.duration_predictor(hidden, x_mask, g, durations=durations)
+                duration = nll.float().sum() / x_mask.sum()
+            else:
+                log_pred = self.model.duration_predictor(hidden, x_mask, g)
+                duration = duration_loss_deterministic(log_pred, durations, x_mask)
 
-        # the prior of each frame is that of the token the path assigns it to
-        m_p_frames = torch.matmul(m_p.float(), path)
-        logs_p_frames = torch.matmul(logs_p.float(), path)
-        kl = kl_loss(z_p, logs_q, m_p_frames, logs_p_frames, y_mask)
+            # the prior of each frame is that of the token the path assigns it to
+            m_p_frames = torch.matmul(m_p.float(), path)
+            logs_p_frames = torch.matmul(logs_p.float(), path)
+            kl = kl_loss(z_p, logs_q, m_p_frames, logs_p_frames, y_mask)
 
-        if full_length:  # evaluation: decode every frame, compare only the frames inside each clip
-            fake = self.model.decoder(z * y_mask, g) if decode else None
-            real = audio[..., : spec.size(-1) * hop]
-            mel_mask = y_mask
-        else:
-            starts = random_segment_starts(frame_lengths, seg)
-            fake = self.model.decoder(slice_segments(z, starts, seg), g) if decode else None
-            real = slice_segments(audio, starts * hop, seg * hop)
-            mel_mask = None
-        if fake is not None:
-            mel = mel_reconstruction_loss(self.frontend.mel(fake), self.frontend.mel(real), mel_mask)
-        else:
-            mel = torch.zeros((), device=spec.device)
+            if full_length:  # evaluation: decode every frame, compare only the frames inside each clip
+                fake = self.model.decoder(z * y_mask, g) if decode else None
+                real = audio[..., : spec.size(-1) * hop]
+                mel_mask = y_mask
+            else:
+                starts = random_segment_starts(frame_lengths, seg)
+                fake = self.model.decoder(slice_segments(z, starts, seg), g) if decode else None
+                real = slice_segments(audio, starts * hop, seg * hop)
+                mel_mask = None
+        with timer("spectrogram"):
+            if fake is not None:
+                mel = mel_reconstruction_loss(self.frontend.mel(fake), self.frontend.mel(real), mel_mask)
+            else:
+                mel = torch.zeros((), device=spec.device)
         return GeneratorOutput(fake, real, mel, kl, duration, durations)
 
 

@@ -1,0 +1,143 @@
+"""train_vits.py end to end, as a user runs it: a 60 s budget, SIGTERM and --resume auto.
+
+These run the real CLI in a subprocess on the tiny model and the tone-language corpus (CPU).
+"""
+
+from __future__ import annotations
+
+import json
+import signal
+import subprocess
+import time
+from pathlib import Path
+
+import pytest
+from transformers import VitsModel
+
+from tests.helpers import PYTHON, ROOT, TINY_SETTINGS, cli_args
+
+pytestmark = pytest.mark.slow
+
+
+def train_cmd(tmp: Path, data: Path, model: Path, **overrides) -> list[str]:
+    settings = dict(TINY_SETTINGS)
+    settings.update(
+        data_dir=data,
+        model_name=model,
+        checkpoint_dir=tmp / "checkpoints",
+        output_dir=tmp / "final_model",
+        save_minutes=0.25,
+    )
+    settings.update(overrides)
+    return [PYTHON, str(ROOT / "train_vits.py"), *cli_args(settings)]
+
+
+def read_metrics(path: Path) -> list[dict]:
+    return [json.loads(line) for line in path.read_text().splitlines()]
+
+
+@pytest.fixture(scope="module")
+def budget_run(tmp_path_factory, tiny_model_dir, tone_corpus):
+    tmp = tmp_path_factory.mktemp("budget60")
+    target = 60.0
+    start = time.monotonic()
+    proc = subprocess.run(
+        train_cmd(tmp, tone_corpus, tiny_model_dir, target_hours=target / 3600),
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    wall = time.monotonic() - start
+    return tmp, target, wall, proc
+
+
+def test_budget_run_ends_inside_the_budget(budget_run):
+    tmp, target, wall, proc = budget_run
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    # the whole process, interpreter start-up to exit: within +max(1 %, 10 s), and after 97 %
+    assert 0.97 * target <= wall <= target + max(0.01 * target, 10.0), (wall, proc.stdout[-2000:])
+    summary = json.loads((tmp / "final_model" / "train_summary.json").read_text())
+    assert summary["stopped_reason"] == "budget"
+    assert summary["target_seconds"] == pytest.approx(target)
+    assert summary["wall_seconds"] <= target
+    for key in (
+        "steps",
+        "epochs_planned",
+        "epochs_completed",
+        "samples_per_second",
+        "best_val_loss",
+        "resumed_from_step",
+        "data_wait_fraction",
+        "preload_seconds",
+    ):
+        assert key in summary
+    assert summary["steps"] > 20 and summary["epochs_planned"] > 1
+    assert summary["resumed_from_step"] is None
+    assert 0.0 <= summary["data_wait_fraction"] < 0.5
+    assert "plan:" in proc.stdout
+
+
+def test_budget_run_writes_models_metrics_and_curve(budget_run):
+    tmp, _, _, proc = budget_run
+    ckpt = tmp / "checkpoints"
+    VitsModel.from_pretrained(tmp / "final_model")
+    VitsModel.from_pretrained(ckpt / "best_model")
+    metrics = read_metrics(ckpt / "metrics.jsonl")
+    steps = [m for m in metrics if "loss_g" in m]
+    evals = [m for m in metrics if m.get("event") == "eval"]
+    assert steps and evals and evals[0]["tag"] == "start" and evals[-1]["tag"] == "final"
+    assert all(m["lr"] > 0 for m in steps)
+    assert (ckpt / "loss_curve.png").stat().st_size > 1000
+    checkpoints = sorted(p.name for p in ckpt.glob("step_*"))
+    assert 1 <= len(checkpoints) <= TINY_SETTINGS.get("keep_checkpoints", 2)
+    assert not list(ckpt.glob(".step_*"))  # no temp folders left behind
+
+
+def test_sigterm_saves_and_resume_continues(tmp_path, tiny_model_dir, tone_corpus):
+    cmd = train_cmd(tmp_path, tone_corpus, tiny_model_dir, target_hours=120 / 3600, log_every=1)
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    metrics = tmp_path / "checkpoints" / "metrics.jsonl"
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline:
+        if metrics.exists() and any(m.get("step", 0) >= 12 for m in read_metrics(metrics) if "loss_g" in m):
+            break
+        time.sleep(0.2)
+    proc.send_signal(signal.SIGTERM)
+    out, err = proc.communicate(timeout=60)
+    assert proc.returncode == 0, err[-3000:]
+    assert "SIGTERM received" in out and "--resume auto" in out
+    first = json.loads((tmp_path / "final_model" / "train_summary.json").read_text())
+    assert first["stopped_reason"] == "signal"
+    stopped_at = first["steps"]
+    assert stopped_at >= 12
+    state = json.loads((tmp_path / "checkpoints" / f"step_{stopped_at:08d}" / "trainer_state.json").read_text())
+    assert state["global_step"] == stopped_at
+
+    resumed = subprocess.run(
+        train_cmd(tmp_path, tone_corpus, tiny_model_dir, target_hours=40 / 3600, log_every=1),
+        capture_output=True,
+        text=True,
+        timeout=200,
+    )
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    assert f"resuming from step_{stopped_at:08d}" in resumed.stdout
+    second = json.loads((tmp_path / "final_model" / "train_summary.json").read_text())
+    assert second["resumed_from_step"] == stopped_at
+    assert second["steps"] > stopped_at
+    records = read_metrics(metrics)
+    steps_after = [m["step"] for m in records if "loss_g" in m and m["time"] > first_end_time(records, stopped_at)]
+    assert steps_after and steps_after[0] == stopped_at + 1  # same step count, no restart
+    last = json.loads(
+        (tmp_path / "checkpoints" / f"step_{second['steps']:08d}" / "trainer_state.json").read_text()
+    )
+    assert last["val_ids"] == state["val_ids"]  # the held-out split never moves
+    # the best-val history of the first session is kept
+    assert len(last["train_state"]["val_history"]) > len(state["train_state"]["val_history"])
+    assert last["train_state"]["val_history"][0] == state["train_state"]["val_history"][0]
+    # no warmup restart: the LR right after resuming is not a warmup fraction of the peak
+    first_lr_after = next(m["lr"] for m in records if m.get("step") == stopped_at + 1 and "lr" in m)
+    assert first_lr_after > 0.5 * TINY_SETTINGS["learning_rate"]
+
+
+def first_end_time(records: list[dict], step: int) -> float:
+    return max(m["time"] for m in records if m.get("step") == step and "loss_g" in m)
