@@ -523,6 +523,20 @@ class TrainingItems:
     def ids(self) -> list[str]:
         return [self.store.ids[int(i)] for i in self.indices]
 
+    # per-item access by position, the interface the DataLoader and the trainer use
+    def audio(self, i: int) -> np.ndarray:
+        return self.store.clip(int(self.indices[i]))
+
+    def clip_id(self, i: int) -> str:
+        return self.store.ids[int(self.indices[i])]
+
+    def text(self, i: int) -> str:
+        return self.store.texts[int(self.indices[i])]
+
+    @property
+    def sample_rate(self) -> int:
+        return self.store.sample_rate
+
 
 def build_items(
     store: ClipStore,
@@ -695,12 +709,11 @@ class ClipDataset(Dataset):
         return len(self.items)
 
     def __getitem__(self, i: int) -> dict[str, Any]:
-        idx = int(self.items.indices[i])
         return {
             "token_ids": self.items.token_ids[i],
-            "audio": self.items.store.clip(idx),
+            "audio": self.items.audio(i),
             "speaker_id": int(self.items.speaker_ids[i]),
-            "index": idx,
+            "index": i,  # position in the items (items.clip_id(i) names the clip in logs)
         }
 
 

@@ -102,8 +102,8 @@ class Trainer:
         return {0: None, 1: "budget", 2: "signal", 3: "max_steps"}[code]
 
     def clip_ids(self, indices: list[torch.Tensor]) -> list[str]:
-        store = self.s.data.store
-        return [store.ids[int(i)] for t in indices for i in t.tolist()]
+        train = self.s.data.train
+        return [train.clip_id(int(i)) for t in indices for i in t.tolist()]
 
     # ---- evaluation, checkpoints, export ---------------------------------------------------------
 
@@ -158,8 +158,7 @@ class Trainer:
             return
         sentences = []
         for k in range(min(s.cfg.eval_samples, len(items))):
-            idx = int(items.indices[k])
-            sentences.append((s.data.store.ids[idx], s.data.store.texts[idx], int(items.speaker_ids[k])))
+            sentences.append((items.clip_id(k), items.text(k), int(items.speaker_ids[k])))
         folder = s.checkpoint_dir / "samples" / checkpoint_name(step)
         paths = synthesize(s.model, s.text, sentences, folder, s.device)
         log_audio_to_trackers(s.accelerator, paths, step, s.model.config.sampling_rate)

@@ -387,7 +387,7 @@ def _hop(model) -> int:
 
 
 def _hours(items: TrainingItems) -> float:
-    return float(items.audio_lengths().sum()) / items.store.sample_rate / 3600
+    return float(items.audio_lengths().sum()) / items.sample_rate / 3600
 
 
 def remove_tree(path: Path) -> None:
