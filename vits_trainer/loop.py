@@ -31,6 +31,7 @@ from .step import GanStep
 from .trainstate import checkpoint_files
 from .vits import export_model
 
+SPLIT_FILE = "training_split.json"  # beside exported models: which clips were held out
 OVERHEAD_SHARE = 0.1  # epoch-end evals/saves are skipped when they would exceed this share of the time
 
 
@@ -323,7 +324,7 @@ class Trainer:
     def make_plan(self, progress: Progress) -> None:
         s, cfg = self.s, self.s.cfg
         effective = cfg.batch_size * self.accumulation * s.accelerator.num_processes
-        plan = s.budget.plan(len(s.data.train), effective)
+        plan = s.budget.plan(s.data.samples_per_epoch, effective)
         s.log(plan.describe())
         message = s.budget_lr.warmup_message()
         if message:
@@ -407,7 +408,7 @@ class Trainer:
             "session_steps": budget.session_steps,
             "epochs_planned": first.epochs if first else None,
             "epochs_completed": state.epochs_completed,
-            "epochs_trained": state.samples_seen / max(1, len(s.data.train)),
+            "epochs_trained": state.samples_seen / max(1, s.data.samples_per_epoch),
             "samples_per_second": budget.samples_per_second(),
             "best_val_loss": state.best_val,
             "best_step": state.best_step,

@@ -51,6 +51,13 @@ class DataSplit:
     val_sets: dict[str, TrainingItems]
     val_ids: list[str]
     dropped: list[tuple[str, str]] = field(default_factory=list)
+    # a custom batch sampler (e.g. feedback + a fresh replay draw each epoch); None = bucketed over `train`
+    sampler: object | None = None
+    epoch_samples: int | None = None  # samples one epoch of `sampler` yields; None = len(train)
+
+    @property
+    def samples_per_epoch(self) -> int:
+        return self.epoch_samples if self.epoch_samples is not None else len(self.train)
 
 
 @dataclass
@@ -306,7 +313,7 @@ def build_session(
         f"{'RAM' if report.in_ram else 'memory-mapped'})"
     )
 
-    sampler = BucketBatchSampler(
+    sampler = data.sampler or BucketBatchSampler(
         data.train.audio_lengths(),
         cfg.batch_size,
         shuffle=True,
