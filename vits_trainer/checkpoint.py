@@ -166,10 +166,11 @@ def read_file(path: Path, name: str, manifest: dict) -> bytes:
 
 
 def find_resumable(checkpoint_dir: Path, log=print) -> tuple[Path | None, dict | None]:
-    """Newest checkpoint whose manifest and file sizes check out; damaged ones are reported and skipped."""
+    """Newest checkpoint whose files all match their manifest (sizes and checksums); damaged ones are
+    reported and skipped, so a resume falls back to the previous checkpoint."""
     for path in list_checkpoints(checkpoint_dir):
         try:
-            return path, verify_checkpoint(path)
+            return path, verify_checkpoint(path, checksums=True)
         except CheckpointError as err:
             log(f"warning: skipping damaged checkpoint {err}")
     return None, None

@@ -48,6 +48,10 @@ class TrainConfig:
     min_lr_ratio: float = _f(0.05, "the LR decays (cosine, by budget spent) to this fraction of the peak")
     weight_decay: float = _f(0.01, "AdamW weight decay")
     max_grad_norm: float = _f(10.0, "gradient clipping (global L2 norm per network)")
+    max_consecutive_skips: int = _f(
+        8,
+        "non-finite steps in a row before reloading the last good weights with a lower LR / safer precision",
+    )
     mixed_precision: str = _f(
         "auto", "auto (fp16 on CUDA, fp32 on CPU) | fp16 | bf16 | no", choices=["auto", "fp16", "bf16", "no"]
     )
@@ -112,6 +116,7 @@ class TrainConfig:
             "save_minutes": self.save_minutes,
             "log_every": self.log_every,
             "discriminator_width": self.discriminator_width,
+            "max_consecutive_skips": self.max_consecutive_skips,
         }
         for name, value in positive.items():
             if not (isinstance(value, int | float) and math.isfinite(value) and value > 0):

@@ -766,3 +766,161 @@ def make_loader(
         pin_memory=pin_memory,
         **extra,
     )
+
+
+# ---------------------------------------------------------------------------------------------------
+# Several item sets as one, and a sampler that mixes a fixed set with a fresh replay draw per epoch
+
+
+class CombinedItems:
+    """Several `TrainingItems` (possibly of different stores) concatenated, with the same per-position
+    interface: position `i` of the whole maps to one part. The trainer and `ClipDataset` only use it."""
+
+    def __init__(self, parts: Sequence[TrainingItems | CombinedItems]) -> None:
+        if not parts:
+            raise ValueError("CombinedItems needs at least one part")
+        rates = {p.sample_rate for p in parts}
+        if len(rates) > 1:
+            raise ValueError(f"parts have different sample rates: {sorted(rates)}")
+        self.parts = list(parts)
+        self.offsets = np.cumsum([0] + [len(p) for p in parts]).astype(np.int64)
+        # flat lists/arrays so the DataLoader's per-item access stays a plain index
+        self.token_ids: list[np.ndarray] = [t for p in parts for t in p.token_ids]
+        self.speaker_ids = (
+            np.concatenate([np.asarray(p.speaker_ids, dtype=np.int64) for p in parts])
+            if len(self)
+            else np.zeros(0, np.int64)
+        )
+
+    def __len__(self) -> int:
+        return int(self.offsets[-1])
+
+    def _locate(self, i: int) -> tuple[TrainingItems | CombinedItems, int]:
+        i = int(i)
+        if not 0 <= i < len(self):
+            raise IndexError(f"position {i} out of range for {len(self)} items")
+        part = int(np.searchsorted(self.offsets, i, side="right")) - 1
+        return self.parts[part], i - int(self.offsets[part])
+
+    def part_range(self, part: int) -> range:
+        """The positions of part `part` in the whole."""
+        return range(int(self.offsets[part]), int(self.offsets[part + 1]))
+
+    def audio_lengths(self) -> np.ndarray:
+        return np.concatenate([p.audio_lengths() for p in self.parts]).astype(np.int64)
+
+    def ids(self) -> list[str]:
+        return [clip_id for p in self.parts for clip_id in p.ids()]
+
+    def audio(self, i: int) -> np.ndarray:
+        part, j = self._locate(i)
+        return part.audio(j)
+
+    def clip_id(self, i: int) -> str:
+        part, j = self._locate(i)
+        return part.clip_id(j)
+
+    def text(self, i: int) -> str:
+        part, j = self._locate(i)
+        return part.text(j)
+
+    @property
+    def sample_rate(self) -> int:
+        return self.parts[0].sample_rate
+
+
+class ReplayBatchSampler(Sampler[list[int]]):
+    """Each epoch: every position in `fixed` plus `replay_count` positions drawn from `replay_pool`,
+    bucketed and sharded exactly as `BucketBatchSampler` does (same set_epoch/set_start/__len__).
+
+    The replay draw is fresh every epoch, seeded by (seed, epoch) so every rank and every resume draws
+    the same clips; without replacement while the pool lasts (whole permutations of the pool are
+    chained when more clips are asked for than it holds).
+    """
+
+    def __init__(
+        self,
+        lengths: Sequence[int],
+        fixed: Sequence[int],
+        replay_pool: Sequence[int],
+        replay_count: int,
+        batch_size: int,
+        seed: int = 0,
+        bucket_size_multiplier: int = 20,
+        drop_last: bool = False,
+        num_replicas: int = 1,
+        rank: int = 0,
+    ) -> None:
+        if replay_count < 0:
+            raise ValueError(f"replay_count must be >= 0, got {replay_count}")
+        if replay_count > 0 and len(replay_pool) == 0:
+            raise ValueError("replay_count > 0 but the replay pool is empty")
+        self.lengths = np.asarray(lengths, dtype=np.int64)
+        self.fixed = np.asarray(fixed, dtype=np.int64)
+        self.replay_pool = np.asarray(replay_pool, dtype=np.int64)
+        self.replay_count = int(replay_count)
+        self.seed = seed
+        self.epoch = 0
+        self._start = 0
+        # a template for the counting and sharding rules: the per-epoch sampler has the same size
+        self._template = BucketBatchSampler(
+            np.zeros(self.epoch_size, dtype=np.int64),
+            batch_size,
+            shuffle=True,
+            seed=seed,
+            bucket_size_multiplier=bucket_size_multiplier,
+            drop_last=drop_last,
+            num_replicas=num_replicas,
+            rank=rank,
+        )
+
+    @property
+    def epoch_size(self) -> int:
+        """Items one epoch holds across all ranks (before padding to equal rank shares)."""
+        return len(self.fixed) + self.replay_count
+
+    def set_epoch(self, epoch: int) -> None:
+        self.epoch = epoch
+
+    def set_start(self, batch_index: int) -> None:
+        """Resume mid-epoch: the next iteration skips its first `batch_index` batches (once)."""
+        self._start = max(0, int(batch_index))
+
+    def replay_draw(self, epoch: int) -> np.ndarray:
+        """The replay positions of `epoch` (the same on every rank and every resume)."""
+        if self.replay_count == 0:
+            return np.zeros(0, dtype=np.int64)
+        # a separate stream from the bucketing's [seed, epoch] one, so the draw does not shape the order
+        rng = np.random.default_rng([self.seed, epoch, 1])
+        rounds = math.ceil(self.replay_count / len(self.replay_pool))
+        order = np.concatenate([rng.permutation(self.replay_pool) for _ in range(rounds)])
+        return order[: self.replay_count]
+
+    def epoch_items(self, epoch: int) -> np.ndarray:
+        """All positions of `epoch`: the fixed ones, then that epoch's replay draw."""
+        return np.concatenate([self.fixed, self.replay_draw(epoch)])
+
+    def _epoch_sampler(self) -> tuple[BucketBatchSampler, np.ndarray]:
+        items = self.epoch_items(self.epoch)
+        t = self._template
+        inner = BucketBatchSampler(
+            self.lengths[items],
+            t.batch_size,
+            shuffle=True,
+            seed=t.seed,
+            bucket_size_multiplier=t.bucket_size_multiplier,
+            drop_last=t.drop_last,
+            num_replicas=t.num_replicas,
+            rank=t.rank,
+        )
+        inner.set_epoch(self.epoch)
+        return inner, items
+
+    def __len__(self) -> int:
+        return len(self._template)
+
+    def __iter__(self) -> Iterator[list[int]]:
+        start, self._start = self._start, 0
+        inner, items = self._epoch_sampler()
+        for batch in inner._rank_batches()[start:]:
+            yield items[batch].tolist()

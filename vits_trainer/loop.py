@@ -21,14 +21,23 @@ from pathlib import Path
 
 import torch
 
-from .checkpoint import checkpoint_name, prune_checkpoints, write_checkpoint
+from .checkpoint import checkpoint_name, prune_checkpoints, verify_checkpoint, write_checkpoint
 from .discriminator import save_discriminator
+from .errors import UserError
 from .evaluate import evaluate, move_batch, synthesize
+from .recovery import (
+    free_memory,
+    is_out_of_memory,
+    next_precision,
+    restore_weights,
+    split_batch,
+    switch_precision,
+)
 from .reporting import MetricsLog, Progress, log_audio_to_trackers, plot_losses
 from .runtime import git_revision
-from .session import Session
+from .session import Session, apply_lr_scale
 from .step import GanStep
-from .trainstate import checkpoint_files
+from .trainstate import LoadedCheckpoint, checkpoint_files
 from .vits import export_model
 
 SPLIT_FILE = "training_split.json"  # beside exported models: which clips were held out
@@ -82,6 +91,11 @@ class Trainer:
         self.resumed_from_step = session.budget.global_step if session.resumed_from else None
         self.last_checkpoint: Path | None = session.resumed_from
         self.last_val: dict | None = None
+        # what a recovery falls back to before the first checkpoint exists (CPU copies)
+        self.initial_weights = (
+            {k: v.detach().cpu().clone() for k, v in session.model.state_dict().items()},
+            {k: v.detach().cpu().clone() for k, v in session.discriminator_raw.state_dict().items()},
+        )
 
     # ---- helpers --------------------------------------------------------------------------------
 
@@ -239,14 +253,13 @@ class Trainer:
             s.log(f"warning: {warning}")
         budget.start_training()
         stop_reason = None
-        window = {"samples": 0, "seconds": 0.0, "wait": 0.0, "steps": 0}
-        sums: dict[str, torch.Tensor] = {}
+        window = self.new_window()
         while stop_reason is None:
             s.sampler.set_epoch(state.epoch)
             s.sampler.set_start(state.batch_in_epoch)
             n_batches = len(s.sampler)
             b = state.batch_in_epoch
-            cycle_samples, cycle_indices = 0, []
+            pending: list[dict] = []  # this cycle's batches (CPU), kept to retry the cycle after an OOM
             it = iter(s.loader) if b < n_batches else iter(())
             t_step = time.perf_counter()
             while b < n_batches:
@@ -260,22 +273,21 @@ class Trainer:
                 window["wait"] += wait
                 cycle_start = (b // self.accumulation) * self.accumulation
                 cycle_length = min(self.accumulation, n_batches - cycle_start)
-                indices = batch.pop("indices")
-                batch.pop("text_lengths", None)
-                batch = move_batch(batch, s.device)
-                result = self.step_fn(batch, b - cycle_start, cycle_length)
+                pending.append(batch)
                 b += 1
-                cycle_samples += indices.numel()
-                cycle_indices.append(indices)
-                for k, v in result.metrics.items():
-                    sums[k] = sums.get(k, 0.0) + v.float()
+                try:
+                    result = self.run_batch(batch, b - 1 - cycle_start, cycle_length, window)
+                except Exception as err:
+                    if not is_out_of_memory(err):
+                        raise
+                    result = self.retry_after_oom(pending, cycle_length, window)
                 if not result.synced:
                     continue
 
                 # ---- an optimiser step ended --------------------------------------------------
                 now = time.perf_counter()
                 seconds, t_step = now - t_step, now
-                samples = cycle_samples * acc.num_processes
+                samples = sum(x["indices"].numel() for x in pending) * acc.num_processes
                 budget.observe_step(seconds, samples)
                 s.g_scheduler.step()
                 s.d_scheduler.step()
@@ -285,21 +297,14 @@ class Trainer:
                 window["steps"] += 1
                 state.samples_seen += samples
                 state.batch_in_epoch = b
-                if result.skipped:
-                    state.skipped_steps += 1
-                    ids = self.clip_ids(cycle_indices)
-                    s.log(
-                        f"warning: step {budget.global_step} skipped (non-finite loss or gradient; no weights "
-                        f"changed), clips: {', '.join(ids[:8])}{' ...' if len(ids) > 8 else ''}"
-                    )
-                cycle_samples, cycle_indices = 0, []
+                self.after_step(result, pending)
+                pending = []
 
                 if budget.current_plan is None and budget.benchmark_done():
                     self.make_plan(progress)
                 if budget.global_step % cfg.log_every == 0:
-                    self.log_step(sums, window, progress, n_batches - b)
-                    sums = {}
-                    window = {"samples": 0, "seconds": 0.0, "wait": 0.0, "steps": 0}
+                    self.log_step(window, progress, n_batches - b)
+                    window = self.new_window()
                 if time.time() - self.last_save >= cfg.save_minutes * 60 and budget.can_afford(
                     budget.save_seconds()
                 ):
@@ -321,6 +326,118 @@ class Trainer:
         signals.restore()
         return self.finish(stop_reason)
 
+    @staticmethod
+    def new_window() -> dict:
+        return {"samples": 0, "seconds": 0.0, "wait": 0.0, "steps": 0, "micro": 0, "sums": {}}
+
+    def run_batch(self, batch: dict, micro: int, cycle_length: int, window: dict):
+        """One loader batch: `split` micro-batches of it (more than one after an out-of-memory error)."""
+        s = self.s
+        parts = split_batch(batch, s.state.split) if s.state.split > 1 else [batch]
+        total = cycle_length * s.state.split
+        result = None
+        for j, part in enumerate(parts):
+            part = {k: v for k, v in part.items() if k not in ("indices", "text_lengths")}
+            part = move_batch(part, s.device)
+            first = micro == 0 and j == 0
+            last = micro == cycle_length - 1 and j == len(parts) - 1
+            result = self.step_fn.micro_step(part, first, last, 1.0 / total)
+            window["micro"] += 1
+            for k, v in result.metrics.items():
+                window["sums"][k] = window["sums"].get(k, 0.0) + v.float()
+        return result
+
+    def retry_after_oom(self, pending: list[dict], cycle_length: int, window: dict):
+        """Free memory, halve the micro-batch (same effective batch), redo this cycle from its start."""
+        s = self.s
+        while True:
+            self.step_fn.abandon_cycle()
+            window["sums"], window["micro"] = {}, 0
+            free_memory()
+            micro_batch = math.ceil(s.cfg.batch_size / s.state.split)
+            if micro_batch <= 1:
+                raise UserError(
+                    "out of GPU memory even with a micro-batch of 1 clip: lower --segment_size, prepare "
+                    "shorter clips (prepare_data.py --max_seconds), use --bf16/--fp16, or a smaller model"
+                )
+            s.state.split *= 2
+            s.log(
+                f"out of memory at step {s.budget.global_step + 1}: micro-batch {micro_batch} -> "
+                f"{math.ceil(s.cfg.batch_size / s.state.split)} clips, gradient accumulation "
+                f"{self.accumulation * s.state.split // 2} -> {self.accumulation * s.state.split} "
+                f"(same effective batch); retrying the step"
+            )
+            self.metrics.write({"event": "oom", "step": s.budget.global_step, "split": s.state.split})
+            try:
+                result = None
+                for m, batch in enumerate(pending):
+                    result = self.run_batch(batch, m, cycle_length, window)
+                return result
+            except Exception as err:
+                if not is_out_of_memory(err):
+                    raise
+
+    def after_step(self, result, pending: list[dict]) -> None:
+        """Count skipped (non-finite) steps; after too many in a row, recover."""
+        s = self.s
+        if not result.skipped:
+            s.state.consecutive_skips = 0
+            return
+        s.state.skipped_steps += 1
+        s.state.consecutive_skips += 1
+        ids = self.clip_ids([x["indices"] for x in pending])
+        s.log(
+            f"warning: step {s.budget.global_step} skipped (non-finite loss or gradient; no weights changed), "
+            f"clips: {', '.join(ids[:8])}{' ...' if len(ids) > 8 else ''}"
+        )
+        self.metrics.write({"event": "skipped", "step": s.budget.global_step, "clips": ids})
+        if s.state.consecutive_skips >= s.cfg.max_consecutive_skips:
+            self.recover()
+
+    def recover(self) -> None:
+        """Reload the last good weights, halve the LR, leave fp16; one line says what happened."""
+        s = self.s
+        count = s.state.consecutive_skips
+        if self.last_checkpoint is not None:
+            ckpt = LoadedCheckpoint(self.last_checkpoint, verify_checkpoint(self.last_checkpoint))
+            restore_weights(
+                s.model,
+                s.discriminator_raw,
+                ckpt.tensors("generator.safetensors"),
+                ckpt.tensors("discriminator.safetensors"),
+            )
+            s.g_optimizer.load_state_dict(ckpt.object("optimizer_g.pt"))
+            s.d_optimizer.load_state_dict(ckpt.object("optimizer_d.pt"))
+            source = f"checkpoint {self.last_checkpoint.name}"
+        else:
+            restore_weights(s.model, s.discriminator_raw, *self.initial_weights)
+            s.g_optimizer.state.clear()
+            s.d_optimizer.state.clear()
+            source = "the starting weights"
+        s.state.lr_scale *= 0.5
+        apply_lr_scale(s)
+        old = s.accelerator.mixed_precision
+        new = next_precision(old)
+        if new is not None:
+            switch_precision(s.accelerator, [s.generator_raw, s.discriminator_raw], new)
+            s.state.precision = new
+        s.state.recoveries += 1
+        s.state.consecutive_skips = 0
+        precision = f", precision {old} -> {new}" if new else ""
+        s.log(
+            f"recovery: {count} non-finite steps in a row; reloaded {source}, learning rate halved "
+            f"(x{s.state.lr_scale:g} of --learning_rate){precision}"
+        )
+        self.metrics.write(
+            {
+                "event": "recovery",
+                "step": s.budget.global_step,
+                "source": source,
+                "lr_scale": s.state.lr_scale,
+                "precision": s.accelerator.mixed_precision,
+            }
+        )
+
     def make_plan(self, progress: Progress) -> None:
         s, cfg = self.s, self.s.cfg
         effective = cfg.batch_size * self.accumulation * s.accelerator.num_processes
@@ -332,14 +449,16 @@ class Trainer:
         progress.set_total(plan.optimizer_steps + (self.resumed_from_step or 0), s.budget.global_step)
         self.metrics.write({"event": "plan", "step": s.budget.global_step, **plan.to_dict()})
 
-    def log_step(self, sums: dict, window: dict, progress: Progress, batches_left: int) -> None:
+    def log_step(self, window: dict, progress: Progress, batches_left: int) -> None:
         s = self.s
-        micro = max(1, window["steps"] * self.accumulation)
-        values = {k: float(v) / micro for k, v in sums.items()}  # the one sync of a log step
+        micro = max(1, window["micro"])
+        values = {k: float(v) / micro for k, v in window["sums"].items()}  # the one sync of a log step
+        values = {k: (v if math.isfinite(v) else None) for k, v in values.items()}  # strict JSON
         values["samples_per_second"] = window["samples"] / max(window["seconds"], 1e-9)
         values["data_wait_fraction"] = window["wait"] / max(window["seconds"], 1e-9)
         values["lr"] = s.g_optimizer.param_groups[0]["lr"]
         values["skipped_steps"] = s.state.skipped_steps
+        values["recoveries"] = s.state.recoveries
         record = {"step": s.budget.global_step, "epoch": s.state.epoch, "time": time.time(), **values}
         if s.device.type == "cuda":
             record["vram_gb"] = torch.cuda.max_memory_allocated(s.device) / 2**30

@@ -19,6 +19,10 @@ def _fmt_seconds(seconds: float) -> str:
     return f"{h}:{m:02d}:{s:02d}" if h else f"{m}:{s:02d}"
 
 
+def _fmt(value: float | None) -> str:
+    return "non-finite" if value is None else f"{value:.3f}"
+
+
 def vram_text(device: torch.device) -> str | None:
     if device.type != "cuda":
         return None
@@ -33,6 +37,13 @@ class MetricsLog:
     def __init__(self, path: Path, enabled: bool):
         self.path = path
         self.enabled = enabled
+        # a process killed mid-write can leave half a line: end it so the next record starts clean
+        if enabled and path.is_file() and path.stat().st_size:
+            with open(path, "rb") as f:
+                f.seek(-1, 2)
+                if f.read(1) != b"\n":
+                    with open(path, "a", encoding="utf-8") as g:
+                        g.write("\n")
 
     def write(self, record: dict) -> None:
         if not self.enabled:
@@ -66,8 +77,8 @@ class Progress:
         if not self.enabled:
             return
         fields = {
-            "loss": f"{values['loss_g']:.3f}",
-            "mel": f"{values['mel']:.3f}",
+            "loss": _fmt(values.get("loss_g")),
+            "mel": _fmt(values.get("mel")),
             "samples/s": f"{values['samples_per_second']:.1f}",
             "wait": f"{100 * values['data_wait_fraction']:.0f}%",
         }

@@ -30,6 +30,8 @@ def resolve_precision(requested: str, cpu: bool, log=print) -> str:
         return "fp16" if cuda else "no"
     if requested == "no":
         return "no"
+    if not cuda and requested == "bf16":
+        return "bf16"  # CPU autocast supports bf16 (fast only on CPUs with bf16 units)
     if not cuda:
         log(f"warning: --{requested} needs a CUDA GPU; training in fp32 on the CPU")
         return "no"
@@ -62,6 +64,13 @@ def make_accelerator(mixed_precision: str, cpu: bool, report_to: str, project_di
             import wandb  # noqa: F401
         except ImportError:
             raise UserError("--report_to wandb needs the wandb package: pip install wandb") from None
+    if int(os.environ.get("WORLD_SIZE", "1")) == 1:
+        # accelerate keeps one process-wide state; a second run in the same process (a notebook, the
+        # tests) may want another precision, so single-process runs start it afresh
+        from accelerate.state import AcceleratorState, GradientState
+
+        AcceleratorState._reset_state(reset_partial_state=False)
+        GradientState._reset_state()
     return Accelerator(
         mixed_precision=mixed_precision,
         cpu=cpu,

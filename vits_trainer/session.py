@@ -35,6 +35,7 @@ from .discriminator import (
 )
 from .errors import UserError
 from .hub import resolve_model_dir
+from .metadata import METADATA_NAME, read_metadata
 from .runtime import Logger, make_accelerator, quiet_transformers, resolve_precision
 from .step import make_optimizer
 from .text import TextEncoder, extend_vocabulary
@@ -252,6 +253,42 @@ def estimate_checkpoint_bytes(*modules: torch.nn.Module) -> int:
 # ---- the session --------------------------------------------------------------------------------
 
 
+def check_inputs(cfg: TrainConfig) -> None:
+    """Everything that can be checked before anything is written (bad input writes nothing)."""
+    data_dir = Path(cfg.data_dir)
+    if not data_dir.is_dir():
+        raise UserError(f"--data_dir {data_dir}: no such folder (run prepare_data.py first)")
+    rows, _ = read_metadata(data_dir / METADATA_NAME)
+    if not rows:
+        raise UserError(f"{data_dir / METADATA_NAME}: no usable rows (expected id|text|speaker lines)")
+    for folder, flag in (
+        (Path(cfg.checkpoint_dir), "--checkpoint_dir"),
+        (Path(cfg.output_dir), "--output_dir"),
+    ):
+        if folder.exists() and not folder.is_dir():
+            raise UserError(f"{flag} {folder}: exists and is not a folder")
+
+
+def check_disk_space(folders: list[Path], needed: int) -> None:
+    for folder in folders:
+        free = shutil.disk_usage(folder).free
+        if free < needed:
+            raise UserError(
+                f"not enough disk space in {folder}: {free / 2**30:.1f} GB free, about {needed / 2**30:.1f} GB "
+                f"needed for two checkpoints and the exported models"
+            )
+
+
+def apply_lr_scale(s: Session) -> None:
+    """--learning_rate times the scale left by recoveries, as the peak of both schedules."""
+    peak = s.cfg.learning_rate * s.state.lr_scale
+    for optimizer, scheduler in ((s.g_optimizer, s.g_scheduler), (s.d_optimizer, s.d_scheduler)):
+        scheduler.base_lrs = [peak for _ in optimizer.param_groups]
+        for group in optimizer.param_groups:
+            group["initial_lr"] = peak
+            group["lr"] = peak * s.budget_lr.factor(s.budget.global_step)
+
+
 def build_session(
     cfg: TrainConfig,
     process_start: float,
@@ -262,15 +299,25 @@ def build_session(
     main = int(os.environ.get("RANK", "0")) == 0
     log = Logger(main)
     quiet_transformers()
-    precision = resolve_precision(cfg.mixed_precision, cfg.cpu, log=log)
     checkpoint_dir = Path(cfg.checkpoint_dir)
     output_dir = Path(cfg.output_dir)
-    if main:
-        check_writable(checkpoint_dir, "--checkpoint_dir")
-        check_writable(
-            output_dir.parent if output_dir.parent != Path("") else Path("."), "--output_dir's parent"
-        )
+    check_inputs(cfg)
     ckpt = find_checkpoint(cfg, checkpoint_dir, log)
+    trainer_state = ckpt.json("trainer_state.json") if ckpt is not None else {}
+    state = TrainState.from_dict(trainer_state.get("train_state", {})) if ckpt is not None else TrainState()
+    precision = resolve_precision(cfg.mixed_precision, cfg.cpu, log=log)
+    if state.precision and state.precision != precision and precision != "no":
+        log(f"precision: {state.precision} (an earlier recovery left {precision}; kept for this session)")
+        precision = state.precision
+
+    torch.manual_seed(cfg.seed)
+    model, text, model_dir, model_source = load_model(cfg, ckpt, log)  # a bad model path fails here
+    discriminator = load_or_create_discriminator(cfg, ckpt, model_dir, log)
+    if main:  # from here on files are written
+        check_writable(checkpoint_dir, "--checkpoint_dir")
+        check_writable(output_dir.parent, "--output_dir's parent folder")
+        ckpt_bytes = estimate_checkpoint_bytes(model, discriminator)
+        check_disk_space([checkpoint_dir, output_dir.parent], 2 * ckpt_bytes + ckpt_bytes // 3 * 2)
     accelerator = make_accelerator(precision, cfg.cpu, cfg.report_to, checkpoint_dir)
     log = Logger(accelerator.is_main_process)
     device = accelerator.device
@@ -280,13 +327,9 @@ def build_session(
     )
     if device.type == "cuda":
         torch.backends.cudnn.benchmark = True  # conv shapes repeat within length buckets
-
-    torch.manual_seed(cfg.seed)
-    model, text, model_dir, model_source = load_model(cfg, ckpt, log)
     log(f"model: {model_source} ({sum(p.numel() for p in model.parameters()) / 1e6:.1f} M parameters)")
-    if ckpt is not None and cfg.model_name and cfg.resume != "none":
+    if ckpt is not None:
         log(f"resuming from {ckpt.path.name} (step {ckpt.step}); --model_name is not used on resume")
-    trainer_state = ckpt.json("trainer_state.json") if ckpt is not None else {}
 
     store, report = load_store(cfg, Path(cfg.data_dir), model.config.sampling_rate, accelerator, log)
     if ckpt is None:
@@ -303,7 +346,6 @@ def build_session(
     generator = VitsGenerator(
         model, segment_frames=max(1, cfg.segment_size // _hop(model)), mas_backend=cfg.mas_backend
     )
-    discriminator = load_or_create_discriminator(cfg, ckpt, model_dir, log)
     val_ids = trainer_state.get("val_ids")
     data = (data_fn or split_data)(cfg, store, text, speakers, generator.hop_length, val_ids, log)
     log(
@@ -312,6 +354,8 @@ def build_session(
         + f"; loaded in {report.seconds:.1f} s ({'cache' if report.cache_hit else 'built cache'}, "
         f"{'RAM' if report.in_ram else 'memory-mapped'})"
     )
+    if report.skipped:
+        log(f"warning: {len(report.skipped)} clip(s) could not be read and are skipped")
 
     sampler = data.sampler or BucketBatchSampler(
         data.train.audio_lengths(),
@@ -340,9 +384,7 @@ def build_session(
     )
     ckpt_bytes = estimate_checkpoint_bytes(model, discriminator)
     budget.set_estimates(save_seconds=1.0 + ckpt_bytes / 150e6, export_seconds=2.0 + ckpt_bytes / 3 / 150e6)
-    state = TrainState()
     if ckpt is not None:
-        state = TrainState.from_dict(trainer_state.get("train_state", {}))
         budget.load_state_dict(trainer_state["budget"])
         g_opt.load_state_dict(ckpt.object("optimizer_g.pt"))
         d_opt.load_state_dict(ckpt.object("optimizer_d.pt"))
@@ -356,7 +398,7 @@ def build_session(
             accelerator.scaler.load_state_dict(ckpt.object("scaler.pt"))
         set_rng_state(ckpt.object("rng.pt"))
         state.sessions += 1
-    return Session(
+    session = Session(
         cfg=cfg,
         accelerator=accelerator,
         log=log,
@@ -385,6 +427,10 @@ def build_session(
         load_report=report.to_dict(),
         model_source=model_source,
     )
+    apply_lr_scale(session)  # the peak is always this session's --learning_rate (x recoveries' scale)
+    if state.split > 1:
+        log(f"micro-batch: each batch runs in {state.split} parts (an earlier out-of-memory retry)")
+    return session
 
 
 def _hop(model) -> int:

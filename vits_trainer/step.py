@@ -93,8 +93,12 @@ class GanStep:
         self, batch: dict[str, torch.Tensor], micro_index: int = 0, cycle_length: int = 1
     ) -> StepResult:
         """Micro-batch `micro_index` of a cycle of `cycle_length`; the optimisers step after the last one."""
+        return self.micro_step(batch, micro_index == 0, micro_index == cycle_length - 1, 1.0 / cycle_length)
+
+    def micro_step(self, batch: dict[str, torch.Tensor], first: bool, last: bool, scale: float) -> StepResult:
+        """One micro-batch: `first` clears the gradients, `last` steps the optimisers, `scale` weights
+        this micro-batch's losses within the cycle (1 / number of micro-batches)."""
         acc = self.accelerator
-        first, last = micro_index == 0, micro_index == cycle_length - 1
         with self._no_sync(last):
             with acc.autocast():
                 out = self.generator(
@@ -115,7 +119,7 @@ class GanStep:
             if first:
                 self.d_optimizer.zero_grad(set_to_none=True)
             with timer("backward"):
-                acc.backward(loss_d / cycle_length)
+                acc.backward(loss_d * scale)
 
             # --- generator: adversarial + feature matching through a frozen D --------------------
             self.disc_raw.requires_grad_(False)
@@ -137,7 +141,7 @@ class GanStep:
             if first:
                 self.g_optimizer.zero_grad(set_to_none=True)
             with timer("backward"):
-                acc.backward(loss_g / cycle_length)
+                acc.backward(loss_g * scale)
 
             metrics = {k: v.detach() for k, v in losses.items()}
             metrics["loss_g"] = loss_g.detach()
@@ -174,6 +178,10 @@ class GanStep:
                 self.g_optimizer.step()
         if scaler is not None:
             scaler.update()  # lowers the scale after an overflow, raises it after a calm stretch
+        self.abandon_cycle()
+        return StepResult(synced=True, skipped=not finite, metrics=metrics)
+
+    def abandon_cycle(self) -> None:
+        """Drop the gradients of the current cycle (after a step, or before retrying one)."""
         self.d_optimizer.zero_grad(set_to_none=True)
         self.g_optimizer.zero_grad(set_to_none=True)
-        return StepResult(synced=True, skipped=not finite, metrics=metrics)

@@ -40,7 +40,11 @@ class TrainState:
     best_val: float | None = None  # lowest validation mel loss so far
     best_step: int | None = None
     skipped_steps: int = 0  # non-finite steps skipped (neither network updated)
-    recoveries: int = 0
+    consecutive_skips: int = 0
+    recoveries: int = 0  # reloads after too many consecutive skipped steps
+    lr_scale: float = 1.0  # halved by each recovery
+    precision: str | None = None  # set when a recovery left fp16/bf16; a resumed session keeps it
+    split: int = 1  # each batch runs as this many micro-batches (doubled by each out-of-memory retry)
     sessions: int = 0
     val_history: list[dict] = field(default_factory=list)
 

@@ -210,6 +210,24 @@ def load_vits_model(model_dir: str | Path) -> VitsModel:
         hf_logging.set_verbosity(verbosity)
 
 
+def remove_stale_temp(out_dir: Path) -> None:
+    """Temp folders of earlier exports whose process died (killed mid-export) are removed."""
+    for tmp in out_dir.parent.glob(f".{out_dir.name}.*-*"):
+        pid = tmp.name.rsplit("-", 1)[-1]
+        if pid.isdigit() and int(pid) != os.getpid() and not _pid_alive(int(pid)):
+            shutil.rmtree(tmp, ignore_errors=True)
+
+
+def _pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
 def export_model(
     model: VitsModel,
     tokenizer,
@@ -224,6 +242,8 @@ def export_model(
     `extras(folder)` may add files before the folder is moved into place.
     """
     out_dir = Path(out_dir)
+    out_dir.parent.mkdir(parents=True, exist_ok=True)
+    remove_stale_temp(out_dir)
     tmp = out_dir.with_name(f".{out_dir.name}.tmp-{os.getpid()}")
     if tmp.exists():
         shutil.rmtree(tmp)

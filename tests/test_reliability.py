@@ -1,0 +1,329 @@
+"""Fault injection: training that cannot silently die, corrupt its checkpoints or lose work.
+
+Faults are injected by patching the project's own functions in-process (a NaN batch, an Inf loss,
+an out-of-memory error, a full disk) — a real CUDA OOM or a full disk cannot be produced here — and
+by killing real training subprocesses.
+"""
+
+from __future__ import annotations
+
+import errno
+import json
+import random
+import shutil
+import signal
+import subprocess
+import time
+from pathlib import Path
+
+import pytest
+import torch
+from transformers import VitsModel
+
+import vits_trainer.loop as loop_module
+from tests.helpers import PYTHON, ROOT, TINY_SETTINGS, cli_args, tiny_config
+from vits_trainer.checkpoint import list_checkpoints, write_checkpoint
+from vits_trainer.errors import UserError
+from vits_trainer.loop import Trainer
+from vits_trainer.recovery import all_finite
+from vits_trainer.session import build_session
+from vits_trainer.step import GanStep
+from vits_trainer.vits import VitsGenerator
+
+
+def run(tmp: Path, data: Path, model: Path, **overrides):
+    cfg = tiny_config(tmp, data, model, **overrides)
+    session = build_session(cfg, time.time())
+    summary = Trainer(session).train()
+    return session, summary
+
+
+def events(tmp: Path, name: str) -> list[dict]:
+    path = tmp / "checkpoints" / "metrics.jsonl"
+    return [r for r in map(json.loads, path.read_text().splitlines()) if r.get("event") == name]
+
+
+def test_nan_batch_is_skipped_for_both_networks(tmp_path, tiny_model_dir, tone_corpus, monkeypatch, capsys):
+    calls = {"n": 0}
+    real_move = loop_module.move_batch
+
+    def poisoned_move(batch, device):
+        calls["n"] += 1
+        batch = real_move(batch, device)
+        if calls["n"] == 4:  # the 4th micro-batch carries NaN audio
+            batch["audio"] = batch["audio"].clone()
+            batch["audio"][0, 0, 100:200] = float("nan")
+        return batch
+
+    monkeypatch.setattr(loop_module, "move_batch", poisoned_move)
+    session, summary = run(tmp_path, tone_corpus, tiny_model_dir, max_steps=8)
+    assert summary["skipped_steps"] == 1 and summary["steps"] == 8
+    assert all_finite(session.model, session.discriminator_raw)
+    skipped = events(tmp_path, "skipped")
+    assert len(skipped) == 1 and skipped[0]["step"] == 4 and len(skipped[0]["clips"]) == 8
+    assert "step 4 skipped" in capsys.readouterr().out
+
+
+def test_non_finite_step_changes_no_weight(tmp_path, tiny_model_dir, tone_corpus):
+    cfg = tiny_config(tmp_path, tone_corpus, tiny_model_dir, max_steps=1)
+    s = build_session(cfg, time.time())
+    from tests.test_vits_training import one_batch
+
+    batch = one_batch(s)
+    batch["audio"][1, 0, :50] = float("inf")
+    before_g = {k: v.clone() for k, v in s.model.state_dict().items()}
+    before_d = {k: v.clone() for k, v in s.discriminator_raw.state_dict().items()}
+    result = GanStep(s.accelerator, s.generator, s.discriminator, s.g_optimizer, s.d_optimizer)(batch)
+    assert result.synced and result.skipped
+    assert all(torch.equal(v, before_g[k]) for k, v in s.model.state_dict().items())
+    assert all(torch.equal(v, before_d[k]) for k, v in s.discriminator_raw.state_dict().items())
+    assert not s.g_optimizer.state and not s.d_optimizer.state  # AdamW never stepped
+
+
+def test_repeated_inf_loss_triggers_recovery(tmp_path, tiny_model_dir, tone_corpus, monkeypatch, capsys):
+    calls = {"n": 0}
+    real_forward = VitsGenerator.forward
+
+    def inf_kl_forward(self, *args, **kwargs):
+        out = real_forward(self, *args, **kwargs)
+        if self.training:
+            calls["n"] += 1
+            if 5 <= calls["n"] <= 7:  # steps 5-7: the KL term is Inf
+                out.kl = out.kl * float("inf")
+        return out
+
+    monkeypatch.setattr(VitsGenerator, "forward", inf_kl_forward)
+    session, summary = run(
+        tmp_path,
+        tone_corpus,
+        tiny_model_dir,
+        max_steps=9,
+        max_consecutive_skips=3,
+        save_minutes=0.001,
+        log_every=1,
+    )
+    out = capsys.readouterr().out
+    state = session.state
+    assert summary["skipped_steps"] == 3 and summary["steps"] == 9
+    assert state.recoveries == 1 and state.lr_scale == 0.5 and state.consecutive_skips == 0
+    assert "recovery: 3 non-finite steps in a row; reloaded checkpoint step_0000000" in out
+    assert "learning rate halved" in out
+    recovery = events(tmp_path, "recovery")
+    assert len(recovery) == 1 and recovery[0]["step"] == 7 and recovery[0]["lr_scale"] == 0.5
+    peak = [g["initial_lr"] for g in session.g_optimizer.param_groups]
+    assert peak == [0.5 * TINY_SETTINGS["learning_rate"]]
+    assert all_finite(session.model, session.discriminator_raw)
+    steps = [
+        r
+        for r in map(json.loads, (tmp_path / "checkpoints" / "metrics.jsonl").read_text().splitlines())
+        if "lr" in r
+    ]
+    assert steps[-1]["recoveries"] == 1
+    VitsModel.from_pretrained(tmp_path / "final_model")
+
+
+def test_recovery_leaves_mixed_precision(tmp_path, tiny_model_dir, tone_corpus):
+    """bf16 -> fp32 on this CPU (fp16 needs a GPU: there it goes fp16 -> bf16 or fp32, same code)."""
+    from tests.test_vits_training import one_batch
+    from vits_trainer.recovery import next_precision, switch_precision
+
+    cfg = tiny_config(tmp_path, tone_corpus, tiny_model_dir, max_steps=1, mixed_precision="bf16")
+    s = build_session(cfg, time.time())
+    acc = s.accelerator
+    assert acc.mixed_precision == "bf16" and "_original_forward" in s.generator_raw.__dict__
+    with acc.autocast():
+        assert torch.get_autocast_dtype("cpu") == torch.bfloat16 and torch.is_autocast_enabled("cpu")
+    assert next_precision("bf16") == "no" and next_precision("no") is None
+    switch_precision(acc, [s.generator_raw, s.discriminator_raw], "no")
+    assert acc.mixed_precision == "no" and acc.scaler is None
+    assert "forward" not in s.generator_raw.__dict__  # accelerate's bf16 wrapper is gone
+    with acc.autocast():
+        assert not torch.is_autocast_enabled("cpu")
+    result = GanStep(acc, s.generator, s.discriminator, s.g_optimizer, s.d_optimizer)(one_batch(s, 2))
+    assert result.synced and not result.skipped
+
+
+def test_out_of_memory_halves_the_micro_batch_and_retries(
+    tmp_path, tiny_model_dir, tone_corpus, monkeypatch, capsys
+):
+    calls = {"n": 0, "sizes": []}
+    real = GanStep.micro_step
+
+    def flaky(self, batch, first, last, scale):
+        calls["n"] += 1
+        calls["sizes"].append(batch["input_ids"].size(0))
+        if calls["n"] == 5:  # simulated: a real CUDA OOM cannot happen on this CPU machine
+            raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB")
+        return real(self, batch, first, last, scale)
+
+    monkeypatch.setattr(GanStep, "micro_step", flaky)
+    session, summary = run(tmp_path, tone_corpus, tiny_model_dir, max_steps=8, gradient_accumulation_steps=2)
+    out = capsys.readouterr().out
+    assert "out of memory at step 3: micro-batch 8 -> 4 clips, gradient accumulation 2 -> 4" in out
+    assert session.state.split == 2 and summary["steps"] == 8 and summary["skipped_steps"] == 0
+    # the same effective batch: every optimiser step still consumed 2 loader batches
+    assert session.state.samples_seen == sum(1 for _ in range(8)) * 16 or session.state.samples_seen >= 8 * 12
+    assert max(calls["sizes"][5:]) <= 4
+    assert events(tmp_path, "oom")[0]["split"] == 2
+
+
+def test_out_of_memory_at_batch_one_is_a_clear_error(tmp_path, tiny_model_dir, tone_corpus, monkeypatch):
+    def always_oom(self, *args):
+        raise torch.OutOfMemoryError("CUDA out of memory")
+
+    monkeypatch.setattr(GanStep, "micro_step", always_oom)
+    with pytest.raises(UserError, match="even with a micro-batch of 1 clip"):
+        run(tmp_path, tone_corpus, tiny_model_dir, max_steps=2, batch_size=2)
+
+
+def test_disk_full_during_save_keeps_training(tmp_path, tiny_model_dir, tone_corpus, monkeypatch, capsys):
+    calls = {"n": 0}
+    real = loop_module.write_checkpoint
+
+    def full_once(*args, **kwargs):
+        calls["n"] += 1
+        if calls["n"] == 2:
+            raise OSError(errno.ENOSPC, "No space left on device")
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(loop_module, "write_checkpoint", full_once)
+    session, summary = run(tmp_path, tone_corpus, tiny_model_dir, max_steps=12, save_minutes=0.001)
+    out = capsys.readouterr().out
+    assert "failed (No space left on device); the previous one is intact" in out
+    assert calls["n"] >= 3 and summary["steps"] == 12
+    assert list_checkpoints(tmp_path / "checkpoints")[0].name == "step_00000012"
+    assert not list((tmp_path / "checkpoints").glob(".step_*"))
+
+
+def test_failed_final_export_names_the_last_checkpoint(
+    tmp_path, tiny_model_dir, tone_corpus, monkeypatch, capsys
+):
+    real = loop_module.export_model
+
+    def fail_final(model, tokenizer, folder, *args, **kwargs):
+        if Path(folder).name == "final_model":
+            raise OSError(errno.EIO, "Input/output error")
+        return real(model, tokenizer, folder, *args, **kwargs)
+
+    monkeypatch.setattr(loop_module, "export_model", fail_final)
+    _, summary = run(tmp_path, tone_corpus, tiny_model_dir, max_steps=3)
+    out = capsys.readouterr().out
+    assert summary["final_model"] is None
+    assert "exporting the final model" in out and "step_00000003" in out
+
+
+def test_resume_falls_back_when_the_newest_checkpoint_is_damaged(
+    tmp_path, tiny_model_dir, tone_corpus, capsys
+):
+    run(tmp_path, tone_corpus, tiny_model_dir, max_steps=6, save_minutes=0.001, keep_checkpoints=3)
+    newest, previous = list_checkpoints(tmp_path / "checkpoints")[:2]
+    weights = newest / "generator.safetensors"
+    data = bytearray(weights.read_bytes())
+    data[len(data) // 2] ^= 0xFF  # one flipped byte, same size
+    weights.write_bytes(bytes(data))
+    capsys.readouterr()
+    cfg = tiny_config(tmp_path, tone_corpus, tiny_model_dir, max_steps=8)
+    session = build_session(cfg, time.time())
+    assert session.resumed_from == previous
+    assert f"skipping damaged checkpoint {newest.name}" in capsys.readouterr().out
+
+
+def test_interrupted_checkpoint_write_leaves_the_previous_one(tmp_path):
+    good = write_checkpoint(tmp_path, 1, {"a.bin": b"1" * 100})
+
+    class Boom(dict):
+        def items(self):
+            yield "a.bin", b"2" * 100
+            raise OSError(errno.ENOSPC, "No space left on device")
+
+    with pytest.raises(OSError):
+        write_checkpoint(tmp_path, 2, Boom())
+    assert list_checkpoints(tmp_path) == [good]
+    assert not list(tmp_path.glob(".step_*"))
+
+
+def test_unreadable_clip_after_preparation_is_skipped(tmp_path, tiny_model_dir, tone_corpus, capsys):
+    data = tmp_path / "data"
+    shutil.copytree(tone_corpus, data, ignore=shutil.ignore_patterns("cache"))
+    (data / "wavs" / "clip00003.wav").write_bytes(b"not a wav at all")
+    session, summary = run(tmp_path, data, tiny_model_dir, max_steps=2)
+    out = capsys.readouterr().out
+    assert "1 clip(s) could not be read and are skipped" in out
+    assert summary["steps"] == 2
+    assert "clip00003" not in session.data.train.ids()
+
+
+@pytest.mark.slow
+def test_sigkill_five_times_then_resume(tmp_path, tiny_model_dir, tone_corpus):
+    """Killed at random moments (mid-step, mid-save, mid-eval...), each time resumed with --resume auto."""
+    save_seconds = 3.0
+    settings = dict(TINY_SETTINGS)
+    settings.update(
+        data_dir=tone_corpus,
+        model_name=tiny_model_dir,
+        checkpoint_dir=tmp_path / "checkpoints",
+        output_dir=tmp_path / "final_model",
+        save_minutes=save_seconds / 60,
+        log_every=1,
+    )
+    cmd = [PYTHON, str(ROOT / "train_vits.py"), *cli_args(settings)]
+    metrics = tmp_path / "checkpoints" / "metrics.jsonl"
+    rng = random.Random(7)
+    kills = []  # (last step logged before the kill, steps logged in the last save interval + slack)
+    resumed = []
+
+    def resumed_step(output: str) -> int | None:
+        lines = [x for x in output.splitlines() if x.startswith("resuming from step_")]
+        return int(lines[0].split("(step ")[1].split(")")[0]) if lines else None
+
+    for i in range(5):
+        proc = subprocess.Popen(
+            [*cmd, "--target_hours", str(600 / 3600)],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+        )
+        start = time.monotonic()
+        previous = max([r["step"] for r in _records(metrics) if "loss_g" in r] or [0])
+        while time.monotonic() - start < 120 and not _steps_since(metrics, previous):
+            time.sleep(0.2)
+        time.sleep(rng.uniform(0.0, 6.0))  # anywhere: mid-step, mid-save, mid-eval, mid-export
+        killed_at = time.time()
+        proc.send_signal(signal.SIGKILL)
+        output, _ = proc.communicate(timeout=30)
+        if i > 0:
+            resumed.append(resumed_step(output))
+        steps = [r for r in _records(metrics) if "loss_g" in r]
+        recent = [r for r in steps if r["time"] >= killed_at - save_seconds - 2.0]
+        kills.append((max(r["step"] for r in steps), len(recent) + 1))
+    final = subprocess.run(
+        [*cmd, "--target_hours", str(40 / 3600)], capture_output=True, text=True, timeout=200
+    )
+    assert final.returncode == 0, final.stdout[-2000:] + final.stderr[-2000:]
+    resumed.append(resumed_step(final.stdout))
+    summary = json.loads((tmp_path / "final_model" / "train_summary.json").read_text())
+    assert summary["resumed_from_step"] == resumed[-1]
+    assert len(resumed) == 5 and all(r is not None and r > 0 for r in resumed), resumed
+    # every resume comes from a checkpoint at most one save interval behind the kill, never ahead of it
+    for (last_logged, allowed), step in zip(kills, resumed, strict=True):
+        assert last_logged - allowed <= step <= last_logged, (kills, resumed)
+    assert resumed == sorted(resumed)  # the step count never goes backwards
+    assert summary["steps"] > resumed[-1]
+    VitsModel.from_pretrained(tmp_path / "final_model")
+    assert not list((tmp_path / "checkpoints").glob(".step_*.tmp-*"))
+
+
+def _records(path: Path) -> list[dict]:
+    if not path.exists():
+        return []
+    out = []
+    for line in path.read_text().splitlines():
+        try:
+            out.append(json.loads(line))
+        except ValueError:
+            pass  # a line cut by the kill
+    return out
+
+
+def _steps_since(path: Path, step: int) -> bool:
+    return any(r.get("step", 0) > step + 2 for r in _records(path) if "loss_g" in r)
