@@ -110,7 +110,9 @@ def test_sigterm_saves_and_resume_continues(tmp_path, tiny_model_dir, tone_corpu
     assert first["stopped_reason"] == "signal"
     stopped_at = first["steps"]
     assert stopped_at >= 12
-    state = json.loads((tmp_path / "checkpoints" / f"step_{stopped_at:08d}" / "trainer_state.json").read_text())
+    state = json.loads(
+        (tmp_path / "checkpoints" / f"step_{stopped_at:08d}" / "trainer_state.json").read_text()
+    )
     assert state["global_step"] == stopped_at
 
     resumed = subprocess.run(
@@ -125,7 +127,9 @@ def test_sigterm_saves_and_resume_continues(tmp_path, tiny_model_dir, tone_corpu
     assert second["resumed_from_step"] == stopped_at
     assert second["steps"] > stopped_at
     records = read_metrics(metrics)
-    steps_after = [m["step"] for m in records if "loss_g" in m and m["time"] > first_end_time(records, stopped_at)]
+    steps_after = [
+        m["step"] for m in records if "loss_g" in m and m["time"] > first_end_time(records, stopped_at)
+    ]
     assert steps_after and steps_after[0] == stopped_at + 1  # same step count, no restart
     last = json.loads(
         (tmp_path / "checkpoints" / f"step_{second['steps']:08d}" / "trainer_state.json").read_text()
