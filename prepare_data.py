@@ -14,21 +14,15 @@ import sys
 from pathlib import Path
 
 from vits_trainer.corpus import FORMATS
-from vits_trainer.errors import UserError, run_cli
+from vits_trainer.errors import ArgumentParser, run_cli
 from vits_trainer.prepare import PrepareSettings, default_workers, prepare
 
 
-class _Parser(argparse.ArgumentParser):
-    def error(self, message: str):  # one `error:` line from run_cli instead of usage + message
-        raise UserError(f"{message} (see --help)")
-
-
 def build_parser() -> argparse.ArgumentParser:
-    parser = _Parser(
+    parser = ArgumentParser(
         description=__doc__.split("\n\n")[0],
         epilog="Writes <data_dir>/prepare_report.json (every skipped row and why) and re-uses WAVs "
         "converted by an earlier run when their source is unchanged.",
-        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
     )
     src = parser.add_argument_group("source")
     src.add_argument(

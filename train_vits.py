@@ -19,14 +19,11 @@ PROCESS_START = process_start_time()  # before the heavy imports: they count aga
 
 
 def main(argv: list[str] | None = None) -> int:
-    import argparse
-
     from vits_trainer.config import TrainConfig, add_arguments, config_from_args
     from vits_trainer.demo import apply_demo_settings
+    from vits_trainer.errors import ArgumentParser
 
-    parser = argparse.ArgumentParser(
-        description=__doc__.split("\n\n")[0], formatter_class=argparse.ArgumentDefaultsHelpFormatter
-    )
+    parser = ArgumentParser(description=__doc__.split("\n\n")[0])
     add_arguments(parser, TrainConfig)
     args = parser.parse_args(argv)
     cfg = config_from_args(args, TrainConfig)

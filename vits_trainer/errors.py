@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import argparse
 import sys
 from collections.abc import Callable
 
@@ -21,3 +22,14 @@ def run_cli(main: Callable[[list[str] | None], int | None], argv: list[str] | No
         print("interrupted", file=sys.stderr)
         return 130
     return int(code or 0)
+
+
+class ArgumentParser(argparse.ArgumentParser):
+    """argparse with every default in --help, and its errors as one `error:` line (no usage dump)."""
+
+    def __init__(self, *args, **kwargs):
+        kwargs.setdefault("formatter_class", argparse.ArgumentDefaultsHelpFormatter)
+        super().__init__(*args, **kwargs)
+
+    def error(self, message: str):
+        raise UserError(f"{message} (see --help)")

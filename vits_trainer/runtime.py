@@ -8,8 +8,6 @@ import sys
 import time
 from pathlib import Path
 
-import torch
-
 from .errors import UserError
 
 
@@ -25,6 +23,8 @@ def process_start_time() -> float:
 
 def resolve_precision(requested: str, cpu: bool, log=print) -> str:
     """accelerate's mixed_precision value for this machine; impossible requests fall back with a warning."""
+    import torch
+
     cuda = torch.cuda.is_available() and not cpu
     if requested == "auto":
         return "fp16" if cuda else "no"

@@ -1,0 +1,107 @@
+"""Bad command lines and data: one `error:` line, a non-zero exit, no traceback, nothing written."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from tests.helpers import PYTHON, ROOT
+from vits_trainer.runtime import resolve_precision
+
+
+def make_cases(tmp: Path, corpus: Path, model: Path) -> dict[str, tuple[list[str], str]]:
+    empty = tmp / "empty_data"
+    empty.mkdir()
+    junk = tmp / "junk_data"
+    (junk / "wavs").mkdir(parents=True)
+    (junk / "metadata.csv").write_text("only-one-field\n\n||\n", encoding="utf-8")
+    ok = ["--data_dir", str(corpus), "--model_name", str(model)]
+    return {
+        "zero budget": ([*ok, "--target_hours", "0"], "--target_hours must be positive"),
+        "negative budget": ([*ok, "--target_hours", "-2"], "--target_hours must be positive"),
+        "batch 0": ([*ok, "--batch_size", "0"], "--batch_size must be positive"),
+        "not a number": ([*ok, "--batch_size", "eight"], "invalid int value"),
+        "missing data_dir": (["--data_dir", str(tmp / "nope"), "--model_name", str(model)], "no such folder"),
+        "empty data_dir": (
+            ["--data_dir", str(empty), "--model_name", str(model)],
+            "metadata.csv: no such file",
+        ),
+        "no usable rows": (["--data_dir", str(junk), "--model_name", str(model)], "no usable rows"),
+        "missing model": (
+            ["--data_dir", str(corpus), "--model_name", str(tmp / "no_model")],
+            "no such folder",
+        ),
+        "offline hub id": (
+            ["--data_dir", str(corpus), "--model_name", "facebook/mms-tts-xyz"],
+            "could not be fetched from the Hugging Face hub",
+        ),
+        "unknown resume path": ([*ok, "--resume", str(tmp / "no_ckpt")], "no such checkpoint folder"),
+    }
+
+
+def test_every_bad_input_gives_one_clear_line(tmp_path, tone_corpus, tiny_model_dir):
+    cases = make_cases(tmp_path, tone_corpus, tiny_model_dir)
+    env = dict(os.environ, HF_HUB_OFFLINE="1")
+    procs = {}
+    for name, (args, _) in cases.items():
+        out = tmp_path / name.replace(" ", "_")
+        cmd = [
+            PYTHON,
+            str(ROOT / "train_vits.py"),
+            *args,
+            "--checkpoint_dir",
+            str(out / "ckpt"),
+            "--output_dir",
+            str(out / "final"),
+        ]
+        procs[name] = (
+            subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env),
+            out,
+        )
+    for name, (proc, out) in procs.items():
+        stdout, stderr = proc.communicate(timeout=120)
+        expected = cases[name][1]
+        lines = [line for line in stderr.splitlines() if line.strip()]
+        assert proc.returncode == 2, (name, stdout, stderr)
+        assert "Traceback" not in stderr + stdout, name
+        assert len(lines) == 1 and lines[0].startswith("error:") and expected in lines[0], (name, lines)
+        assert not out.exists(), f"{name}: wrote {list(out.rglob('*'))}"
+
+
+def test_resume_none_refuses_to_mix_with_an_earlier_run(tmp_path, tone_corpus, tiny_model_dir):
+    ckpt = tmp_path / "ckpt" / "step_00000005"
+    ckpt.mkdir(parents=True)
+    proc = subprocess.run(
+        [
+            PYTHON,
+            str(ROOT / "train_vits.py"),
+            "--data_dir",
+            str(tone_corpus),
+            "--model_name",
+            str(tiny_model_dir),
+            "--checkpoint_dir",
+            str(tmp_path / "ckpt"),
+            "--output_dir",
+            str(tmp_path / "final"),
+            "--resume",
+            "none",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert proc.returncode == 2 and "--resume auto" in proc.stderr and "Traceback" not in proc.stderr
+    assert not (tmp_path / "final").exists()
+
+
+@pytest.mark.parametrize("flag", ["fp16", "bf16"])
+def test_half_precision_without_a_gpu_falls_back_with_a_warning(flag):
+    lines = []
+    got = resolve_precision(flag, cpu=True, log=lines.append)
+    if flag == "fp16":  # fp16 autocast needs CUDA: fp32 instead, said once
+        assert got == "no" and lines and "needs a CUDA GPU" in lines[0]
+    else:  # CPU autocast supports bf16
+        assert got == "bf16" and not lines
