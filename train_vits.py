@@ -44,7 +44,7 @@ def main(argv: list[str] | None = None) -> int:
             f"stopped by a signal at step {summary['steps']}; continue with: python train_vits.py --resume auto "
             f"--checkpoint_dir {cfg.checkpoint_dir} --data_dir {cfg.data_dir} --target_hours H"
         )
-    if summary["final_model"] is None:
+    if summary["final_model"] is None and session.is_main:
         return 1  # the export failed; the error line named the last good checkpoint
     log(
         f"done: {summary['steps']} steps in {summary['wall_seconds'] / 60:.1f} min "

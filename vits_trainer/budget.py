@@ -196,6 +196,7 @@ class Budget:
         # cosine starts there, at peak) and the horizon's planned step count (caps the warmup).
         self.lr_decay_start: float | None = None
         self.planned_horizon_steps: int | None = None
+        self._shared_progress: float | None = None  # rank 0's progress in multi-process runs
 
     # ---- time -------------------------------------------------------------------------------------
 
@@ -423,7 +424,9 @@ class Budget:
         window, from `start_training` to `training_end` (0 before training starts). Clamped to 1 once
         the horizon is over, e.g. a total already spent on resume (see `horizon_warning`).
         """
-        if self.total_seconds is None:
+        if self._shared_progress is not None:
+            progress = self._shared_progress
+        elif self.total_seconds is None:
             if self.training_start is None:
                 progress = 0.0
             else:
@@ -440,6 +443,11 @@ class Budget:
         progress = max(self._progress_floor, min(1.0, max(0.0, progress)))
         self._progress_floor = progress
         return progress
+
+    def share_progress(self, progress: float) -> None:
+        """Multi-process runs: use rank 0's progress (broadcast each step) so every rank sets the same LR;
+        replicas whose learning rates differ by a hair would drift apart."""
+        self._shared_progress = float(progress)
 
     def horizon_warning(self) -> str | None:
         """A line for the caller to print when --total_hours does not fit this session sensibly."""

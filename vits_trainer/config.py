@@ -63,6 +63,13 @@ class TrainConfig:
     feature_matching_weight: float = _f(2.0, "weight of the feature-matching loss")
     discriminator_width: float = _f(1.0, "channel multiplier of a fresh discriminator (1.0 = VITS size)")
     extend_vocab: bool = _f(False, "add characters the data needs to the vocabulary (new embedding rows)")
+    freeze: str = _f(
+        "",
+        "parts not trained, comma-separated: text_encoder,duration_predictor,flow,posterior_encoder,decoder",
+    )
+    gradient_checkpointing: bool = _f(
+        False, "recompute activations in the backward pass: less memory, slower"
+    )
     mas_backend: str = _f(
         "auto", "alignment search: auto | torch (GPU) | numba (CPU)", choices=["auto", "torch", "numba"]
     )

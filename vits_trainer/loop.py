@@ -99,8 +99,9 @@ class Trainer:
 
     # ---- helpers --------------------------------------------------------------------------------
 
-    def stop_decision(self, signals: SignalStop) -> str | None:
-        """The main process decides (its clock, its signals); every rank gets the same answer."""
+    def stop_decision(self, signals: SignalStop, want_save: bool = False) -> tuple[str | None, bool]:
+        """(stop reason, save now?) as the main process sees them (its clock, its signals), the same on
+        every rank; in multi-process runs rank 0's LR progress travels along."""
         s = self.s
         code = 0
         if s.is_main:
@@ -113,8 +114,20 @@ class Trainer:
         if s.accelerator.num_processes > 1:
             from accelerate.utils import broadcast
 
-            code = int(broadcast(torch.tensor([code], device=s.device), from_process=0).item())
-        return {0: None, 1: "budget", 2: "signal", 3: "max_steps"}[code]
+            packet = torch.tensor([code, float(want_save), s.budget.lr_progress()], device=s.device)
+            code, save, progress = broadcast(packet, from_process=0).tolist()
+            code, want_save = int(code), bool(save)
+            s.budget.share_progress(progress)
+        return {0: None, 1: "budget", 2: "signal", 3: "max_steps"}[code], want_save
+
+    def agree(self, flag: bool) -> bool:
+        """The main process's yes/no on every rank (decisions that lead to collective operations)."""
+        s = self.s
+        if s.accelerator.num_processes == 1:
+            return flag
+        from accelerate.utils import broadcast
+
+        return bool(broadcast(torch.tensor([float(flag)], device=s.device), from_process=0).item())
 
     def clip_ids(self, indices: list[torch.Tensor]) -> list[str]:
         train = self.s.data.train
@@ -289,7 +302,11 @@ class Trainer:
                 seconds, t_step = now - t_step, now
                 samples = sum(x["indices"].numel() for x in pending) * acc.num_processes
                 budget.observe_step(seconds, samples)
-                s.g_scheduler.step()
+                save_due = time.time() - self.last_save >= cfg.save_minutes * 60
+                stop_reason, save_now = self.stop_decision(
+                    signals, save_due and budget.can_afford(budget.save_seconds())
+                )
+                s.g_scheduler.step()  # after the decision: every rank now has the same LR progress
                 s.d_scheduler.step()
                 self.train_seconds += seconds
                 window["samples"] += samples
@@ -305,11 +322,8 @@ class Trainer:
                 if budget.global_step % cfg.log_every == 0:
                     self.log_step(window, progress, n_batches - b)
                     window = self.new_window()
-                if time.time() - self.last_save >= cfg.save_minutes * 60 and budget.can_afford(
-                    budget.save_seconds()
-                ):
+                if save_now and not stop_reason:  # a stop saves anyway, at the end
                     self.save_checkpoint("interval")
-                stop_reason = self.stop_decision(signals)
                 if stop_reason:
                     break
             if stop_reason:
@@ -321,7 +335,7 @@ class Trainer:
             if budget.current_plan is not None:
                 budget.replan()
             self.epoch_end_housekeeping()
-            stop_reason = self.stop_decision(signals)
+            stop_reason, _ = self.stop_decision(signals)
         progress.close()
         signals.restore()
         return self.finish(stop_reason)
@@ -350,6 +364,11 @@ class Trainer:
     def retry_after_oom(self, pending: list[dict], cycle_length: int, window: dict):
         """Free memory, halve the micro-batch (same effective batch), redo this cycle from its start."""
         s = self.s
+        if s.accelerator.num_processes > 1:
+            raise UserError(
+                f"out of GPU memory on process {s.accelerator.process_index}; with several processes the "
+                f"automatic retry is off (the others would wait forever): lower --batch_size and resume"
+            )
         while True:
             self.step_fn.abandon_cycle()
             window["sums"], window["micro"] = {}, 0
@@ -471,11 +490,12 @@ class Trainer:
     def epoch_end_housekeeping(self) -> None:
         s, budget = self.s, self.s.budget
         since_eval = time.time() - self.last_eval
-        if s.val_loaders and since_eval * OVERHEAD_SHARE >= budget.eval_seconds():
-            if budget.can_afford(budget.eval_seconds() + budget.export_seconds()):
-                self.run_eval(f"epoch {s.state.epoch}")
+        eval_due = bool(s.val_loaders) and since_eval * OVERHEAD_SHARE >= budget.eval_seconds()
+        if self.agree(eval_due and budget.can_afford(budget.eval_seconds() + budget.export_seconds())):
+            self.run_eval(f"epoch {s.state.epoch}")
         since_save = time.time() - self.last_save
-        if since_save * OVERHEAD_SHARE >= budget.save_seconds() and budget.can_afford(budget.save_seconds()):
+        save_due = since_save * OVERHEAD_SHARE >= budget.save_seconds()
+        if self.agree(save_due and budget.can_afford(budget.save_seconds())):
             self.save_checkpoint("epoch")
 
     def finish(self, stop_reason: str | None) -> dict:

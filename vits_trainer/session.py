@@ -40,7 +40,7 @@ from .runtime import Logger, make_accelerator, quiet_transformers, resolve_preci
 from .step import make_optimizer
 from .text import TextEncoder, extend_vocabulary
 from .trainstate import LoadedCheckpoint, TrainState, set_rng_state
-from .vits import VitsGenerator, apply_decoder_weight_norm, load_vits_model
+from .vits import VitsGenerator, apply_decoder_weight_norm, freeze_parts, load_vits_model
 
 
 @dataclass
@@ -318,7 +318,9 @@ def build_session(
         check_writable(output_dir.parent, "--output_dir's parent folder")
         ckpt_bytes = estimate_checkpoint_bytes(model, discriminator)
         check_disk_space([checkpoint_dir, output_dir.parent], 2 * ckpt_bytes + ckpt_bytes // 3 * 2)
-    accelerator = make_accelerator(precision, cfg.cpu, cfg.report_to, checkpoint_dir)
+    accelerator = make_accelerator(
+        precision, cfg.cpu, cfg.report_to, checkpoint_dir, find_unused_parameters=model.config.layerdrop > 0
+    )
     log = Logger(accelerator.is_main_process)
     device = accelerator.device
     log(
@@ -346,6 +348,17 @@ def build_session(
     generator = VitsGenerator(
         model, segment_frames=max(1, cfg.segment_size // _hop(model)), mas_backend=cfg.mas_backend
     )
+    if cfg.freeze:
+        parts = [p.strip() for p in cfg.freeze.split(",") if p.strip()]
+        try:
+            freeze_parts(model, parts)
+        except ValueError as err:
+            raise UserError(f"--freeze: {err}") from None
+        if not any(p.requires_grad for p in model.parameters()):
+            raise UserError("--freeze: every part of the generator is frozen; nothing would train")
+        log(f"frozen (not trained): {', '.join(parts)}")
+    if cfg.gradient_checkpointing:
+        generator.enable_gradient_checkpointing()
     val_ids = trainer_state.get("val_ids")
     data = (data_fn or split_data)(cfg, store, text, speakers, generator.hop_length, val_ids, log)
     log(
@@ -398,6 +411,8 @@ def build_session(
             accelerator.scaler.load_state_dict(ckpt.object("scaler.pt"))
         set_rng_state(ckpt.object("rng.pt"))
         state.sessions += 1
+    if accelerator.process_index > 0:  # ranks draw their own noise and segments
+        torch.manual_seed(cfg.seed + 1_000_003 * (ckpt.step if ckpt else 0) + accelerator.process_index)
     session = Session(
         cfg=cfg,
         accelerator=accelerator,

@@ -166,7 +166,10 @@ class GanStep:
                 norm_g.to(metrics["loss_g"].device),
             ]
         )
-        finite = bool(torch.isfinite(checks).all())  # the one host sync of an optimiser step
+        finite = torch.isfinite(checks).all().to(torch.float32)
+        if self.accelerator.num_processes > 1:  # one rank's NaN loss skips the step on every rank
+            torch.distributed.all_reduce(finite, op=torch.distributed.ReduceOp.MIN)
+        finite = bool(finite)  # the one host sync of an optimiser step
         if finite:
             torch.nn.utils.clip_grad_norm_(self.d_params, self.max_grad_norm)
             torch.nn.utils.clip_grad_norm_(self.g_params, self.max_grad_norm)

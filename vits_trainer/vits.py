@@ -78,6 +78,18 @@ class VitsGenerator(nn.Module):
         self.segment_frames = segment_frames
         self.mas_backend = mas_backend
         self.timer = NO_TIMER  # a SectionTimer in the benchmarks
+        self.gradient_checkpointing = False
+
+    def enable_gradient_checkpointing(self) -> None:
+        """Trade compute for memory: the text encoder's layers (transformers' own switch) and the posterior
+        encoder, flow and decoder as wholes are recomputed in the backward pass (same RNG, same result)."""
+        self.gradient_checkpointing = True
+        self.model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+
+    def _run(self, module: nn.Module, *args):
+        if self.gradient_checkpointing and self.training and torch.is_grad_enabled():
+            return torch.utils.checkpoint.checkpoint(module, *args, use_reentrant=False)
+        return module(*args)
 
     @property
     def hop_length(self) -> int:
@@ -117,8 +129,8 @@ class VitsGenerator(nn.Module):
         with timer("generator"):
             g = self.speaker_embedding(speaker_ids)
             hidden, m_p, logs_p = self.encode_text(input_ids, attention_mask)
-            z, _, logs_q = self.model.posterior_encoder(spec, y_mask, g)
-            z_p = self.model.flow(z, y_mask, g)
+            z, _, logs_q = self._run(self.model.posterior_encoder, spec, y_mask, g)
+            z_p = self._run(self.model.flow, z, y_mask, g)
 
         with timer("mas"), torch.no_grad(), torch.autocast(device_type=spec.device.type, enabled=False):
             log_lik = prior_log_likelihood(z_p.float(), m_p.float(), logs_p.float())
@@ -144,7 +156,7 @@ class VitsGenerator(nn.Module):
                 mel_mask = y_mask
             else:
                 starts = random_segment_starts(frame_lengths, seg)
-                fake = self.model.decoder(slice_segments(z, starts, seg), g) if decode else None
+                fake = self._run(self.model.decoder, slice_segments(z, starts, seg), g) if decode else None
                 real = slice_segments(audio, starts * hop, seg * hop)
                 mel_mask = None
         with timer("spectrogram"):
@@ -153,6 +165,25 @@ class VitsGenerator(nn.Module):
             else:
                 mel = torch.zeros((), device=spec.device)
         return GeneratorOutput(fake, real, mel, kl, duration, durations)
+
+
+TRAINABLE_PARTS = (
+    "text_encoder",
+    "duration_predictor",
+    "flow",
+    "posterior_encoder",
+    "decoder",
+    "embed_speaker",
+)
+
+
+def freeze_parts(model: VitsModel, names: list[str]) -> None:
+    """Stop training whole parts of the model (they still run; their weights stay as loaded)."""
+    for name in names:
+        part = getattr(model, name, None)
+        if name not in TRAINABLE_PARTS or part is None:
+            raise ValueError(f"cannot freeze {name!r}: choose from {', '.join(TRAINABLE_PARTS)}")
+        part.requires_grad_(False)
 
 
 # --- weight norm on the decoder ------------------------------------------------------------------

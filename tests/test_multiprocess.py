@@ -1,0 +1,79 @@
+"""Two CPU processes through `accelerate launch` (gloo): they stop together inside the budget, only
+the main process writes, and a two-process resume continues the step count."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import time
+from pathlib import Path
+
+import pytest
+from transformers import VitsModel
+
+from tests.helpers import ROOT, TINY_SETTINGS, cli_args
+
+pytestmark = pytest.mark.slow
+
+ACCELERATE = shutil.which("accelerate")
+
+
+def launch(tmp: Path, data: Path, model: Path, seconds: float) -> tuple[subprocess.CompletedProcess, float]:
+    settings = dict(TINY_SETTINGS)
+    settings.update(
+        data_dir=data,
+        model_name=model,
+        checkpoint_dir=tmp / "checkpoints",
+        output_dir=tmp / "final_model",
+        target_hours=seconds / 3600,
+        save_minutes=0.25,
+    )
+    # on a CPU-only machine accelerate's torchrun launcher (--multi_gpu) starts gloo processes
+    cmd = [
+        ACCELERATE,
+        "launch",
+        "--multi_gpu",
+        "--num_processes",
+        "2",
+        "--num_machines",
+        "1",
+        "--mixed_precision",
+        "no",
+        "--dynamo_backend",
+        "no",
+        "--main_process_port",
+        "29533",
+        str(ROOT / "train_vits.py"),
+        *cli_args(settings),
+    ]
+    env = dict(os.environ, OMP_NUM_THREADS="1")
+    start = time.monotonic()
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=seconds * 3 + 120, env=env)
+    return proc, time.monotonic() - start
+
+
+@pytest.mark.skipif(ACCELERATE is None, reason="the accelerate launcher is not on PATH")
+def test_two_processes_stop_together_and_resume(tmp_path, tiny_model_dir, tone_corpus):
+    proc, wall = launch(tmp_path, tone_corpus, tiny_model_dir, 60.0)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    assert "cpu:0 ×2" in proc.stdout  # really two processes
+    # the launcher returns when both ranks exit; its own start-up adds a few seconds
+    assert wall <= 60 + 15, wall
+    summary = json.loads((tmp_path / "final_model" / "train_summary.json").read_text())
+    assert summary["stopped_reason"] == "budget" and 0.97 * 60 <= summary["wall_seconds"] <= 60
+    first_steps = summary["steps"]
+    assert first_steps > 0
+    VitsModel.from_pretrained(tmp_path / "final_model")
+    assert proc.stdout.count("done:") == 1  # only the main process reports
+    metrics = [json.loads(x) for x in (tmp_path / "checkpoints" / "metrics.jsonl").read_text().splitlines()]
+    logged = [m["step"] for m in metrics if "loss_g" in m]
+    assert len(logged) == len(set(logged))  # one writer
+    # an optimiser step consumes a batch on each rank
+    assert all(m["samples_per_second"] > 0 for m in metrics if "loss_g" in m)
+
+    proc, _ = launch(tmp_path, tone_corpus, tiny_model_dir, 40.0)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    second = json.loads((tmp_path / "final_model" / "train_summary.json").read_text())
+    assert second["resumed_from_step"] == first_steps and second["steps"] > first_steps
