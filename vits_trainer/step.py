@@ -107,6 +107,7 @@ class GanStep:
                     batch["audio"],
                     batch["audio_lengths"],
                     batch.get("speaker_ids"),
+                    spectrogram=batch.get("spectrogram"),
                 )
             real, fake = out.waveform_real, out.waveform_fake
 

@@ -1,0 +1,320 @@
+"""Training throughput of the runner, a naive baseline on the same data and model, and budget accuracy.
+
+    python bench/bench_train.py throughput --models tiny,mms --batch_sizes 8,16,32
+    python bench/bench_train.py baseline --models tiny --batch_sizes 8
+    python bench/bench_train.py budget --minutes 2,5,10
+
+throughput: the real Trainer (train_vits.py's loop, no evaluation) for a fixed number of steps on a
+    generated tone-language corpus; samples/s is the budget's steady-state estimate (warm-up steps
+    excluded), data wait the share of loop time spent waiting for the next batch.
+baseline: what the seeds started from, on the same clips and model: every sample read from its WAV
+    file by soundfile, the linear spectrogram computed on the CPU in the DataLoader, random batches
+    (no length bucketing), constant LR. Same GAN step. The ratio runner / baseline is printed.
+budget: train_vits.py as a subprocess with --target_hours set to N minutes; wall time / target.
+Writes bench/results/train_<what>.json. CUDA is used when present (fp16 and bf16 rows added).
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import platform
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import soundfile as sf
+import torch
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from vits_trainer.config import TrainConfig  # noqa: E402
+from vits_trainer.synthetic import make_corpus  # noqa: E402
+from vits_trainer.tiny import make_tiny_model, make_tokenizer  # noqa: E402
+
+RESULTS = ROOT / "bench" / "results"
+
+
+def machine() -> dict:
+    cuda = torch.cuda.is_available()
+    return {
+        "platform": platform.platform(),
+        "cpu_count": torch.get_num_threads(),
+        "torch": torch.__version__,
+        "gpu": torch.cuda.get_device_name(0) if cuda else None,
+        "command": " ".join([Path(sys.argv[0]).as_posix(), *sys.argv[1:]]),
+    }
+
+
+def make_model(kind: str, folder: Path) -> tuple[Path, float]:
+    """(model folder, discriminator width) for "tiny" or "mms" (transformers' default VitsConfig = MMS size)."""
+    if kind == "tiny":
+        return make_tiny_model(folder), 0.125
+    from transformers import VitsConfig, VitsModel
+
+    tokenizer = make_tokenizer(folder)
+    torch.manual_seed(0)
+    VitsModel(VitsConfig(vocab_size=len(tokenizer), pad_token_id=0)).save_pretrained(folder)
+    return folder, 1.0
+
+
+def corpus(tmp: Path, clips: int) -> Path:
+    data = tmp / "data"
+    if not (data / "metadata.csv").exists():
+        make_corpus(data, num_clips=clips, seed=0, min_words=5, max_words=8)  # ~3 s clips
+    return data
+
+
+def precisions() -> list[str]:
+    return ["no", "fp16", "bf16"] if torch.cuda.is_available() else ["no"]
+
+
+def runner_throughput(
+    tmp: Path, data: Path, model: Path, width: float, batch: int, precision: str, steps: int
+):
+    from vits_trainer.loop import Trainer
+    from vits_trainer.session import build_session
+
+    out = Path(tempfile.mkdtemp(dir=tmp))
+    cfg = dataclasses.replace(
+        TrainConfig(),
+        data_dir=str(data),
+        model_name=str(model),
+        checkpoint_dir=str(out / "ckpt"),
+        output_dir=str(out / "final"),
+        batch_size=batch,
+        gradient_accumulation_steps=1,
+        learning_rate=1e-4,
+        warmup_steps=0,
+        discriminator_width=width,
+        val_fraction=0.0,
+        max_steps=steps,
+        benchmark_samples=batch * 2,
+        mixed_precision=precision,
+        num_workers=2,
+        save_minutes=1e6,
+        target_hours=10,
+        log_every=1,
+        cpu=not torch.cuda.is_available(),
+    )
+    session = build_session(cfg, time.time())
+    summary = Trainer(session).train()
+    records = [json.loads(x) for x in (out / "ckpt" / "metrics.jsonl").read_text().splitlines()]
+    vram = max((r.get("vram_gb", 0.0) for r in records), default=0.0)
+    return {
+        "samples_per_second": summary["samples_per_second"],
+        "step_seconds": session.budget.step_seconds(),
+        "data_wait_fraction": summary["data_wait_fraction"],
+        "peak_vram_gb": vram or None,
+    }
+
+
+# ---- the naive baseline --------------------------------------------------------------------------
+
+
+class NaiveDataset(torch.utils.data.Dataset):
+    """Per-sample WAV reads and a CPU spectrogram, as the seed scripts did."""
+
+    def __init__(self, data: Path, text, frontend):
+        lines = (data / "metadata.csv").read_text(encoding="utf-8").splitlines()
+        self.rows = [line.split("|") for line in lines if line]
+        self.data, self.text, self.frontend = data, text, frontend
+
+    def __len__(self):
+        return len(self.rows)
+
+    def __getitem__(self, i):
+        clip_id, text = self.rows[i][0], self.rows[i][1]
+        audio, _ = sf.read(self.data / "wavs" / f"{clip_id}.wav", dtype="float32")
+        audio = torch.from_numpy(audio)
+        with torch.no_grad():
+            spec = self.frontend.linear(audio.view(1, 1, -1))[0]
+        return torch.tensor(self.text.encode(text)), audio, spec
+
+
+def naive_collate(items):
+    ids, audio, spec = zip(*items, strict=True)
+    pad = torch.nn.utils.rnn.pad_sequence
+    return {
+        "input_ids": pad(list(ids), batch_first=True),
+        "attention_mask": pad([torch.ones_like(x) for x in ids], batch_first=True),
+        "audio": pad(list(audio), batch_first=True).unsqueeze(1),
+        "audio_lengths": torch.tensor([a.numel() for a in audio]),
+        "spectrogram": pad([s.T for s in spec], batch_first=True).transpose(1, 2),
+    }
+
+
+def baseline_throughput(data: Path, model_dir: Path, width: float, batch: int, steps: int) -> dict:
+    from accelerate import Accelerator
+
+    from vits_trainer.discriminator import DiscriminatorConfig, VitsDiscriminator
+    from vits_trainer.spectrogram import SpectrogramFrontEnd
+    from vits_trainer.step import GanStep, make_optimizer
+    from vits_trainer.text import TextEncoder
+    from vits_trainer.vits import VitsGenerator, load_vits_model
+
+    acc = Accelerator(cpu=not torch.cuda.is_available())
+    model = load_vits_model(model_dir)
+    gen = VitsGenerator(model)
+    disc = VitsDiscriminator(DiscriminatorConfig(width=width))
+    g_opt, d_opt = (
+        make_optimizer(gen.parameters(), 1e-4),
+        make_optimizer(disc.parameters(), 1e-4),
+    )  # constant LR
+    gen_p, disc_p = acc.prepare(gen, disc)
+    step = GanStep(acc, gen_p, disc_p, g_opt, d_opt)
+    dataset = NaiveDataset(
+        data, TextEncoder.from_pretrained(model_dir), SpectrogramFrontEnd.from_vits_config(model.config)
+    )
+    loader = torch.utils.data.DataLoader(
+        dataset, batch_size=batch, shuffle=True, num_workers=2, collate_fn=naive_collate
+    )
+    times, waits = [], []
+    done = 0
+    while done < steps + 2:
+        it = iter(loader)
+        while done < steps + 2:
+            t0 = time.perf_counter()
+            try:
+                b = next(it)
+            except StopIteration:
+                break
+            t1 = time.perf_counter()
+            b = {k: v.to(acc.device) for k, v in b.items()}
+            step(b)
+            if acc.device.type == "cuda":
+                torch.cuda.synchronize()
+            if done >= 2:  # warm-up excluded, as in the runner's benchmark
+                times.append(time.perf_counter() - t0)
+                waits.append(t1 - t0)
+            done += 1
+    return {
+        "samples_per_second": batch / statistics.median(times),
+        "step_seconds": statistics.median(times),
+        "data_wait_fraction": sum(waits) / sum(times),
+    }
+
+
+# ---- budget accuracy -----------------------------------------------------------------------------
+
+
+def budget_run(tmp: Path, data: Path, model: Path, minutes: float) -> dict:
+    out = Path(tempfile.mkdtemp(dir=tmp))
+    cmd = [
+        sys.executable,
+        str(ROOT / "train_vits.py"),
+        "--data_dir",
+        str(data),
+        "--model_name",
+        str(model),
+        "--checkpoint_dir",
+        str(out / "ckpt"),
+        "--output_dir",
+        str(out / "final"),
+        "--target_hours",
+        str(minutes / 60),
+        "--batch_size",
+        "8",
+        "--gradient_accumulation_steps",
+        "1",
+        "--learning_rate",
+        "2e-4",
+        "--warmup_steps",
+        "20",
+        "--discriminator_width",
+        "0.125",
+        "--num_workers",
+        "0",
+        "--benchmark_samples",
+        "64",
+        "--val_fraction",
+        "0.1",
+        "--save_minutes",
+        "1",
+        "--cpu",
+    ]
+    start = time.monotonic()
+    proc = subprocess.run(cmd, capture_output=True, text=True)
+    wall = time.monotonic() - start
+    summary = json.loads((out / "final" / "train_summary.json").read_text()) if proc.returncode == 0 else {}
+    return {
+        "target_seconds": minutes * 60,
+        "process_wall_seconds": wall,
+        "ratio": wall / (minutes * 60),
+        "returncode": proc.returncode,
+        "steps": summary.get("steps"),
+        "data_wait_fraction": summary.get("data_wait_fraction"),
+        "preload_seconds": summary.get("preload_seconds"),
+    }
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("what", choices=["throughput", "baseline", "budget"])
+    parser.add_argument("--models", default="tiny")
+    parser.add_argument("--batch_sizes", default="8")
+    parser.add_argument("--steps", type=int, default=12)
+    parser.add_argument("--clips", type=int, default=160)
+    parser.add_argument("--minutes", default="2,5,10")
+    args = parser.parse_args()
+    RESULTS.mkdir(parents=True, exist_ok=True)
+    rows = []
+    with tempfile.TemporaryDirectory() as tmp_name:
+        tmp = Path(tmp_name)
+        data = corpus(tmp, args.clips)
+        if args.what == "budget":
+            model, _ = make_model("tiny", tmp / "tiny")
+            for minutes in [float(m) for m in args.minutes.split(",")]:
+                row = {"minutes": minutes, **budget_run(tmp, data, model, minutes)}
+                print(json.dumps(row), flush=True)
+                rows.append(row)
+        else:
+            for kind in args.models.split(","):
+                model, width = make_model(kind, tmp / kind)
+                for batch in [int(b) for b in args.batch_sizes.split(",")]:
+                    runs = (
+                        [("runner", p) for p in precisions()]
+                        if args.what == "throughput"
+                        else [("baseline", "no"), ("runner", "no")]
+                    )
+                    for name, precision in runs:
+                        if name == "runner":
+                            result = runner_throughput(tmp, data, model, width, batch, precision, args.steps)
+                        else:
+                            result = baseline_throughput(data, model, width, batch, args.steps)
+                        row = {
+                            "model": kind,
+                            "batch_size": batch,
+                            "precision": precision,
+                            "path": name,
+                            **result,
+                        }
+                        print(json.dumps(row), flush=True)
+                        rows.append(row)
+    if args.what == "baseline":
+        for r in rows:
+            if r["path"] == "runner":
+                base = next(
+                    b
+                    for b in rows
+                    if b["path"] == "baseline"
+                    and b["model"] == r["model"]
+                    and b["batch_size"] == r["batch_size"]
+                )
+                r["speedup_vs_baseline"] = r["samples_per_second"] / base["samples_per_second"]
+                print(
+                    f"{r['model']} batch {r['batch_size']}: runner {r['samples_per_second']:.2f} samples/s, "
+                    f"baseline {base['samples_per_second']:.2f} -> x{r['speedup_vs_baseline']:.2f}"
+                )
+    (RESULTS / f"train_{args.what}.json").write_text(
+        json.dumps({"machine": machine(), "rows": rows}, indent=1)
+    )
+
+
+if __name__ == "__main__":
+    main()
