@@ -197,6 +197,7 @@ class Budget:
         self.lr_decay_start: float | None = None
         self.planned_horizon_steps: int | None = None
         self._shared_progress: float | None = None  # rank 0's progress in multi-process runs
+        self.extra_final_seconds = 0.0  # work a caller does after the loop ends (e.g. feedback samples)
 
     # ---- time -------------------------------------------------------------------------------------
 
@@ -312,8 +313,14 @@ class Budget:
         return max(self.step_seconds(), self._last_step_seconds or 0.0)
 
     def final_reserve(self) -> float:
-        """Final eval + save + export + safety margin."""
-        return self.eval_seconds() + self.save_seconds() + self.export_seconds() + self.safety_seconds()
+        """Final eval + save + export + safety margin (+ whatever the caller does after the loop)."""
+        return (
+            self.eval_seconds()
+            + self.save_seconds()
+            + self.export_seconds()
+            + self.safety_seconds()
+            + self.extra_final_seconds
+        )
 
     # ---- decisions --------------------------------------------------------------------------------
 

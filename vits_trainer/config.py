@@ -10,6 +10,7 @@ import argparse
 import dataclasses
 import math
 from dataclasses import dataclass, field, fields
+from typing import ClassVar
 
 from .errors import UserError
 
@@ -20,6 +21,8 @@ def _f(default, help: str, **kw):
 
 @dataclass
 class TrainConfig:
+    hidden_flags: ClassVar[tuple[str, ...]] = ()  # fields a CLI does not offer (messages must not name them)
+
     # --- data and folders ---
     data_dir: str = _f("training", "prepared data: wavs/ + metadata.csv (from prepare_data.py)")
     checkpoint_dir: str = _f("training/checkpoints", "checkpoints, best_model/, samples, metrics.jsonl")

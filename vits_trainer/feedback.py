@@ -19,6 +19,7 @@ worse by more than `--max_regression`; one that is not keeps its files but never
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
 import os
@@ -27,25 +28,18 @@ import shutil
 import time
 from dataclasses import dataclass, field, replace
 from pathlib import Path
+from typing import TYPE_CHECKING, ClassVar
 
 import numpy as np
-import soundfile as sf
 
-from .checkpoint import find_resumable
 from .config import TrainConfig, _f
-from .dataset import (
-    ClipStore,
-    CombinedItems,
-    ReplayBatchSampler,
-    TrainingItems,
-    build_items,
-    load_clip_store,
-    split_train_val,
-)
 from .errors import UserError
 from .metadata import METADATA_NAME, WAVS_DIR, read_metadata
-from .text import TextEncoder
-from .trainstate import LoadedCheckpoint
+
+# torch/transformers are imported where used: a bad command line is reported without paying for them
+if TYPE_CHECKING:
+    from .dataset import ClipStore, TrainingItems
+    from .text import TextEncoder
 
 REPORT_NAME = "feedback_report.json"
 RUN_NAME = "feedback_run.json"
@@ -53,7 +47,6 @@ LATEST_JSON = "latest.json"
 LATEST_LINK = "latest"
 SPLIT_FILE = "training_split.json"  # = loop.SPLIT_FILE (not imported: loop pulls in the whole trainer)
 MIN_HELD_OUT_CLIPS = 5  # fewer usable feedback clips: evaluate on all of them, and train on them too
-MAX_SAMPLE_SENTENCES = 50  # feedback sentences synthesised before/after (held-out ones first)
 SAMPLE_RESERVE_FACTOR = 1.25  # the after-samples get this multiple of the before-samples' time
 _VERSION = re.compile(r"^v(\d+)$")
 # settings a feedback run derives or does not support: hidden from its command line
@@ -63,6 +56,8 @@ HIDDEN_FLAGS = ("model_name", "checkpoint_dir", "max_samples", "extend_vocab", "
 @dataclass
 class FeedbackConfig(TrainConfig):
     """TrainConfig plus the feedback inputs; model_name/checkpoint_dir are derived per version."""
+
+    hidden_flags: ClassVar[tuple[str, ...]] = HIDDEN_FLAGS
 
     base_model: str = _f(
         "training/checkpoints/best_model",
@@ -77,6 +72,9 @@ class FeedbackConfig(TrainConfig):
     )
     max_regression: float = _f(
         0.02, "promote only if the original validation mel got at most this much worse (0.02 = 2 %%)"
+    )
+    sample_sentences: int = _f(
+        50, "feedback sentences synthesised to WAV before and after, held-out ones first (0 = none)"
     )
     feedback_val_fraction: float = _f(
         0.2,
@@ -110,6 +108,8 @@ class FeedbackConfig(TrainConfig):
             raise UserError(f"--replay_ratio must be 0 or more (got {self.replay_ratio})")
         if not (math.isfinite(self.max_regression) and self.max_regression >= 0):
             raise UserError(f"--max_regression must be 0 or more (got {self.max_regression})")
+        if self.sample_sentences < 0:
+            raise UserError(f"--sample_sentences must be 0 or more (got {self.sample_sentences})")
         if not 0.0 <= self.feedback_val_fraction <= 0.5:
             raise UserError(f"--feedback_val_fraction must be in [0, 0.5] (got {self.feedback_val_fraction})")
 
@@ -130,6 +130,8 @@ def is_finished(version: Path) -> bool:
 
 
 def has_resumable_checkpoint(version: Path) -> bool:
+    from .checkpoint import find_resumable
+
     return find_resumable(version / "checkpoints", log=lambda _: None)[0] is not None
 
 
@@ -250,6 +252,8 @@ def check_inputs(cfg: FeedbackConfig, log) -> Inputs:
         first = "; ".join(f"line {n}: {why}" for n, why in problems[:3])
         log(f"warning: {feedback / METADATA_NAME}: {len(problems)} unusable line(s) ignored ({first})")
 
+    from .text import TextEncoder
+
     config = json.loads((base / "config.json").read_text(encoding="utf-8"))
     sample_rate = int(config.get("sampling_rate", 16000))
     hop = int(math.prod(config.get("upsample_rates", [8, 8, 2, 2])))
@@ -278,6 +282,8 @@ def check_inputs(cfg: FeedbackConfig, log) -> Inputs:
 
 def _unusable_reason(wav: Path, tokens: list[int], sample_rate: int, hop: int) -> str | None:
     """The same rules as dataset.build_items, from the WAV header alone (cheap, writes nothing)."""
+    import soundfile as sf
+
     try:
         info = sf.info(str(wav))
     except Exception:  # soundfile raises several types for missing or corrupt files
@@ -323,6 +329,10 @@ def original_val_ids(base: Path, store_ids: list[str], cfg: FeedbackConfig, log)
     in its checkpoint dir, a feedback version's model beside its checkpoints/); else recomputed as the
     runner does with --val_fraction and --seed (right when the base was trained with the defaults).
     """
+    from .checkpoint import find_resumable
+    from .dataset import split_train_val
+    from .trainstate import LoadedCheckpoint
+
     known = set(store_ids)
     candidates: list[tuple[str, list[str] | None]] = [
         (str(base / SPLIT_FILE), read_split_file(base / SPLIT_FILE))
@@ -353,6 +363,8 @@ def original_val_ids(base: Path, store_ids: list[str], cfg: FeedbackConfig, log)
 
 
 def subset(items: TrainingItems, positions: list[int] | np.ndarray) -> TrainingItems:
+    from .dataset import TrainingItems
+
     positions = np.asarray(positions, dtype=np.int64)
     return TrainingItems(
         store=items.store,
@@ -379,21 +391,24 @@ def add_feedback_speakers(speakers: dict[str, int], names: list[str], num_speake
 # ---- the run -----------------------------------------------------------------------------------------
 
 
-def _world() -> tuple[int, int]:
-    """(processes, this rank): accelerate's state exists by the time build_session calls data_fn."""
-    try:
-        from accelerate import PartialState
+def _accelerate_state():
+    """accelerate's process state once build_session has made its Accelerator; None before (tests
+    that call data_fn directly), so this never initialises one with other settings."""
+    from accelerate import PartialState
 
-        state = PartialState()
-        return state.num_processes, state.process_index
-    except Exception:  # pragma: no cover - no accelerate state: a single process
-        return 1, 0
+    return PartialState() if getattr(PartialState, "_shared_state", None) else None
+
+
+def _world() -> tuple[int, int]:
+    """(processes, this rank)."""
+    state = _accelerate_state()
+    return (state.num_processes, state.process_index) if state is not None else (1, 0)
 
 
 def _main_process_first():
-    from accelerate import PartialState
-
-    return PartialState().main_process_first()
+    """The main process builds the feedback cache first; the others then read it."""
+    state = _accelerate_state()
+    return state.main_process_first() if state is not None else contextlib.nullcontext()
 
 
 class FeedbackRun:
@@ -416,6 +431,7 @@ class FeedbackRun:
 
     def data_fn(self, cfg, store: ClipStore, text, speakers: dict, hop: int, val_ids: list[str] | None, log):
         """build_session's data hook: feedback + replay pool to train, {feedback, val} to evaluate."""
+        from .dataset import CombinedItems, ReplayBatchSampler, build_items, load_clip_store
         from .session import DataSplit
 
         if val_ids is None:
@@ -441,7 +457,10 @@ class FeedbackRun:
             raise UserError(
                 f"--feedback_dir {cfg.feedback_dir}: no usable feedback clip (see the warnings above)"
             )
-        train_pos, eval_pos = self.feedback_split(feedback.ids(), log)
+        # a re-recorded validation sentence must not be trained on: the original validation would leak
+        protected = {_norm(store.texts[i]) for i in orig_val_idx}
+        texts = [feedback.text(k) for k in range(len(feedback))]
+        train_pos, eval_pos = self.feedback_split(feedback.ids(), texts, protected, log)
         self.feedback_train, self.feedback_eval = subset(feedback, train_pos), subset(feedback, eval_pos)
 
         replay_count = round(cfg.replay_ratio * len(self.feedback_train))
@@ -473,7 +492,7 @@ class FeedbackRun:
         self.info["original_validation_clips"] = len(orig_val)
         log(
             f"feedback: {len(self.feedback_train)} clip(s) to train on, {len(self.feedback_eval)} evaluated "
-            f"({self.info['feedback_eval']}); replay: {replay_count} of {len(replay_pool)} original training "
+            f"({self.info.get('feedback_eval', 'as when this version started')}); replay: {replay_count} of {len(replay_pool)} original training "
             f"clips per epoch, drawn afresh each epoch; original validation: {len(orig_val)} clips, held out "
             f"({source})"
         )
@@ -487,8 +506,13 @@ class FeedbackRun:
             epoch_samples=sampler.epoch_size,
         )
 
-    def feedback_split(self, ids: list[str], log) -> tuple[list[int], list[int]]:
-        """(train, evaluation) positions into the usable feedback clips; fixed for the version's life."""
+    def feedback_split(
+        self, ids: list[str], texts: list[str], protected: set[str], log
+    ) -> tuple[list[int], list[int]]:
+        """(train, evaluation) positions into the usable feedback clips; fixed for the version's life.
+        Clips whose sentence is in `protected` (the original validation's) are evaluated, never trained."""
+        from .dataset import split_train_val
+
         stored = self.info.get("feedback_split")
         if stored is not None:  # a resumed version keeps the split its "before" numbers were taken on
             position = {clip_id: i for i, clip_id in enumerate(ids)}
@@ -505,18 +529,34 @@ class FeedbackRun:
                     f"{self.version}: the feedback clips it started with are gone from --feedback_dir"
                 )
             return train_pos, eval_pos
-        n = len(ids)
+        fixed_eval = [i for i, t in enumerate(texts) if _norm(t) in protected]
+        rest = [i for i in range(len(ids)) if _norm(texts[i]) not in protected]
+        if fixed_eval:
+            log(
+                f"warning: {len(fixed_eval)} feedback clip(s) say sentences of the original validation split "
+                f"({', '.join(ids[i] for i in fixed_eval[:5])}): evaluated, never trained on, so that split "
+                f"stays a fair test"
+            )
+        if not rest:
+            raise UserError(
+                "every usable feedback sentence is one of the original validation sentences: nothing to train on"
+            )
+        n = len(rest)
         if n < MIN_HELD_OUT_CLIPS or self.cfg.feedback_val_fraction == 0:
             why = f"only {n} usable clip(s)" if n < MIN_HELD_OUT_CLIPS else "--feedback_val_fraction 0"
             note = f"all {n}, also trained on: {why}, so the feedback numbers are not held-out"
             log(
                 f"feedback: {why}: evaluating on all of them, which are also trained on (not a held-out test)"
             )
-            train_pos = eval_pos = list(range(n))
+            train_pos, eval_pos = rest, sorted(rest + fixed_eval)
             held_out = False
         else:
-            train_pos, eval_pos = split_train_val(
-                ids, self.cfg.feedback_val_fraction, min_val=1, seed=self.cfg.seed
+            train_sub, eval_sub = split_train_val(
+                [ids[i] for i in rest], self.cfg.feedback_val_fraction, min_val=1, seed=self.cfg.seed
+            )
+            train_pos, eval_pos = (
+                [rest[i] for i in train_sub],
+                sorted([rest[i] for i in eval_sub] + fixed_eval),
             )
             note = f"{len(eval_pos)} held out"
             held_out = True
@@ -538,19 +578,31 @@ class FeedbackRun:
                 if clip_id not in seen:
                     seen.add(clip_id)
                     chosen.append((clip_id, items.text(k), int(items.speaker_ids[k])))
-        return chosen[:MAX_SAMPLE_SENTENCES]
+        return chosen[: self.cfg.sample_sentences]
 
-    def write_samples(self, model, text, folder: Path, device) -> float:
-        """Synthesise the feedback sentences into `folder` (index written last: its presence = done)."""
+    def write_samples(self, model, text, folder: Path, device, deadline: float | None = None) -> float:
+        """Synthesise the feedback sentences into `folder`, one by one, stopping before `deadline`
+        (a diverged model can speak for minutes); `sentences.json`, written last, lists what was made."""
         from .evaluate import synthesize
 
         t0 = time.perf_counter()
         sentences = self.sample_sentences()
         tmp = folder.with_name(f".{folder.name}.tmp-{os.getpid()}")
         shutil.rmtree(tmp, ignore_errors=True)
-        synthesize(model, text, sentences, tmp, device)
+        tmp.mkdir(parents=True)
+        done, slowest = [], 0.0
+        for sentence in sentences:
+            if deadline is not None and time.time() + slowest > deadline:
+                self.log(
+                    f"samples: stopped after {len(done)} of {len(sentences)} sentences to end within the budget"
+                )
+                break
+            t1 = time.perf_counter()
+            synthesize(model, text, [sentence], tmp, device)  # seeded per call: a sentence's take is stable
+            slowest = max(slowest, time.perf_counter() - t1)
+            done.append(sentence)
         (tmp / "sentences.json").write_text(
-            json.dumps([{"id": i, "text": t} for i, t, _ in sentences], ensure_ascii=False, indent=1),
+            json.dumps([{"id": i, "text": t} for i, t, _ in done], ensure_ascii=False, indent=1),
             encoding="utf-8",
         )
         shutil.rmtree(folder, ignore_errors=True)
@@ -571,8 +623,13 @@ class FeedbackRun:
         seconds = self.write_samples(model, text, folder, session.device)
         self.info["sample_seconds"] = seconds
         total = len(self.sample_sentences())
-        capped = f" (the first {total} of {self.inputs.usable})" if total < self.inputs.usable else ""
-        self.log(f"samples: {total} feedback sentences{capped} as the base model says them -> {folder}")
+        if total:
+            capped = (
+                f" ({total} of {self.inputs.usable}: --sample_sentences)"
+                if total < self.inputs.usable
+                else ""
+            )
+            self.log(f"samples: {total} feedback sentences{capped} as the base model says them -> {folder}")
 
     # -- the whole run -------------------------------------------------------------------------------
 
@@ -637,7 +694,7 @@ class FeedbackRun:
             write_json_atomic(self.version / RUN_NAME, self.info)
         # the after-samples come after the loop's final export: keep their time out of its budget
         reserve = SAMPLE_RESERVE_FACTOR * float(self.info.get("sample_seconds", 0.0)) + 1.0
-        session.budget.target_seconds -= reserve
+        session.budget.extra_final_seconds = reserve
 
         summary = Trainer(session).train()
         if summary["stopped_reason"] == "signal":
@@ -650,13 +707,11 @@ class FeedbackRun:
         if not main:
             return {"version": self.version.name, "status": "done", "summary": summary}
 
-        after = self.version / "samples" / "after"
-        self.write_samples(session.model, session.text, after, session.device)
-        split_file = self.version / "model" / SPLIT_FILE
-        if summary.get("final_model") and not split_file.exists():
-            write_json_atomic(
-                split_file, {"val_ids": session.data.val_ids, "source": self.info["original_split_source"]}
-            )
+        # the after-samples may use the reserve kept for them, not the safety margin
+        deadline = session.budget.deadline() - session.budget.safety_seconds()
+        self.write_samples(
+            session.model, session.text, self.version / "samples" / "after", session.device, deadline
+        )
         report = self.report(session, summary)
         write_json_atomic(self.version / REPORT_NAME, report)
         log(f"report: {self.version / REPORT_NAME}")
@@ -692,6 +747,7 @@ class FeedbackRun:
             "message": message,
             "base_model": self.info.get("base_model"),
             "model": str(self.version / "model"),
+            "exported": bool(summary.get("final_model")),
             "feedback": {
                 "before": fb_before,
                 "after": fb_after,
@@ -732,6 +788,10 @@ class FeedbackRun:
             "latest": latest,
             "finished": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
         }
+
+
+def _norm(text: str) -> str:
+    return " ".join(text.lower().split())
 
 
 def _losses(record: dict, prefix: str) -> dict[str, float]:

@@ -242,13 +242,14 @@ class Trainer:
         if not s.is_main:
             return None
         speakers = s.speakers if s.model.config.num_speakers > 1 else None
-        return export_model(
-            s.model,
-            s.text.tokenizer,
-            folder,
-            speakers,
-            extras=lambda tmp: save_discriminator(s.discriminator_raw, tmp),
-        )
+
+        def extras(tmp: Path) -> None:
+            save_discriminator(s.discriminator_raw, tmp)
+            # the held-out clips, so a later feedback run keeps validating on clips never trained on
+            split = {"val_ids": s.data.val_ids, "data_dir": str(s.cfg.data_dir), "seed": s.cfg.seed}
+            (tmp / SPLIT_FILE).write_text(json.dumps(split, ensure_ascii=False), encoding="utf-8")
+
+        return export_model(s.model, s.text.tokenizer, folder, speakers, extras=extras)
 
     # ---- the loop --------------------------------------------------------------------------------
 

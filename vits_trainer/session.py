@@ -339,7 +339,7 @@ def build_session(
         if unknown and cfg.extend_vocab:
             added = extend_vocabulary(model, text, unknown, Path(tempfile.mkdtemp(prefix="vocab-")))
             log(f"vocabulary extended by {len(added)} character(s): {''.join(added)!r}")
-        elif unknown:
+        elif unknown and "extend_vocab" not in cfg.hidden_flags:
             log("  (pass --extend_vocab to add them to the vocabulary instead)")
     speakers = trainer_state.get("speakers") or speaker_map(
         store.speakers, model.config.num_speakers, log=log

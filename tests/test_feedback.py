@@ -1,0 +1,501 @@
+"""train_feedback.py: feedback + replay through the runner's loop, versions, promotion, resume, bad input.
+
+The end-to-end tests start from a tiny model trained briefly on the tone corpus by the real Trainer, and
+feed back sentences of new, longer "words" of the same tone language.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import signal
+import subprocess
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from tests.helpers import PYTHON, ROOT, TINY_SETTINGS, cli_args, tiny_config
+from vits_trainer.checkpoint import write_checkpoint
+from vits_trainer.dataset import load_clip_store
+from vits_trainer.errors import UserError
+from vits_trainer.feedback import (
+    HIDDEN_FLAGS,
+    REPORT_NAME,
+    FeedbackConfig,
+    FeedbackRun,
+    check_inputs,
+    choose_version,
+    original_val_ids,
+    promotion,
+    read_latest,
+    run_feedback,
+    write_latest,
+)
+from vits_trainer.synthetic import make_corpus
+
+UNKNOWN_TEXT_ID = "fb00011"  # its sentence gets characters the tiny vocabulary (a-o) lacks
+
+
+@pytest.fixture(scope="module", autouse=True)
+def one_thread():
+    """Two cores shared with other jobs: spinning OpenMP threads made steps ~30x slower; one is steady."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
+def quiet_env() -> dict:
+    return {**os.environ, "OMP_NUM_THREADS": "1"}
+
+
+@pytest.fixture(scope="module")
+def base(tmp_path_factory, tiny_model_dir, tone_corpus):
+    """A base model: 60 steps of the runner on the tone corpus; its best_model is what users pass."""
+    tmp = tmp_path_factory.mktemp("feedback_base")
+    from vits_trainer.loop import Trainer
+    from vits_trainer.session import build_session
+
+    cfg = tiny_config(tmp, tone_corpus, tiny_model_dir, max_steps=60, target_hours=0.5)
+    torch.manual_seed(0)
+    session = build_session(cfg, time.time())
+    Trainer(session).train()
+    return {
+        "model": tmp / "checkpoints" / "best_model",
+        "data": tone_corpus,
+        "val_ids": list(session.data.val_ids),
+        "train_ids": session.data.train.ids(),
+    }
+
+
+@pytest.fixture(scope="module")
+def light_base(tmp_path_factory, tiny_model_dir, tone_corpus):
+    """An untrained base with a recorded split: enough for the data tests (no training needed)."""
+    import shutil
+
+    model = tmp_path_factory.mktemp("light_base") / "model"
+    shutil.copytree(tiny_model_dir, model)
+    ids = [line.split("|")[0] for line in (tone_corpus / "metadata.csv").read_text().splitlines()]
+    val_ids = ids[3:40:10]
+    (model / "training_split.json").write_text(json.dumps({"val_ids": val_ids}))
+    return {
+        "model": model,
+        "data": tone_corpus,
+        "val_ids": val_ids,
+        "train_ids": [i for i in ids if i not in val_ids],
+    }
+
+
+def with_text(row: str, text: str) -> str:
+    clip_id, _, speaker = row.split("|")
+    return f"{clip_id}|{text}|{speaker}"
+
+
+def make_feedback(folder: Path, num_clips: int = 12, seed: int = 7) -> Path:
+    """Longer sentences of fresh words than the base corpus has; one text with unknown characters."""
+    make_corpus(folder, num_clips=num_clips, seed=seed, id_prefix="fb", min_words=5, max_words=7)
+    meta = folder / "metadata.csv"
+    lines = meta.read_text(encoding="utf-8").splitlines()
+    lines = [
+        with_text(line, line.split("|")[1] + " xz") if line.startswith(UNKNOWN_TEXT_ID + "|") else line
+        for line in lines
+    ]
+    meta.write_text("\n".join(lines) + "\n", encoding="utf-8")
+    return folder
+
+
+@pytest.fixture(scope="module")
+def feedback_dir(tmp_path_factory) -> Path:
+    return make_feedback(tmp_path_factory.mktemp("feedback") / "feedback")
+
+
+def feedback_cfg(out: Path, base: dict, feedback: Path, **overrides) -> FeedbackConfig:
+    settings = dict(TINY_SETTINGS)
+    settings.update(
+        base_model=str(base["model"]),
+        feedback_dir=str(feedback),
+        data_dir=str(base["data"]),
+        output_dir=str(out),
+        learning_rate=1e-4,  # the tiny model is far from converged: 1e-5 would move it too little to see
+        target_hours=0.5,
+        save_minutes=10.0,
+    )
+    settings.update(overrides)
+    return dataclasses.replace(FeedbackConfig(), **settings)
+
+
+# ---- settings and small pieces ------------------------------------------------------------------------
+
+
+def test_command_line_hides_derived_settings_and_has_feedback_defaults():
+    import argparse
+
+    from vits_trainer.config import add_arguments, config_from_args
+
+    parser = argparse.ArgumentParser()
+    add_arguments(parser, FeedbackConfig, skip=HIDDEN_FLAGS)
+    flags = {s.lstrip("-") for a in parser._actions for s in a.option_strings}
+    assert {"model_name", "checkpoint_dir", "extend_vocab", "demo"}.isdisjoint(flags)
+    assert {"base_model", "feedback_dir", "replay_ratio", "max_regression", "resume", "fp16", "bf16"} <= flags
+    cfg = config_from_args(parser.parse_args([]), FeedbackConfig)
+    assert (cfg.learning_rate, cfg.target_hours, cfg.replay_ratio, cfg.max_regression) == (
+        1e-5,
+        0.5,
+        1.0,
+        0.02,
+    )
+    assert cfg.output_dir == "training/feedback_models"
+    with pytest.raises(UserError, match="replay_ratio"):
+        dataclasses.replace(cfg, replay_ratio=-1.0).validate()
+
+
+def test_promotion_rule():
+    fb = ({"val_mel": 2.0}, {"val_mel": 1.5})
+    assert promotion(*fb, {"val_mel": 1.0}, {"val_mel": 1.019}, 0.02)[0]
+    ok, why = promotion(*fb, {"val_mel": 1.0}, {"val_mel": 1.03}, 0.02)
+    assert not ok and "regressed" in why and "+3.0%" in why
+    ok, why = promotion({"val_mel": 2.0}, {"val_mel": 2.0}, {"val_mel": 1.0}, {"val_mel": 0.9}, 0.02)
+    assert not ok and "did not improve" in why
+    ok, why = promotion({"val_mel": 2.0}, {"val_mel": float("nan")}, {"val_mel": 1.0}, {"val_mel": 1.0}, 0.02)
+    assert not ok and "not finite" in why
+    assert not promotion(*fb, {}, {}, 0.02)[0]  # forgetting not measurable: never promoted
+
+
+def test_versions_resume_auto_takes_only_the_newest_unfinished(tmp_path):
+    root = tmp_path / "models"
+    assert choose_version(root, "auto") == (root / "v1", False)
+    (root / "v1").mkdir(parents=True)
+    (root / "v1" / REPORT_NAME).write_text("{}")
+    assert choose_version(root, "auto") == (root / "v2", False)
+    (root / "v2").mkdir()  # started, never saved a checkpoint: started again
+    assert choose_version(root, "auto") == (root / "v2", False)
+    ckpt = write_checkpoint(root / "v2" / "checkpoints", 5, {"x.json": b"{}"})
+    assert choose_version(root, "auto") == (root / "v2", True)
+    assert choose_version(root, "none") == (root / "v3", False)
+    assert choose_version(root, str(ckpt)) == (root / "v2", True)
+    with pytest.raises(UserError, match="finished"):
+        v1 = write_checkpoint(root / "v1" / "checkpoints", 3, {"x.json": b"{}"})
+        choose_version(root, str(v1))
+
+
+def test_latest_pointer_is_replaced_atomically(tmp_path):
+    for name in ("v1", "v2"):
+        (tmp_path / name / "model").mkdir(parents=True)
+    write_latest(tmp_path, tmp_path / "v1", print)
+    write_latest(tmp_path, tmp_path / "v2", print)
+    latest = read_latest(tmp_path)
+    assert latest["version"] == "v2" and Path(latest["path"]) == (tmp_path / "v2" / "model").resolve()
+    if (tmp_path / "latest").is_symlink():
+        assert (tmp_path / "latest").resolve() == (tmp_path / "v2" / "model").resolve()
+    assert not list(tmp_path.glob(".*tmp*"))
+
+
+def test_unknown_characters_are_reported_before_training(tmp_path, tiny_model_dir, tone_corpus):
+    feedback = tmp_path / "fb"
+    make_corpus(feedback, num_clips=3, seed=5, id_prefix="fb")
+    rows = (feedback / "metadata.csv").read_text().splitlines()
+    rows[0] = with_text(rows[0], rows[0].split("|")[1] + " qxq")
+    rows[1] = with_text(rows[1], "xyzqrs")  # nothing the model can say: unusable
+    (feedback / "metadata.csv").write_text("\n".join(rows) + "\n")
+    lines: list[str] = []
+    base = {"model": tiny_model_dir, "data": tone_corpus}
+    inputs = check_inputs(feedback_cfg(tmp_path / "out", base, feedback), lines.append)
+    assert inputs.unknown_characters == {"fb00000": ["q", "x"], "fb00001": ["q", "r", "s", "x", "y", "z"]}
+    assert inputs.usable == 2 and inputs.unusable[0][0] == "fb00001"
+    text = "\n".join(lines)
+    assert "2 of 3 sentence(s) use characters outside the model's vocabulary" in text
+    assert "fb00000" in text and "'q', 'x'" in text
+    assert not (tmp_path / "out").exists()
+
+
+# ---- the replay mix -----------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("ratio", [1.0, 2.0])
+def test_replay_mix_per_epoch_and_no_validation_clip_replayed(tmp_path, light_base, feedback_dir, ratio):
+    base = light_base
+    cfg = feedback_cfg(tmp_path / "out", base, feedback_dir, replay_ratio=ratio)
+    lines: list[str] = []
+    run = FeedbackRun(cfg, time.time(), lines.append)
+    run.inputs = check_inputs(cfg, lines.append)
+    store, _ = load_clip_store(base["data"], 16000, log=lines.append, progress=False)
+    val_ids, source = original_val_ids(run.inputs.base_model, store.ids, cfg, lines.append)
+    assert sorted(val_ids) == sorted(base["val_ids"])
+    assert source.endswith("training_split.json")
+
+    split = run.data_fn(cfg, store, run.inputs.text, {"0": 0}, 256, None, lines.append)
+    assert list(split.val_sets) == ["feedback", "val"]  # feedback first: it is what the run is for
+    assert sorted(split.val_sets["val"].ids()) == sorted(base["val_ids"])
+    n_fb = len(run.feedback_train)
+    assert n_fb == 10 and len(run.feedback_eval) == 2  # 12 clips, 20 % held out
+    assert not set(run.feedback_train.ids()) & set(run.feedback_eval.ids())
+    expected_replay = round(ratio * n_fb)
+    assert split.epoch_samples == n_fb + expected_replay
+
+    sampler, draws = split.sampler, []
+    for epoch in range(3):
+        sampler.set_epoch(epoch)
+        positions = [i for batch in sampler for i in batch]
+        assert len(list(sampler)) == len(sampler)
+        fb = sorted(i for i in positions if i < n_fb)
+        replay = [i for i in positions if i >= n_fb]
+        assert fb == list(range(n_fb))  # every feedback clip, exactly once per epoch
+        assert len(replay) == expected_replay
+        ids = {split.train.clip_id(i) for i in replay}
+        assert not ids & set(base["val_ids"]) and ids <= set(base["train_ids"])
+        draws.append(sorted(replay))
+    assert draws[0] != draws[1]  # a fresh replay draw every epoch...
+    sampler.set_epoch(1)
+    assert sorted(i for batch in sampler for i in batch if i >= n_fb) == draws[1]  # ...repeatable on resume
+
+
+# ---- end to end ---------------------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def promoted_run(tmp_path_factory, base, feedback_dir):
+    out = tmp_path_factory.mktemp("feedback_runs") / "models"
+    lines: list[str] = []
+    cfg = feedback_cfg(out, base, feedback_dir, max_steps=30)
+    torch.manual_seed(0)
+    report = run_feedback(cfg, time.time(), log=lines.append)
+    return out, report, lines
+
+
+@pytest.mark.slow
+def test_feedback_run_improves_feedback_and_is_promoted(promoted_run, base):
+    from transformers import VitsModel
+
+    out, report, lines = promoted_run
+    v1 = out / "v1"
+    assert json.loads((v1 / REPORT_NAME).read_text()) == json.loads(json.dumps(report))
+    fb, orig = report["feedback"], report["original_validation"]
+    assert fb["after"]["val_mel"] < fb["before"]["val_mel"], report
+    assert fb["held_out"] and fb["clips_evaluated"] == 2 and fb["clips_trained"] == 10
+    assert orig["clips"] == len(base["val_ids"]) and orig["after"]["val_mel"] > 0
+    assert report["promoted"] is True, report["reason"]
+    assert report["replay"] == {"ratio": 1.0, "per_epoch": 10, "pool": len(base["train_ids"])}
+    assert report["training"]["steps"] == 30
+    assert read_latest(out)["version"] == "v1"
+    VitsModel.from_pretrained(read_latest(out)["path"])
+    if (out / "latest").is_symlink():
+        assert (out / "latest").resolve() == (v1 / "model").resolve()
+    # the original held-out split travels with the model, for the next round
+    assert json.loads((v1 / "model" / "training_split.json").read_text())["val_ids"] == base["val_ids"]
+    # every feedback sentence, before and after
+    for when in ("before", "after"):
+        wavs = {p.stem for p in (v1 / "samples" / when).glob("*.wav")}
+        assert wavs == {f"fb{i:05d}" for i in range(12)}
+    # characters outside the vocabulary: reported before training, and in the report
+    assert report["unknown_characters"] == {UNKNOWN_TEXT_ID: ["x", "z"]}
+    first_unknown = next(i for i, line in enumerate(lines) if "outside the model's vocabulary" in line)
+    assert first_unknown < next(i for i, line in enumerate(lines) if line.startswith("starting"))
+    assert lines[-1].startswith("promoted v1:") and "feedback mel" in lines[-1]
+
+
+@pytest.mark.slow
+def test_regressing_run_is_kept_but_not_promoted(promoted_run, base, feedback_dir):
+    out, _, _ = promoted_run
+    lines: list[str] = []
+    # a learning rate 500x too high with no clipping wrecks the weights within a few steps
+    cfg = feedback_cfg(
+        out, base, feedback_dir, max_steps=12, learning_rate=0.05, max_grad_norm=1e6, sample_sentences=2
+    )
+    torch.manual_seed(0)
+    report = run_feedback(cfg, time.time(), log=lines.append)
+    assert report["version"] == "v2" and report["promoted"] is False
+    assert report["reason"] and json.loads((out / "v2" / REPORT_NAME).read_text())["promoted"] is False
+    assert (out / "v2" / "model" / "config.json").is_file()  # kept, for a look
+    assert list((out / "v2" / "checkpoints").glob("step_*"))
+    assert read_latest(out)["version"] == "v1"
+    if (out / "latest").is_symlink():
+        assert (out / "latest").resolve() == (out / "v1" / "model").resolve()
+    assert lines[-1].startswith("not promoted: ") and report["reason"] in lines[-1]
+    assert "stays v1" in lines[-1]
+
+
+def feedback_cmd(out: Path, base: dict, feedback: Path, **overrides) -> list[str]:
+    settings = dict(TINY_SETTINGS)
+    settings.update(
+        base_model=base["model"],
+        feedback_dir=feedback,
+        data_dir=base["data"],
+        output_dir=out,
+        learning_rate=1e-4,
+        log_every=1,
+    )
+    settings.update(overrides)
+    settings.pop("val_fraction")
+    return [PYTHON, str(ROOT / "train_feedback.py"), *cli_args(settings)]
+
+
+@pytest.mark.slow
+def test_interrupted_run_resumes_the_same_version(tmp_path, base, feedback_dir):
+    out = tmp_path / "models"
+    proc = subprocess.Popen(
+        feedback_cmd(out, base, feedback_dir, target_hours=300 / 3600),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=quiet_env(),
+    )
+    metrics = out / "v1" / "checkpoints" / "metrics.jsonl"
+    deadline = time.monotonic() + 200
+    while time.monotonic() < deadline and proc.poll() is None:
+        if metrics.exists() and any(
+            json.loads(x).get("step", 0) >= 4 and "loss_g" in x for x in metrics.read_text().splitlines()
+        ):
+            break
+        time.sleep(0.2)
+    proc.send_signal(signal.SIGTERM)
+    out1, err1 = proc.communicate(timeout=120)
+    assert proc.returncode == 0, err1[-3000:]
+    assert "SIGTERM received" in out1 and "--resume auto" in out1.splitlines()[-1]
+    assert not (out / "v1" / REPORT_NAME).exists()  # unfinished: the next run continues it
+    stopped = json.loads((out / "v1" / "checkpoints" / "train_summary.json").read_text())["steps"]
+    assert stopped >= 4
+    before = list((out / "v1" / "samples" / "before").glob("*.wav"))
+    mtimes = {p: p.stat().st_mtime_ns for p in before}
+
+    resumed = subprocess.run(
+        feedback_cmd(out, base, feedback_dir, target_hours=300 / 3600, max_steps=stopped + 4),
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env=quiet_env(),
+    )
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    assert f"continuing {out / 'v1'}" in resumed.stdout
+    assert f"resuming from step_{stopped:08d}" in resumed.stdout
+    report = json.loads((out / "v1" / REPORT_NAME).read_text())
+    assert report["training"]["resumed_from_step"] == stopped
+    assert report["training"]["steps"] == stopped + 4
+    assert sorted(p.name for p in out.iterdir() if p.name.startswith("v")) == ["v1"]
+    assert {p: p.stat().st_mtime_ns for p in before} == mtimes  # the "before" samples were kept
+    first_state = json.loads(
+        (out / "v1" / "checkpoints" / f"step_{stopped:08d}" / "trainer_state.json").read_text()
+    )["train_state"]["val_history"][0]
+    assert first_state["tag"] == "start"
+    assert report["feedback"]["before"]["val_mel"] == pytest.approx(first_state["feedback_val_mel"])
+    assert resumed.stdout.strip().splitlines()[-1].startswith(("promoted v1:", "not promoted: "))
+
+
+# ---- bad input ----------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("case", ["no_base", "no_feedback_dir", "empty_feedback", "nothing_usable"])
+def test_bad_input_is_one_error_line_and_writes_nothing(tmp_path, tiny_model_dir, tone_corpus, case):
+    base = {"model": tiny_model_dir, "data": tone_corpus}
+    feedback = tmp_path / "feedback"
+    if case == "no_base":
+        base["model"] = tmp_path / "no_such_model"
+        make_corpus(feedback, num_clips=2, seed=1, id_prefix="fb")
+    elif case == "empty_feedback":
+        feedback.mkdir()
+        (feedback / "metadata.csv").write_text("")
+    elif case == "nothing_usable":
+        make_corpus(feedback, num_clips=2, seed=1, id_prefix="fb")
+        (feedback / "metadata.csv").write_text("fb00000|xyz|0\nfb00001|qrstuv|0\n")
+    out = tmp_path / "models"
+    proc = subprocess.run(
+        feedback_cmd(out, base, feedback), capture_output=True, text=True, timeout=120, env=quiet_env()
+    )
+    assert proc.returncode != 0
+    errors = [line for line in proc.stderr.splitlines() if line.strip()]
+    assert len(errors) == 1 and errors[0].startswith("error: "), proc.stderr
+    assert "Traceback" not in proc.stderr + proc.stdout
+    assert {
+        "no_base": "--base_model",
+        "no_feedback_dir": "--feedback_dir",
+        "empty_feedback": "no clips",
+        "nothing_usable": "none of its 2 clip(s) is usable",
+    }[case] in errors[0]
+    assert not out.exists()
+
+
+def test_data_fn_keeps_the_feedback_split_of_a_resumed_version(tmp_path, light_base, feedback_dir):
+    """A resumed version evaluates the clips its "before" numbers were taken on, even if more arrive."""
+    base = light_base
+    cfg = feedback_cfg(tmp_path / "out", base, feedback_dir)
+    lines: list[str] = []
+    run = FeedbackRun(cfg, time.time(), lines.append)
+    run.inputs, run.version = check_inputs(cfg, lines.append), tmp_path / "out" / "v1"
+    run.info = {
+        "feedback_split": {"train": ["fb00000", "fb00001", "fb00002"], "eval": ["fb00003"], "held_out": True}
+    }
+    store, _ = load_clip_store(base["data"], 16000, log=lines.append, progress=False)
+    split = run.data_fn(cfg, store, run.inputs.text, {"0": 0}, 256, base["val_ids"], lines.append)
+    assert split.val_sets["feedback"].ids() == ["fb00003"]
+    assert run.feedback_train.ids() == ["fb00000", "fb00001", "fb00002"]
+    assert any("8 feedback clip(s) are new" in line for line in lines)
+    assert np.array_equal(np.sort(split.val_sets["val"].ids()), np.sort(base["val_ids"]))
+
+
+def test_a_rerecorded_validation_sentence_is_evaluated_never_trained(tmp_path, light_base, feedback_dir):
+    import shutil
+
+    feedback = tmp_path / "feedback"
+    shutil.copytree(feedback_dir, feedback, ignore=shutil.ignore_patterns("cache"))
+    val_id = light_base["val_ids"][0]
+    row = next(
+        r for r in (light_base["data"] / "metadata.csv").read_text().splitlines() if r.startswith(val_id)
+    )
+    shutil.copy(light_base["data"] / "wavs" / f"{val_id}.wav", feedback / "wavs" / "fbval.wav")
+    with open(feedback / "metadata.csv", "a") as f:
+        f.write(with_text("fbval|x|0", row.split("|")[1].upper()) + "\n")  # case does not hide it
+    cfg = feedback_cfg(tmp_path / "out", light_base, feedback)
+    lines: list[str] = []
+    run = FeedbackRun(cfg, time.time(), lines.append)
+    run.inputs = check_inputs(cfg, lines.append)
+    store, _ = load_clip_store(light_base["data"], 16000, log=lines.append, progress=False)
+    split = run.data_fn(cfg, store, run.inputs.text, {"0": 0}, 256, None, lines.append)
+    assert "fbval" in split.val_sets["feedback"].ids()
+    assert "fbval" not in run.feedback_train.ids()
+    assert any("say sentences of the original validation split" in line for line in lines)
+
+
+def test_combined_items_and_replay_sampler_across_ranks(light_base, feedback_dir):
+    from vits_trainer.dataset import BucketBatchSampler, CombinedItems, ReplayBatchSampler, build_items
+    from vits_trainer.text import TextEncoder
+
+    text = TextEncoder.from_pretrained(light_base["model"])
+    parts = []
+    for folder in (feedback_dir, light_base["data"]):
+        store, _ = load_clip_store(folder, 16000, log=lambda _: None, progress=False)
+        parts.append(build_items(store, range(len(store)), text.encode, {"0": 0}, 256)[0])
+    both = CombinedItems(parts)
+    assert len(both) == len(parts[0]) + len(parts[1]) and both.ids() == parts[0].ids() + parts[1].ids()
+    k = len(parts[0]) + 3
+    assert both.clip_id(k) == parts[1].clip_id(3) and both.text(k) == parts[1].text(3)
+    assert np.array_equal(both.audio(k), parts[1].audio(3)) and both.token_ids[k] is parts[1].token_ids[3]
+    assert both.audio_lengths()[k] == len(parts[1].audio(3)) and both.speaker_ids.shape == (len(both),)
+
+    n_fb = len(parts[0])
+    ranks = [
+        ReplayBatchSampler(
+            both.audio_lengths(),
+            both.part_range(0),
+            both.part_range(1),
+            15,
+            4,
+            seed=3,
+            num_replicas=2,
+            rank=r,
+        )
+        for r in range(2)
+    ]
+    for sampler in ranks:
+        sampler.set_epoch(2)
+    shards = [[i for batch in s for i in batch] for s in ranks]
+    reference = BucketBatchSampler(np.zeros(n_fb + 15), 4, num_replicas=2, rank=0)
+    assert len(ranks[0]) == len(ranks[1]) == len(reference) == len(list(ranks[0]))
+    # together the ranks cover the epoch; only a padding batch (equal shares) repeats
+    assert set(shards[0] + shards[1]) == set(ranks[0].epoch_items(2).tolist())
+    assert n_fb + 15 <= len(shards[0] + shards[1]) <= n_fb + 15 + 4
+    ranks[0].set_start(2)
+    assert len(list(ranks[0])) == len(ranks[0]) - 2  # a resumed epoch skips its trained batches, once
+    assert len(list(ranks[0])) == len(ranks[0])

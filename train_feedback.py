@@ -1,0 +1,40 @@
+"""Fold feedback (sentences a trained model said badly, re-recorded or corrected) into the model, quickly
+and without forgetting: the runner's loop, budget and checkpoints on feedback clips mixed with a replay of
+the original training data, evaluated before and after, written as a new version.
+
+    python prepare_data.py --source my_feedback --data_dir feedback       # same layout as training data
+    python train_feedback.py --base_model training/checkpoints/best_model --feedback_dir feedback \\
+        --data_dir training --output_dir training/feedback_models --target_hours 0.5
+    python train_feedback.py --base_model training/feedback_models/latest ...   # the next round
+    python train_feedback.py --resume auto ...                            # continue after an interruption
+
+Each run writes <output_dir>/vN/ (model/, checkpoints/, samples/before|after/, feedback_report.json).
+It becomes <output_dir>/latest only when the feedback loss improved and the original validation loss
+got at most --max_regression worse; the last line printed says which, and why.
+"""
+
+from __future__ import annotations
+
+import sys
+
+from vits_trainer.runtime import process_start_time
+
+PROCESS_START = process_start_time()  # before the heavy imports: they count against the budget too
+
+
+def main(argv: list[str] | None = None) -> int:
+    from vits_trainer.config import add_arguments, config_from_args
+    from vits_trainer.errors import ArgumentParser
+    from vits_trainer.feedback import HIDDEN_FLAGS, FeedbackConfig, run_feedback
+
+    parser = ArgumentParser(description=__doc__.split("\n\n")[0])
+    add_arguments(parser, FeedbackConfig, skip=HIDDEN_FLAGS)
+    cfg = config_from_args(parser.parse_args(argv), FeedbackConfig)
+    result = run_feedback(cfg, PROCESS_START)  # validates first: a bad flag never loads torch
+    return 1 if result.get("exported") is False else 0  # the export failed: its error line said so
+
+
+if __name__ == "__main__":
+    from vits_trainer.errors import run_cli
+
+    sys.exit(run_cli(main))
