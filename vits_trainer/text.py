@@ -84,12 +84,17 @@ def extend_vocabulary(model, text_encoder: TextEncoder, characters: list[str], s
     a little noise so they can separate. The extended tokenizer is written to `save_dir`.
     """
     tokenizer = text_encoder.tokenizer
+    if getattr(tokenizer, "normalize", True):  # the tokenizer lower-cases what it does not know
+        characters = [c.lower() for c in characters]
     new = [c for c in dict.fromkeys(characters) if c not in tokenizer.encoder]
     if not new:
         return []
+    embed = model.text_encoder.embed_tokens
+    # ids after both the vocabulary's highest id and the embedding's last row: never share a row
+    first = max(max(tokenizer.encoder.values(), default=-1) + 1, embed.num_embeddings)
     vocab = dict(tokenizer.encoder)
-    for ch in new:
-        vocab[ch] = len(vocab)
+    for offset, ch in enumerate(new):
+        vocab[ch] = first + offset
     save_dir.mkdir(parents=True, exist_ok=True)
     vocab_file = save_dir / "vocab.json"
     vocab_file.write_text(json.dumps(vocab, ensure_ascii=False, indent=1), encoding="utf-8")
@@ -104,14 +109,14 @@ def extend_vocabulary(model, text_encoder: TextEncoder, characters: list[str], s
     extended.save_pretrained(save_dir)
     text_encoder.tokenizer = extended
 
-    embed = model.text_encoder.embed_tokens
     old = embed.weight.data
-    grown = torch.nn.Embedding(len(vocab), old.shape[1], padding_idx=embed.padding_idx).to(
-        old.device, old.dtype
-    )
+    size = first + len(new)
+    grown = torch.nn.Embedding(size, old.shape[1], padding_idx=embed.padding_idx).to(old.device, old.dtype)
     with torch.no_grad():
         grown.weight[: old.shape[0]] = old
-        grown.weight[old.shape[0] :] = old.mean(0) + 0.01 * old.std() * torch.randn(len(new), old.shape[1])
+        grown.weight[old.shape[0] :] = old.mean(0) + 0.01 * old.std() * torch.randn(
+            size - old.shape[0], old.shape[1], device=old.device, dtype=old.dtype
+        )
     model.text_encoder.embed_tokens = grown
-    model.config.vocab_size = len(vocab)
+    model.config.vocab_size = size
     return new
