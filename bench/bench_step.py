@@ -50,11 +50,11 @@ import torch  # noqa: E402
 from vits_trainer.config import TrainConfig  # noqa: E402
 from vits_trainer.dataset import ClipDataset, collate_batch  # noqa: E402
 from vits_trainer.evaluate import move_batch  # noqa: E402
+from vits_trainer.loop import gan_step  # noqa: E402
 from vits_trainer.profiling import SectionTimer  # noqa: E402
 from vits_trainer.runtime import quiet_transformers  # noqa: E402
 from vits_trainer.session import Session, build_session  # noqa: E402
 from vits_trainer.spectrogram import SpectrogramFrontEnd  # noqa: E402
-from vits_trainer.step import GanStep  # noqa: E402
 from vits_trainer.synthetic import make_corpus  # noqa: E402
 from vits_trainer.tiny import make_tiny_model, make_tokenizer  # noqa: E402
 
@@ -160,15 +160,7 @@ def bench_steps(
     session: Session, steps: int, warmup: int, contention_limit: float, max_attempts: int
 ) -> dict:
     cfg = session.cfg
-    step_fn = GanStep(
-        session.accelerator,
-        session.generator,
-        session.discriminator,
-        session.g_optimizer,
-        session.d_optimizer,
-        cfg.loss_weights(),
-        cfg.max_grad_norm,
-    )
+    step_fn = gan_step(session)
     timer = SectionTimer(session.device)
     step_fn.timer = timer
     session.generator_raw.timer = timer

@@ -3,6 +3,7 @@
     python bench/bench_train.py throughput --models tiny,mms --batch_sizes 8,16,32
     python bench/bench_train.py baseline --models tiny --batch_sizes 8
     python bench/bench_train.py budget --minutes 2,5,10
+    python bench/bench_train.py loader --batch_sizes 16
 
 throughput: the real Trainer (train_vits.py's loop, no evaluation) for a fixed number of steps on a
     generated tone-language corpus; samples/s is the budget's steady-state estimate (warm-up steps
@@ -10,6 +11,8 @@ throughput: the real Trainer (train_vits.py's loop, no evaluation) for a fixed n
 baseline: what the seeds started from, on the same clips and model: every sample read from its WAV
     file by soundfile, the linear spectrogram computed on the CPU in the DataLoader, random batches
     (no length bucketing), constant LR. Same GAN step. The ratio runner / baseline is printed.
+loader: the data paths alone (no model): batches/s the runner's in-RAM loader and the naive per-sample
+    WAV + CPU-spectrogram loader can deliver, i.e. the ceiling each puts on a fast GPU.
 budget: train_vits.py as a subprocess with --target_hours set to N minutes; wall time / target.
 Writes bench/results/train_<what>.json. CUDA is used when present (fp16 and bf16 rows added).
 """
@@ -200,6 +203,46 @@ def baseline_throughput(data: Path, model_dir: Path, width: float, batch: int, s
     }
 
 
+def loader_throughput(data: Path, model_dir: Path, batch: int, batches: int = 60) -> list[dict]:
+    from vits_trainer.dataset import BucketBatchSampler, build_items, load_clip_store, make_loader
+    from vits_trainer.spectrogram import SpectrogramFrontEnd
+    from vits_trainer.text import TextEncoder
+    from vits_trainer.vits import load_vits_model
+
+    model = load_vits_model(model_dir)
+    text = TextEncoder.from_pretrained(model_dir)
+    store, _ = load_clip_store(data, model.config.sampling_rate, log=lambda _: None, progress=False)
+    items, _ = build_items(store, range(len(store)), text.encode, {"0": 0}, 256, log=lambda _: None)
+    ours = make_loader(items, BucketBatchSampler(items.audio_lengths(), batch, seed=0), 0, False)
+    ours2 = make_loader(items, BucketBatchSampler(items.audio_lengths(), batch, seed=0), 2, False)
+    naive = torch.utils.data.DataLoader(
+        NaiveDataset(data, text, SpectrogramFrontEnd.from_vits_config(model.config)),
+        batch_size=batch,
+        shuffle=True,
+        num_workers=2,
+        collate_fn=naive_collate,
+    )
+    rows = []
+    for name, loader in (
+        ("runner, 0 workers", ours),
+        ("runner, 2 workers", ours2),
+        ("baseline, 2 workers", naive),
+    ):
+        done, start = 0, None
+        while done < batches:
+            for _ in loader:
+                done += 1
+                if done == 3:
+                    start = time.perf_counter()  # workers started, first batches out
+                if done >= batches:
+                    break
+        seconds = time.perf_counter() - start
+        rows.append(
+            {"path": name, "batch_size": batch, "samples_per_second": (batches - 3) * batch / seconds}
+        )
+    return rows
+
+
 # ---- budget accuracy -----------------------------------------------------------------------------
 
 
@@ -255,7 +298,7 @@ def budget_run(tmp: Path, data: Path, model: Path, minutes: float) -> dict:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("what", choices=["throughput", "baseline", "budget"])
+    parser.add_argument("what", choices=["throughput", "baseline", "budget", "loader"])
     parser.add_argument("--models", default="tiny")
     parser.add_argument("--batch_sizes", default="8")
     parser.add_argument("--steps", type=int, default=12)
@@ -267,7 +310,13 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp_name:
         tmp = Path(tmp_name)
         data = corpus(tmp, args.clips)
-        if args.what == "budget":
+        if args.what == "loader":
+            model, _ = make_model("tiny", tmp / "tiny")
+            for batch in [int(b) for b in args.batch_sizes.split(",")]:
+                for row in loader_throughput(data, model, batch):
+                    print(json.dumps(row), flush=True)
+                    rows.append(row)
+        elif args.what == "budget":
             model, _ = make_model("tiny", tmp / "tiny")
             for minutes in [float(m) for m in args.minutes.split(",")]:
                 row = {"minutes": minutes, **budget_run(tmp, data, model, minutes)}

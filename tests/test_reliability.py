@@ -327,3 +327,16 @@ def _records(path: Path) -> list[dict]:
 
 def _steps_since(path: Path, step: int) -> bool:
     return any(r.get("step", 0) > step + 2 for r in _records(path) if "loss_g" in r)
+
+
+def test_too_little_disk_space_is_refused_up_front(tmp_path, tiny_model_dir, tone_corpus, monkeypatch):
+    """A disk that cannot hold two checkpoints and the exports (simulated: the free space is patched)."""
+    import collections
+
+    import vits_trainer.session as session_module
+
+    usage = collections.namedtuple("usage", "total used free")
+    monkeypatch.setattr(session_module.shutil, "disk_usage", lambda path: usage(10**9, 10**9 - 1000, 1000))
+    cfg = tiny_config(tmp_path, tone_corpus, tiny_model_dir, max_steps=1)
+    with pytest.raises(UserError, match="not enough disk space"):
+        build_session(cfg, time.time())

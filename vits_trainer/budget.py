@@ -183,6 +183,7 @@ class Budget:
         self.spent_before = 0.0  # seconds spent by earlier sessions
         self._measured_samples = 0  # after the skipped warm-up steps
         self._last_step_seconds: float | None = None
+        self._recent_steps: list[float] = []  # the last few step durations (a slow spell shows here first)
         self._step = _Stat()
         self._step_samples = _Stat()
         self._events = {"eval": _Stat(), "save": _Stat(), "export": _Stat()}
@@ -246,6 +247,7 @@ class Budget:
         self.session_samples += samples
         self.global_step += 1
         self._last_step_seconds = seconds
+        self._recent_steps = [*self._recent_steps[-4:], seconds]
         if self.session_steps > self.benchmark_skip_steps:
             self._measured_samples += samples
             self._step.add(seconds, self.ema)
@@ -310,7 +312,7 @@ class Budget:
 
     def _next_step_seconds(self) -> float:
         # Conservative cost of one more step: the last step may be slower than the average.
-        return max(self.step_seconds(), self._last_step_seconds or 0.0)
+        return max(self.step_seconds(), max(self._recent_steps, default=0.0))
 
     def final_reserve(self) -> float:
         """Final eval + save + export + safety margin (+ whatever the caller does after the loop)."""

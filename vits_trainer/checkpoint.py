@@ -192,12 +192,13 @@ def prune_checkpoints(checkpoint_dir: Path, keep: int, protect: Path | None = No
             removed.append(path)
     for tmp in checkpoint_dir.glob(".step_*.tmp-*"):
         pid = tmp.name.rsplit("-", 1)[-1]
-        if pid.isdigit() and int(pid) != os.getpid() and not _pid_alive(int(pid)):
+        if pid.isdigit() and int(pid) != os.getpid() and not pid_alive(int(pid)):
             shutil.rmtree(tmp, ignore_errors=True)
     return removed
 
 
-def _pid_alive(pid: int) -> bool:
+def pid_alive(pid: int) -> bool:
+    """Whether a process with this id exists (temp folders of dead writers can be removed)."""
     try:
         os.kill(pid, 0)
     except ProcessLookupError:

@@ -75,6 +75,17 @@ class _Norm:
         return spectral_norm(module) if self.spectral else weight_norm(module)
 
 
+def _conv_stack(convs: nn.ModuleList, conv_post: nn.Module, x: Tensor) -> tuple[Tensor, list[Tensor]]:
+    """Leaky-ReLU conv stack; returns (flattened logits, every layer's output as feature maps)."""
+    fmap = []
+    for conv in convs:
+        x = F.leaky_relu(conv(x), LRELU_SLOPE)
+        fmap.append(x)
+    x = conv_post(x)
+    fmap.append(x)
+    return torch.flatten(x, 1, -1), fmap
+
+
 class ScaleDiscriminator(nn.Module):
     """1-D conv stack on the raw waveform (HiFi-GAN's `DiscriminatorS`)."""
 
@@ -101,13 +112,7 @@ class ScaleDiscriminator(nn.Module):
         self.conv_post = norm(nn.Conv1d(_channels(1024, width), 1, 3, 1, padding=1))
 
     def forward(self, x: Tensor) -> tuple[Tensor, list[Tensor]]:
-        fmap = []
-        for conv in self.convs:
-            x = F.leaky_relu(conv(x), LRELU_SLOPE)
-            fmap.append(x)
-        x = self.conv_post(x)
-        fmap.append(x)
-        return torch.flatten(x, 1, -1), fmap
+        return _conv_stack(self.convs, self.conv_post, x)
 
 
 class PeriodDiscriminator(nn.Module):
@@ -141,13 +146,7 @@ class PeriodDiscriminator(nn.Module):
             x = F.pad(x, (0, n_pad), "reflect" if n_pad < length else "replicate")
             length += n_pad
         x = x.view(batch, channels, length // self.period, self.period)
-        fmap = []
-        for conv in self.convs:
-            x = F.leaky_relu(conv(x), LRELU_SLOPE)
-            fmap.append(x)
-        x = self.conv_post(x)
-        fmap.append(x)
-        return torch.flatten(x, 1, -1), fmap
+        return _conv_stack(self.convs, self.conv_post, x)
 
 
 class VitsDiscriminator(nn.Module):

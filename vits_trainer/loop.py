@@ -44,6 +44,20 @@ SPLIT_FILE = "training_split.json"  # beside exported models: which clips were h
 OVERHEAD_SHARE = 0.1  # epoch-end evals/saves are skipped when they would exceed this share of the time
 
 
+def gan_step(session: Session) -> GanStep:
+    """The GAN step for a built session (its networks, optimisers, loss weights and clipping)."""
+    s, cfg = session, session.cfg
+    return GanStep(
+        s.accelerator,
+        s.generator,
+        s.discriminator,
+        s.g_optimizer,
+        s.d_optimizer,
+        cfg.loss_weights(),
+        cfg.max_grad_norm,
+    )
+
+
 class SignalStop:
     """First SIGINT/SIGTERM: finish the step, save, exit 0. Second: exit at once."""
 
@@ -75,15 +89,7 @@ class Trainer:
         self.s = session
         cfg = session.cfg
         self.metrics = MetricsLog(session.checkpoint_dir / "metrics.jsonl", session.is_main)
-        self.step_fn = GanStep(
-            session.accelerator,
-            session.generator,
-            session.discriminator,
-            session.g_optimizer,
-            session.d_optimizer,
-            cfg.loss_weights(),
-            cfg.max_grad_norm,
-        )
+        self.step_fn = gan_step(session)
         self.accumulation = cfg.gradient_accumulation_steps
         self.last_eval = self.last_save = time.time()
         self.data_wait = 0.0
@@ -502,7 +508,17 @@ class Trainer:
     def finish(self, stop_reason: str | None) -> dict:
         s, budget = self.s, self.s.budget
         if stop_reason != "signal" and s.val_loaders:
-            self.run_eval("final", export_best=False)
+            # the last steps may have been slower than planned (a busy machine): the checkpoint and the
+            # export come first, the final evaluation only if it still fits
+            left = budget.remaining() - (
+                budget.save_seconds() + budget.export_seconds() + budget.safety_seconds()
+            )
+            if self.agree(left >= budget.eval_seconds()):
+                self.run_eval("final", export_best=False)
+            else:
+                s.log(
+                    f"final evaluation skipped: {max(0.0, left):.0f} s left for it, it takes ~{budget.eval_seconds():.0f} s"
+                )
         final_is_best = bool(s.state.val_history) and s.state.best_step == budget.global_step
         self.save_checkpoint(stop_reason or "end")
         t0 = time.perf_counter()

@@ -21,6 +21,7 @@ from torch import nn
 from transformers import VitsModel
 
 from .alignment import maximum_path
+from .checkpoint import pid_alive
 from .losses import duration_loss_deterministic, kl_loss, mel_reconstruction_loss
 from .profiling import NO_TIMER
 from .spectrogram import SpectrogramFrontEnd
@@ -253,18 +254,8 @@ def remove_stale_temp(out_dir: Path) -> None:
     """Temp folders of earlier exports whose process died (killed mid-export) are removed."""
     for tmp in out_dir.parent.glob(f".{out_dir.name}.*-*"):
         pid = tmp.name.rsplit("-", 1)[-1]
-        if pid.isdigit() and int(pid) != os.getpid() and not _pid_alive(int(pid)):
+        if pid.isdigit() and int(pid) != os.getpid() and not pid_alive(int(pid)):
             shutil.rmtree(tmp, ignore_errors=True)
-
-
-def _pid_alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
 
 
 def export_model(
