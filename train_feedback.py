@@ -17,9 +17,10 @@ from __future__ import annotations
 
 import sys
 
-from vits_trainer.runtime import process_start_time
+from vits_trainer.runtime import process_start_time, share_cpus_between_processes
 
 PROCESS_START = process_start_time()  # before the heavy imports: they count against the budget too
+share_cpus_between_processes()
 
 
 def main(argv: list[str] | None = None) -> int:

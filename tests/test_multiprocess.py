@@ -4,8 +4,6 @@ the main process writes, and a two-process resume continues the step count."""
 from __future__ import annotations
 
 import json
-import os
-import shutil
 import subprocess
 import time
 from pathlib import Path
@@ -13,11 +11,12 @@ from pathlib import Path
 import pytest
 from transformers import VitsModel
 
-from tests.helpers import ROOT, TINY_SETTINGS, cli_args
+from tests.helpers import PYTHON, ROOT, TINY_SETTINGS, cli_args
 
 pytestmark = pytest.mark.slow
 
-ACCELERATE = shutil.which("accelerate")
+# `accelerate launch`, run with this interpreter (its console script may not be on PATH in CI)
+ACCELERATE = [PYTHON, "-m", "accelerate.commands.launch"]
 
 
 def launch(tmp: Path, data: Path, model: Path, seconds: float) -> tuple[subprocess.CompletedProcess, float]:
@@ -32,8 +31,7 @@ def launch(tmp: Path, data: Path, model: Path, seconds: float) -> tuple[subproce
     )
     # on a CPU-only machine accelerate's torchrun launcher (--multi_gpu) starts gloo processes
     cmd = [
-        ACCELERATE,
-        "launch",
+        *ACCELERATE,
         "--multi_gpu",
         "--num_processes",
         "2",
@@ -48,13 +46,11 @@ def launch(tmp: Path, data: Path, model: Path, seconds: float) -> tuple[subproce
         str(ROOT / "train_vits.py"),
         *cli_args(settings),
     ]
-    env = dict(os.environ, OMP_NUM_THREADS="1")
     start = time.monotonic()
-    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=seconds * 3 + 120, env=env)
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=seconds * 3 + 120)
     return proc, time.monotonic() - start
 
 
-@pytest.mark.skipif(ACCELERATE is None, reason="the accelerate launcher is not on PATH")
 def test_two_processes_stop_together_and_resume(tmp_path, tiny_model_dir, tone_corpus):
     proc, wall = launch(tmp_path, tone_corpus, tiny_model_dir, 60.0)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
@@ -62,9 +58,8 @@ def test_two_processes_stop_together_and_resume(tmp_path, tiny_model_dir, tone_c
     # the launcher returns when both ranks exit; its own start-up adds a few seconds
     assert wall <= 60 + 15, wall
     summary = json.loads((tmp_path / "final_model" / "train_summary.json").read_text())
-    # inside the budget; two processes on two cores make steps of seconds, so the last step boundary
-    # before the final reserve can come a few seconds early (single-process runs are held to 97 %)
-    assert summary["stopped_reason"] == "budget" and 0.85 * 60 <= summary["wall_seconds"] <= 60
+    # inside the budget, and not far short of it (measured: 58.9 s; single-process runs are held to 97 %)
+    assert summary["stopped_reason"] == "budget" and 0.9 * 60 <= summary["wall_seconds"] <= 60
     first_steps = summary["steps"]
     assert first_steps > 0
     VitsModel.from_pretrained(tmp_path / "final_model")

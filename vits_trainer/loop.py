@@ -333,6 +333,7 @@ class Trainer:
                     self.save_checkpoint("interval")
                 if stop_reason:
                     break
+                t_step = time.perf_counter()  # logging and saving are not part of the next step's time
             if stop_reason:
                 break
             # ---- epoch end --------------------------------------------------------------------------

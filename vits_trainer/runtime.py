@@ -21,6 +21,19 @@ def process_start_time() -> float:
         return time.time()
 
 
+def share_cpus_between_processes() -> None:
+    """Several processes on one machine (accelerate launch): give each its share of the cores.
+
+    Call before torch/numba are imported. numba's OpenMP threads otherwise spin against the other
+    processes' work (seen: two CPU processes on two cores made steps 1.5-23 s instead of 0.6 s).
+    """
+    local = int(os.environ.get("LOCAL_WORLD_SIZE", "1"))
+    if local > 1:
+        share = str(max(1, (os.cpu_count() or 1) // local))
+        os.environ.setdefault("NUMBA_NUM_THREADS", share)
+        os.environ.setdefault("OMP_NUM_THREADS", share)
+
+
 def resolve_precision(requested: str, cpu: bool, log=print) -> str:
     """accelerate's mixed_precision value for this machine; impossible requests fall back with a warning."""
     import torch
