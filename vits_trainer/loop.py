@@ -593,7 +593,3 @@ def _version(package: str) -> str | None:
         return version(package)
     except Exception:
         return None
-
-
-def finite_or_none(x: float | None) -> float | None:
-    return x if x is not None and math.isfinite(x) else None

@@ -4,7 +4,6 @@ and accelerate's trackers (TensorBoard / W&B) with validation audio."""
 from __future__ import annotations
 
 import json
-import time
 from pathlib import Path
 
 import torch
@@ -155,11 +154,3 @@ def log_audio_to_trackers(accelerator, paths: list[Path], step: int, sample_rate
                 import wandb
 
                 tracker.log({f"samples/{path.stem}": wandb.Audio(audio, sample_rate=sr)}, step=step)
-
-
-class Stopwatch:
-    def __init__(self):
-        self.start = time.perf_counter()
-
-    def __call__(self) -> float:
-        return time.perf_counter() - self.start

@@ -456,7 +456,3 @@ def _hop(model) -> int:
 
 def _hours(items: TrainingItems) -> float:
     return float(items.audio_lengths().sum()) / items.sample_rate / 3600
-
-
-def remove_tree(path: Path) -> None:
-    shutil.rmtree(path, ignore_errors=True)
