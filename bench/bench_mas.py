@@ -106,7 +106,7 @@ def main(argv: list[str] | None = None) -> int:
 
     rows = []
     header = f"{'T_text':>6} {'T_frames':>8} {'reference':>11} {'numba':>9} {'torch cpu':>10}"
-    header += f" {'torch cuda':>11}" if cuda else ""
+    header += f" {'torch cuda':>11} {'triton cuda':>12}" if cuda else ""
     print(header)
     gen = torch.Generator().manual_seed(0)
     for text_len in args.lengths:
@@ -123,7 +123,8 @@ def main(argv: list[str] | None = None) -> int:
         inputs = (ll, text_lengths, frame_lengths)
         runs = [("numba_s", "numba", inputs), ("torch_cpu_s", "torch", inputs)]
         if cuda:
-            runs.append(("torch_cuda_s", "torch", tuple(t.cuda() for t in inputs)))
+            on_gpu = tuple(t.cuda() for t in inputs)
+            runs += [("torch_cuda_s", "torch", on_gpu), ("triton_cuda_s", "triton", on_gpu)]
         for key, backend, (ll_x, tx_x, ty_x) in runs:
             sync = torch.cuda.synchronize if ll_x.is_cuda else _no_sync
             got = maximum_path(
@@ -137,7 +138,7 @@ def main(argv: list[str] | None = None) -> int:
         rows.append(row)
         line = f"{text_len:>6} {frames:>8} {reference_s * 1e3:>9.0f}ms {row['numba_s'] * 1e3:>7.1f}ms"
         line += f" {row['torch_cpu_s'] * 1e3:>8.1f}ms"
-        line += f" {row['torch_cuda_s'] * 1e3:>9.1f}ms" if cuda else ""
+        line += f" {row['torch_cuda_s'] * 1e3:>9.1f}ms {row['triton_cuda_s'] * 1e3:>10.2f}ms" if cuda else ""
         print(line, flush=True)
 
     args.out.parent.mkdir(parents=True, exist_ok=True)

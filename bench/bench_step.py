@@ -1,15 +1,18 @@
 """Benchmark one full training step and where its time goes (not a test).
 
     python bench/bench_step.py [--models tiny,mms] [--steps N] [--batch_sizes 8,16] [--mms_batch_sizes 8]
+    python bench/bench_step.py --device cuda --precisions no,fp16,bf16 --batch_sizes 8,16,32 --mms_batch_sizes 8,16,32
 
 Each (model, batch size) is set up exactly as train_vits.py does it (`build_session` on a temp model
 folder and generated tone-language clips of about 3 s), then timed through the trainer's `GanStep` with
-one optimiser step per call (no accumulation), fp32, on whatever device the session picks (`--cpu` by
-default). A `SectionTimer` on both the step and the generator splits each step into spectrogram, mas,
+one optimiser step per call (no accumulation), on `--device` (cpu by default) in each of `--precisions`
+(accelerate's names: no = fp32, fp16, bf16). A `SectionTimer` on both the step and the generator splits each step into spectrogram, mas,
 generator, discriminator, backward and optimizer; "other" is the rest (loss arithmetic, glue). Data
 wait is measured separately as the time to collate the step's batch from `ClipDataset`, as the loader
 does with no workers. Warm-up steps (numba compile, allocator growth) are excluded; step times are
 medians, a section's share is its total over all timed steps divided by their total step time.
+On CUDA the section timer synchronises the device around every section, which slows the step: there
+the same number of steps is run again without it, and samples/s comes from those.
 On a shared machine a step during which other processes used more than --contention_limit of the
 CPUs (read from /proc/stat) is discarded and run again, up to --max_attempts x --steps attempts.
 
@@ -51,7 +54,7 @@ from vits_trainer.config import TrainConfig  # noqa: E402
 from vits_trainer.dataset import ClipDataset, collate_batch  # noqa: E402
 from vits_trainer.evaluate import move_batch  # noqa: E402
 from vits_trainer.loop import gan_step  # noqa: E402
-from vits_trainer.profiling import SectionTimer  # noqa: E402
+from vits_trainer.profiling import NO_TIMER, SectionTimer  # noqa: E402
 from vits_trainer.runtime import quiet_transformers  # noqa: E402
 from vits_trainer.session import Session, build_session  # noqa: E402
 from vits_trainer.spectrogram import SpectrogramFrontEnd  # noqa: E402
@@ -80,7 +83,9 @@ def make_model_dir(kind: str, folder: Path) -> Path:
     return folder
 
 
-def train_config(tmp: Path, data_dir: Path, model_dir: Path, kind: str, batch_size: int) -> TrainConfig:
+def train_config(
+    tmp: Path, data_dir: Path, model_dir: Path, kind: str, batch_size: int, device: str, precision: str
+) -> TrainConfig:
     cfg = dataclasses.replace(
         TrainConfig(),
         data_dir=str(data_dir),
@@ -93,9 +98,9 @@ def train_config(tmp: Path, data_dir: Path, model_dir: Path, kind: str, batch_si
         num_workers=0,
         val_fraction=0.05,
         eval_samples=0,
-        mixed_precision="no",
+        mixed_precision=precision,
         resume="none",
-        cpu=True,
+        cpu=device == "cpu",
         seed=0,
     )
     cfg.validate()
@@ -168,6 +173,9 @@ def bench_steps(
     batches = batches_of(session)
     sample_rate = session.data.train.sample_rate
     monitor = Contention()
+    skipped = [0]
+    if session.device.type == "cuda":
+        torch.cuda.reset_peak_memory_stats(session.device)
 
     def one_step(i: int) -> dict:
         indices = batches[i % len(batches)]
@@ -187,8 +195,9 @@ def bench_steps(
             torch.cuda.synchronize(session.device)
         total, cpu = time.perf_counter() - start, time.process_time() - cpu_start
         others = monitor.stop()
-        if not result.synced or result.skipped:
-            raise RuntimeError(f"step {i} did not update the weights (synced={result.synced})")
+        if not result.synced:
+            raise RuntimeError(f"step {i} did not reach an optimiser step")
+        skipped[0] += int(result.skipped)  # fp16: the scaler may skip a step while it finds its scale
         unknown = set(timer.seconds) - set(SECTIONS)
         if unknown:
             raise RuntimeError(f"sections this benchmark does not know: {sorted(unknown)}")
@@ -204,11 +213,18 @@ def bench_steps(
     for i in range(warmup):
         one_step(i)
     clean, disturbed = [], []
+    untimed: list[float] = []
     for attempt in range(max(steps, max_attempts)):
         if len(clean) == steps:
             break
         record = one_step(warmup + attempt)
         (clean if record["others"] <= contention_limit else disturbed).append(record)
+    if session.device.type == "cuda":
+        # the timer's synchronisations cost real time on a GPU: throughput from steps without it
+        step_fn.timer = session.generator_raw.timer = NO_TIMER
+        for attempt in range(steps):
+            untimed.append(one_step(warmup + steps + attempt)["total"])
+        step_fn.timer = session.generator_raw.timer = timer
     records = clean
     if len(clean) < steps:
         print(
@@ -226,7 +242,7 @@ def bench_steps(
         name: {"median_s": statistics.median(values), "share": sum(values) / total_sum}
         for name, values in sections.items()
     }
-    step_s = statistics.median(totals)
+    step_s = statistics.median(untimed or totals)
     wait_s = statistics.median(r["wait"] for r in records)
     return {
         "batch_size": cfg.batch_size,
@@ -238,9 +254,17 @@ def bench_steps(
         "params_discriminator_m": sum(p.numel() for p in session.discriminator_raw.parameters()) / 1e6,
         "discriminator_width": cfg.discriminator_width,
         "segment_frames": session.generator_raw.segment_frames,
+        "cudnn_benchmark": torch.backends.cudnn.benchmark if session.device.type == "cuda" else None,
+        "precision": session.accelerator.mixed_precision,
+        "device": str(session.device),
+        "skipped_steps": skipped[0],
         "clip_seconds_mean": statistics.fmean(r["clip_seconds"] for r in records),
         "step_s_median": step_s,
-        "step_s_all": totals,
+        "step_s_all": untimed or totals,
+        "step_s_median_with_section_timer": statistics.median(totals),
+        "peak_memory_gb": (
+            torch.cuda.max_memory_allocated(session.device) / 2**30 if session.device.type == "cuda" else None
+        ),
         # CPU seconds of this process per step: about threads x wall when nothing else competes
         "step_cpu_s_median": statistics.median(r["cpu"] for r in records),
         "other_processes_cpu_share": [r["others"] for r in records],
@@ -312,7 +336,11 @@ def bench_spectrogram(session: Session, batch_sizes: list[int], repeats: int) ->
             device_s = median_time(on_device, repeats)
             # the precomputed store: one float32 (and one fp16) [bins, frames] array per clip
             specs32 = [
-                frontend.linear(torch.from_numpy(dataset[i]["audio"] / np.float32(32768.0)).view(1, 1, -1))[0]
+                frontend.linear(
+                    torch.from_numpy(dataset[i]["audio"] / np.float32(32768.0))
+                    .view(1, 1, -1)
+                    .to(session.device)
+                )[0]
                 .cpu()
                 .numpy()
                 for i in chosen
@@ -349,13 +377,13 @@ def bench_spectrogram(session: Session, batch_sizes: list[int], repeats: int) ->
 
 def print_step_table(runs: list[dict]) -> None:
     columns = [*SECTIONS, "other"]
-    header = f"{'model':<5} {'batch':>5} {'clip s':>6} {'step s':>7} {'cpu s':>7} {'samples/s':>9} {'data ms':>7}  "
+    header = f"{'model':<5} {'batch':>5} {'prec':>4} {'clip s':>6} {'step s':>7} {'cpu s':>7} {'samples/s':>9} {'data ms':>7}  "
     header += "  ".join(f"{c:>15}" for c in columns)
     print(header)
     print("-" * len(header))
     for r in runs:
         line = (
-            f"{r['model']:<5} {r['batch_size']:>5} {r['clip_seconds_mean']:>6.2f} {r['step_s_median']:>7.3f} "
+            f"{r['model']:<5} {r['batch_size']:>5} {r.get('precision', 'no'):>4} {r['clip_seconds_mean']:>6.2f} {r['step_s_median']:>7.3f} "
             f"{r['step_cpu_s_median']:>7.3f} "
             f"{r['samples_per_s']:>9.2f} {r['data_wait_s_median'] * 1e3:>7.2f}  "
         )
@@ -435,6 +463,16 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("--batch_sizes", type=int_list, default=[8, 16], help="tiny model batch sizes")
     parser.add_argument("--mms_batch_sizes", type=int_list, default=[8], help="MMS-size model batch sizes")
+    parser.add_argument("--device", choices=["cpu", "cuda"], default="cpu")
+    parser.add_argument(
+        "--precisions", default="no", help="comma-separated accelerate precisions: no (fp32), fp16, bf16"
+    )
+    parser.add_argument(
+        "--cudnn_benchmark",
+        choices=["on", "off"],
+        default=None,
+        help="override torch.backends.cudnn.benchmark (default: what the trainer sets)",
+    )
     parser.add_argument("--spectrogram_repeats", type=int, default=20)
     parser.add_argument(
         "--contention_limit",
@@ -456,12 +494,17 @@ def main(argv: list[str] | None = None) -> int:
     for m in models:
         if m not in DEFAULT_STEPS:
             parser.error(f"--models: unknown model {m!r} (tiny, mms)")
+    precisions = [p.strip() for p in args.precisions.split(",") if p.strip()]
+    if not set(precisions) <= {"no", "fp16", "bf16"}:
+        parser.error(f"--precisions: {args.precisions!r} (no, fp16, bf16)")
+    if args.device == "cuda" and not torch.cuda.is_available():
+        parser.error("--device cuda: no CUDA device here")
 
     quiet_transformers()  # no save_pretrained progress bars
     info = machine_info()
     print(
         f"torch {info['torch']}, {info['torch_threads']} threads, {info['cpu_count']} CPUs, "
-        f"device {'cpu' if info['cuda_device'] is None else info['cuda_device']} (the sessions run with --cpu)"
+        f"GPU {info['cuda_device'] or 'none'}; the sessions run on {args.device}"
     )
     runs: list[dict] = []
     spectrogram: dict | None = None
@@ -476,18 +519,37 @@ def main(argv: list[str] | None = None) -> int:
             steps = args.steps if args.steps is not None else DEFAULT_STEPS[kind]
             warmup = args.warmup if args.warmup is not None else DEFAULT_WARMUP[kind]
             for b in args.batch_sizes if kind == "tiny" else args.mms_batch_sizes:
-                print(f"{kind} batch {b}: {warmup} warm-up + {steps} timed steps ...", flush=True)
-                session = quiet_session(train_config(tmp / f"run-{kind}-{b}", data_dir, model_dir, kind, b))
-                run = {
-                    "model": kind,
-                    **bench_steps(session, steps, warmup, args.contention_limit, args.max_attempts * steps),
-                }
-                runs.append(run)
-                if spectrogram is None:
-                    # same front end for both models (n_fft 1024, hop 256): measured once
-                    sizes = sorted(set(args.batch_sizes) | set(args.mms_batch_sizes))
-                    spectrogram = bench_spectrogram(session, sizes, args.spectrogram_repeats)
-                del session
+                for precision in precisions:
+                    print(
+                        f"{kind} batch {b} {precision}: {warmup} warm-up + {steps} timed steps ...",
+                        flush=True,
+                    )
+                    cfg = train_config(
+                        tmp / f"run-{kind}-{b}-{precision}",
+                        data_dir,
+                        model_dir,
+                        kind,
+                        b,
+                        args.device,
+                        precision,
+                    )
+                    session = quiet_session(cfg)
+                    if args.cudnn_benchmark is not None:
+                        torch.backends.cudnn.benchmark = args.cudnn_benchmark == "on"
+                    run = {
+                        "model": kind,
+                        **bench_steps(
+                            session, steps, warmup, args.contention_limit, args.max_attempts * steps
+                        ),
+                    }
+                    runs.append(run)
+                    if spectrogram is None:
+                        # same front end for both models (n_fft 1024, hop 256): measured once
+                        sizes = sorted(set(args.batch_sizes) | set(args.mms_batch_sizes))
+                        spectrogram = bench_spectrogram(session, sizes, args.spectrogram_repeats)
+                    del session
+                    if torch.cuda.is_available():
+                        torch.cuda.empty_cache()
 
     command = "python bench/bench_step.py " + " ".join(argv if argv is not None else sys.argv[1:])
     for run in runs:
@@ -495,14 +557,21 @@ def main(argv: list[str] | None = None) -> int:
     if args.merge and args.out.is_file():
         # e.g. the MMS-size rows measured again in a quiet moment, the tiny rows kept
         earlier = json.loads(args.out.read_text(encoding="utf-8"))
-        measured = {(r["model"], r["batch_size"]) for r in runs}
-        kept = [r for r in earlier.get("runs", []) if (r["model"], r["batch_size"]) not in measured]
+
+        def key(r: dict) -> tuple:
+            return r["model"], r["batch_size"], r.get("precision", "no"), r.get("device", "cpu")
+
+        measured = {key(r) for r in runs}
+        kept = [r for r in earlier.get("runs", []) if key(r) not in measured]
         if kept:
             print(
                 f"\nkept from {args.out.name}: "
                 + ", ".join(f"{r['model']} batch {r['batch_size']}" for r in kept)
             )
-        runs = sorted(kept + runs, key=lambda r: (list(DEFAULT_STEPS).index(r["model"]), r["batch_size"]))
+        runs = sorted(
+            kept + runs,
+            key=lambda r: (list(DEFAULT_STEPS).index(r["model"]), r["batch_size"], r.get("precision", "no")),
+        )
         spectrogram = spectrogram or earlier.get("spectrogram")
 
     print()
@@ -513,7 +582,8 @@ def main(argv: list[str] | None = None) -> int:
     result = {
         **info,
         "commands": list(dict.fromkeys(r.get("command", "?") for r in runs)),
-        "precision": "fp32",
+        "precisions": precisions,
+        "device": args.device,
         "corpus": {"clips": CORPUS_CLIPS, "words": list(CORPUS_WORDS)},
         "sections_note": "median_s per section; share = section total / step total over the timed steps",
         "runs": runs,

@@ -80,6 +80,35 @@ def test_non_finite_step_changes_no_weight(tmp_path, tiny_model_dir, tone_corpus
     assert not s.g_optimizer.state and not s.d_optimizer.state  # AdamW never stepped
 
 
+def test_fp16_gradient_overflow_lowers_the_loss_scale_without_a_recovery(
+    tmp_path, tiny_model_dir, tone_corpus, capsys
+):
+    """fp16's GradScaler calibrating itself is not a fault. No fp16 here (no GPU), so a CPU GradScaler is
+    put in its place (accelerate's backward and the step use `accelerator.scaler` alike) and the
+    overflow is injected as an Inf gradient in one generator weight for 10 steps in a row."""
+    cfg = tiny_config(
+        tmp_path, tone_corpus, tiny_model_dir, max_steps=14, max_consecutive_skips=3, log_every=1
+    )
+    session = build_session(cfg, time.time())
+    session.accelerator.scaler = torch.amp.GradScaler("cpu", init_scale=1024.0, growth_interval=1000)
+    calls = {"n": 0}
+
+    def overflow(grad):
+        calls["n"] += 1
+        return grad * float("inf") if 3 <= calls["n"] <= 12 else grad
+
+    next(session.model.decoder.parameters()).register_hook(overflow)
+    summary = Trainer(session).train()
+    out = capsys.readouterr().out
+    assert summary["steps"] == 14 and summary["skipped_steps"] == 10
+    assert session.state.recoveries == 0 and "recovery" not in out  # 10 > --max_consecutive_skips 3
+    assert "fp16: gradients overflowed at step 3, loss scale 1024 -> 512; step skipped" in out
+    overflows = events(tmp_path, "overflow")
+    assert [e["step"] for e in overflows] == list(range(3, 13)) and overflows[-1]["scale"] == 1.0
+    assert session.accelerator.scaler.get_scale() == 1.0
+    assert all_finite(session.model, session.discriminator_raw)
+
+
 def test_repeated_inf_loss_triggers_recovery(tmp_path, tiny_model_dir, tone_corpus, monkeypatch, capsys):
     calls = {"n": 0}
     real_forward = VitsGenerator.forward

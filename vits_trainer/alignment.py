@@ -10,10 +10,13 @@ Backends:
 * ``"numba"``: compiled CPU path, parallel over the batch. Works column by column (token-major) so it reads
   the [T_text, T_frames] input contiguously, visits only the reachable band of cells and keeps just one
   decision byte per cell instead of the full value matrix.
-* ``"torch"``: batched torch ops on the input's own device (the CUDA path). A Python loop over frames, with
-  three vectorised kernels per frame in the forward pass and two in the backtrack; nothing goes to the host.
+* ``"triton"``: the CUDA path (`alignment_triton.py`): one kernel launch for the whole batch, one program
+  per item looping over its frames on the GPU; nothing goes to the host.
+* ``"torch"``: batched torch ops on the input's own device (CUDA without Triton, or any other device). A
+  Python loop over frames, with three vectorised kernels per frame in the forward pass and two in the
+  backtrack: bound by kernel-launch latency on a GPU.
 
-Both compute ``value = log_likelihood + max(from previous token, from same token)`` in float32 with the same
+All compute ``value = log_likelihood + max(from previous token, from same token)`` in float32 with the same
 single rounding per cell, so their paths are bit-identical to :func:`reference_maximum_path`.
 """
 
@@ -27,7 +30,7 @@ import torch
 
 __all__ = ["maximum_path", "reference_maximum_path"]
 
-_BACKENDS = ("auto", "numba", "torch")
+_BACKENDS = ("auto", "numba", "torch", "triton")
 # numba's fallback threading layer (workqueue, used when neither TBB nor OpenMP loads) aborts the process
 # on concurrent parallel launches from several Python threads; serialising costs nothing in one training thread.
 _NUMBA_LOCK = threading.Lock()
@@ -48,7 +51,8 @@ def maximum_path(
             Valid cells are expected to be finite or -inf (NaN there gives an unspecified path).
         text_lengths: [B] integer token counts, 1 <= text_len <= frame_len.
         frame_lengths: [B] integer frame counts, frame_len <= T_frames.
-        backend: "auto" (torch off the CPU, numba on it), "numba" or "torch".
+        backend: "auto" (numba on the CPU, triton on CUDA where Triton is installed, else torch), "numba",
+            "torch" or "triton" (CUDA only).
 
     Returns:
         [B, T_text, T_frames] float32 0/1 path on the input's device; zero outside the valid region. Each
@@ -74,7 +78,10 @@ def maximum_path(
             raise ValueError(f"{name} must be an integer tensor, got {lengths.dtype}")
 
     if backend == "auto":
-        backend = "numba" if log_likelihood.device.type == "cpu" else "torch"
+        if log_likelihood.device.type == "cpu":
+            backend = "numba"
+        else:
+            backend = "triton" if log_likelihood.is_cuda and _triton_available() else "torch"
     # The numba path copies to the host anyway, so checking costs nothing there.
     if backend == "numba" or (text_lengths.device.type == "cpu" and frame_lengths.device.type == "cpu"):
         _validate_lengths(log_likelihood.shape, text_lengths.cpu(), frame_lengths.cpu())
@@ -83,7 +90,26 @@ def maximum_path(
         return torch.zeros(log_likelihood.shape, dtype=torch.float32, device=log_likelihood.device)
     if backend == "numba":
         return _maximum_path_numba(log_likelihood, text_lengths, frame_lengths)
+    if backend == "triton":
+        from .alignment_triton import maximum_path_triton
+
+        return maximum_path_triton(log_likelihood, text_lengths, frame_lengths)
     return _maximum_path_torch(log_likelihood, text_lengths, frame_lengths)
+
+
+_TRITON: list[bool] = []
+
+
+def _triton_available() -> bool:
+    """Triton comes with PyTorch's CUDA builds; checked once per process."""
+    if not _TRITON:
+        try:
+            from . import alignment_triton  # noqa: F401
+
+            _TRITON.append(True)
+        except ImportError:
+            _TRITON.append(False)
+    return _TRITON[0]
 
 
 def _validate_lengths(shape: torch.Size, text_lengths: torch.Tensor, frame_lengths: torch.Tensor) -> None:

@@ -41,6 +41,9 @@ from .trainstate import LoadedCheckpoint, checkpoint_files
 from .vits import export_model
 
 SPLIT_FILE = "training_split.json"  # beside exported models: which clips were held out
+# fp16 gradient overflows while the loss scale is at least this are the scaler's own calibration; below
+# it the gradients overflow fp16 even unscaled, which counts toward a recovery (out of fp16)
+MIN_CALIBRATION_SCALE = 2.0**-4
 OVERHEAD_SHARE = 0.1  # epoch-end evals/saves are skipped when they would exceed this share of the time
 
 
@@ -411,13 +414,23 @@ class Trainer:
             s.state.consecutive_skips = 0
             return
         s.state.skipped_steps += 1
-        s.state.consecutive_skips += 1
         ids = self.clip_ids([x["indices"] for x in pending])
+        step = s.budget.global_step
+        if result.overflow and result.scale_before >= MIN_CALIBRATION_SCALE:
+            # fp16's loss scale was too high for these gradients: the scaler lowers it and the next
+            # step retries, which is how GradScaler works, not a fault (no recovery counted)
+            s.log(
+                f"fp16: gradients overflowed at step {step}, loss scale {result.scale_before:g} -> "
+                f"{result.scale_after:g}; step skipped (no weights changed)"
+            )
+            self.metrics.write({"event": "overflow", "step": step, "scale": result.scale_after, "clips": ids})
+            return
+        s.state.consecutive_skips += 1
         s.log(
-            f"warning: step {s.budget.global_step} skipped (non-finite loss or gradient; no weights changed), "
+            f"warning: step {step} skipped (non-finite loss or gradient; no weights changed), "
             f"clips: {', '.join(ids[:8])}{' ...' if len(ids) > 8 else ''}"
         )
-        self.metrics.write({"event": "skipped", "step": s.budget.global_step, "clips": ids})
+        self.metrics.write({"event": "skipped", "step": step, "clips": ids})
         if s.state.consecutive_skips >= s.cfg.max_consecutive_skips:
             self.recover()
 

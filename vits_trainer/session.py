@@ -328,7 +328,9 @@ def build_session(
         + (f", GPU: {torch.cuda.get_device_name(device)}" if device.type == "cuda" else "")
     )
     if device.type == "cuda":
-        torch.backends.cudnn.benchmark = True  # conv shapes repeat within length buckets
+        # off: every batch has its own padded lengths, and benchmark mode re-tunes every conv for each
+        # new shape (seconds per step at first; measured in bench/bench_step.py --cudnn_benchmark)
+        torch.backends.cudnn.benchmark = False
     log(f"model: {model_source} ({sum(p.numel() for p in model.parameters()) / 1e6:.1f} M parameters)")
     if ckpt is not None:
         log(f"resuming from {ckpt.path.name} (step {ckpt.step}); --model_name is not used on resume")

@@ -53,6 +53,11 @@ def grad_norm(params: list[torch.nn.Parameter]) -> torch.Tensor:
 class StepResult:
     synced: bool  # end of an accumulation cycle: the optimisers were asked to step
     skipped: bool = False  # non-finite losses or gradients: neither network was updated
+    # fp16 only: the losses were finite but the scaled gradients overflowed, i.e. the loss scale was
+    # too high; the scaler lowers it (scale_before -> scale_after), which is its normal calibration
+    overflow: bool = False
+    scale_before: float | None = None
+    scale_after: float | None = None
     metrics: dict[str, torch.Tensor] = field(default_factory=dict)  # detached, on the device
 
 
@@ -167,10 +172,12 @@ class GanStep:
                 norm_g.to(metrics["loss_g"].device),
             ]
         )
-        finite = torch.isfinite(checks).all().to(torch.float32)
+        flags = torch.isfinite(checks).to(torch.float32)
         if self.accelerator.num_processes > 1:  # one rank's NaN loss skips the step on every rank
-            torch.distributed.all_reduce(finite, op=torch.distributed.ReduceOp.MIN)
-        finite = bool(finite)  # the one host sync of an optimiser step
+            torch.distributed.all_reduce(flags, op=torch.distributed.ReduceOp.MIN)
+        loss_g_ok, loss_d_ok, norm_d_ok, norm_g_ok = (x > 0 for x in flags.tolist())  # the one host sync
+        finite = loss_g_ok and loss_d_ok and norm_d_ok and norm_g_ok
+        scale_before = scaler.get_scale() if scaler is not None else None
         if finite:
             torch.nn.utils.clip_grad_norm_(self.d_params, self.max_grad_norm)
             torch.nn.utils.clip_grad_norm_(self.g_params, self.max_grad_norm)
@@ -180,10 +187,19 @@ class GanStep:
             else:
                 self.d_optimizer.step()
                 self.g_optimizer.step()
+        scale_after = None
         if scaler is not None:
             scaler.update()  # lowers the scale after an overflow, raises it after a calm stretch
+            scale_after = scaler.get_scale()
         self.abandon_cycle()
-        return StepResult(synced=True, skipped=not finite, metrics=metrics)
+        return StepResult(
+            synced=True,
+            skipped=not finite,
+            overflow=scaler is not None and loss_g_ok and loss_d_ok and not finite,
+            scale_before=scale_before,
+            scale_after=scale_after,
+            metrics=metrics,
+        )
 
     def abandon_cycle(self) -> None:
         """Drop the gradients of the current cycle (after a step, or before retrying one)."""

@@ -1,0 +1,138 @@
+"""The CUDA paths: mixed precision, the GPU alignment search, recovery out of fp16, the runner on a GPU.
+
+CI has no GPU, so every test here is skipped there; they run on a machine with one (see the README's
+Performance section for how they were run). They use the same tiny model and tone-language corpus
+as the CPU tests, with `cpu=False`.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import time
+
+import pytest
+import torch
+from transformers import VitsModel
+
+from tests.helpers import PYTHON, ROOT, TINY_SETTINGS, cli_args, tiny_config
+from vits_trainer.loop import Trainer
+from vits_trainer.recovery import all_finite
+from vits_trainer.session import build_session
+from vits_trainer.vits import VitsGenerator
+
+pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+
+
+def gpu_run(tmp, data, model, **overrides):
+    cfg = tiny_config(tmp, data, model, cpu=False, **overrides)
+    session = build_session(cfg, time.time())
+    return session, Trainer(session).train()
+
+
+def steps_of(tmp) -> list[dict]:
+    lines = (tmp / "checkpoints" / "metrics.jsonl").read_text().splitlines()
+    return [r for r in map(json.loads, lines) if "lr" in r]
+
+
+@pytest.mark.parametrize("precision", ["no", "fp16", "bf16"])
+def test_training_on_the_gpu_stays_finite_and_learns(tmp_path, tiny_model_dir, tone_corpus, precision):
+    session, summary = gpu_run(
+        tmp_path, tone_corpus, tiny_model_dir, max_steps=40, mixed_precision=precision, log_every=1
+    )
+    assert session.device.type == "cuda"
+    assert next(session.model.parameters()).is_cuda
+    assert session.accelerator.mixed_precision == precision
+    if precision == "fp16":
+        assert session.accelerator.scaler is not None
+        assert session.accelerator.scaler.get_scale() <= 1024.0  # the conservative start, never above
+    # fp16 may skip a few steps while its scaler lowers the loss scale; that is never a recovery
+    assert summary["steps"] == 40 and session.state.recoveries == 0
+    assert summary["skipped_steps"] <= (15 if precision == "fp16" else 0)
+    assert all_finite(session.model, session.discriminator_raw)
+    mel = [r["mel"] for r in steps_of(tmp_path)]
+    assert sum(mel[-5:]) / 5 < 0.8 * sum(mel[:5]) / 5, mel
+    assert any(r.get("vram_gb") for r in steps_of(tmp_path))
+    VitsModel.from_pretrained(tmp_path / "final_model")
+
+
+def test_repeated_inf_loss_under_fp16_recovers_into_bf16(
+    tmp_path, tiny_model_dir, tone_corpus, monkeypatch, capsys
+):
+    calls = {"n": 0}
+    real_forward = VitsGenerator.forward
+
+    def inf_kl_forward(self, *args, **kwargs):
+        out = real_forward(self, *args, **kwargs)
+        if self.training:
+            calls["n"] += 1
+            if 5 <= calls["n"] <= 7:
+                out.kl = out.kl * float("inf")
+        return out
+
+    monkeypatch.setattr(VitsGenerator, "forward", inf_kl_forward)
+    session, summary = gpu_run(
+        tmp_path,
+        tone_corpus,
+        tiny_model_dir,
+        max_steps=12,
+        mixed_precision="fp16",
+        max_consecutive_skips=3,
+        save_minutes=0.001,
+    )
+    out = capsys.readouterr().out
+    expected = "bf16" if torch.cuda.is_bf16_supported() else "no"
+    assert session.state.recoveries == 1 and session.accelerator.mixed_precision == expected
+    assert session.accelerator.scaler is None
+    assert "fp16" in out and "recovery" in out
+    assert summary["steps"] == 12
+    assert all_finite(session.model, session.discriminator_raw)
+
+
+def test_real_out_of_memory_splits_the_batch(tmp_path, tiny_model_dir, tone_corpus):
+    """A genuine CUDA OOM (not a simulated one): the allocator is capped just under what batch 8 needs."""
+    torch.cuda.empty_cache()
+    torch.cuda.reset_peak_memory_stats()
+    settings = dict(max_steps=3, batch_size=8, mixed_precision="no")
+    probe, _ = gpu_run(tmp_path / "probe", tone_corpus, tiny_model_dir, **settings)
+    peak = torch.cuda.max_memory_allocated()
+    del probe
+    torch.cuda.empty_cache()
+    total = torch.cuda.get_device_properties(0).total_memory
+    baseline = torch.cuda.memory_allocated()
+    torch.cuda.set_per_process_memory_fraction(min(1.0, (baseline + 0.75 * peak) / total))
+    try:
+        session, summary = gpu_run(tmp_path / "capped", tone_corpus, tiny_model_dir, **settings)
+    finally:
+        torch.cuda.set_per_process_memory_fraction(1.0)
+        torch.cuda.empty_cache()
+    assert summary["steps"] == 3
+    assert session.state.split >= 2
+    assert all_finite(session.model, session.discriminator_raw)
+
+
+def test_runner_cli_on_the_gpu_keeps_its_budget(tmp_path, tiny_model_dir, tone_corpus):
+    """train_vits.py with its GPU defaults (fp16, GPU alignment search) inside a 60 s budget."""
+    settings = dict(TINY_SETTINGS, cpu=False, save_minutes=0.25)
+    settings.update(
+        data_dir=tone_corpus,
+        model_name=tiny_model_dir,
+        checkpoint_dir=tmp_path / "checkpoints",
+        output_dir=tmp_path / "final_model",
+        target_hours=60 / 3600,
+    )
+    settings.pop("cpu")
+    start = time.monotonic()
+    proc = subprocess.run(
+        [PYTHON, str(ROOT / "train_vits.py"), *cli_args(settings)],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    wall = time.monotonic() - start
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert 0.97 * 60 <= wall <= 70, f"wall {wall:.1f} s\n{proc.stdout[-6000:]}"
+    summary = json.loads((tmp_path / "final_model" / "train_summary.json").read_text())
+    assert summary["stopped_reason"] == "budget"
+    assert "fp16" in proc.stdout
+    VitsModel.from_pretrained(tmp_path / "final_model")
