@@ -191,7 +191,8 @@ def test_out_of_memory_halves_the_micro_batch_and_retries(
     assert "out of memory at step 3: micro-batch 8 -> 4 clips, gradient accumulation 2 -> 4" in out
     assert session.state.split == 2 and summary["steps"] == 8 and summary["skipped_steps"] == 0
     # the same effective batch: every optimiser step still consumed 2 loader batches
-    assert session.state.samples_seen == sum(1 for _ in range(8)) * 16 or session.state.samples_seen >= 8 * 12
+    # (36 training clips: an epoch's last loader batch has 4, so a cycle holds 12 to 16 clips)
+    assert 8 * 12 <= session.state.samples_seen <= 8 * 16
     assert max(calls["sizes"][5:]) <= 4
     assert events(tmp_path, "oom")[0]["split"] == 2
 

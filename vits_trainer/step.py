@@ -42,13 +42,6 @@ def make_optimizer(params, lr: float, weight_decay: float = 0.01) -> torch.optim
     )
 
 
-def grad_norm(params: list[torch.nn.Parameter]) -> torch.Tensor:
-    grads = [p.grad for p in params if p.grad is not None]
-    if not grads:
-        return torch.zeros(())
-    return torch.linalg.vector_norm(torch.stack([torch.linalg.vector_norm(g.float()) for g in grads]))
-
-
 @dataclass
 class StepResult:
     synced: bool  # end of an accumulation cycle: the optimisers were asked to step
@@ -162,7 +155,10 @@ class GanStep:
         if scaler is not None:
             scaler.unscale_(self.d_optimizer)
             scaler.unscale_(self.g_optimizer)
-        norm_d, norm_g = grad_norm(self.d_params), grad_norm(self.g_params)
+        # clipping before the finiteness check is harmless (a non-finite step's gradients are dropped) and
+        # its total norm is the one the check needs: one foreach pass, not one norm kernel per tensor
+        norm_d = torch.nn.utils.clip_grad_norm_(self.d_params, self.max_grad_norm)
+        norm_g = torch.nn.utils.clip_grad_norm_(self.g_params, self.max_grad_norm)
         metrics["grad_norm_d"], metrics["grad_norm_g"] = norm_d, norm_g
         checks = torch.stack(
             [
@@ -177,25 +173,25 @@ class GanStep:
             torch.distributed.all_reduce(flags, op=torch.distributed.ReduceOp.MIN)
         loss_g_ok, loss_d_ok, norm_d_ok, norm_g_ok = (x > 0 for x in flags.tolist())  # the one host sync
         finite = loss_g_ok and loss_d_ok and norm_d_ok and norm_g_ok
-        scale_before = scaler.get_scale() if scaler is not None else None
+        # the scale is read only for a skipped step: nothing else is queued on the device then, while
+        # after a real step reading it would wait for the optimisers' kernels
+        overflow = scaler is not None and not finite
+        scale_before = scaler.get_scale() if overflow else None
         if finite:
-            torch.nn.utils.clip_grad_norm_(self.d_params, self.max_grad_norm)
-            torch.nn.utils.clip_grad_norm_(self.g_params, self.max_grad_norm)
             if scaler is not None:
                 scaler.step(self.d_optimizer)
                 scaler.step(self.g_optimizer)
             else:
                 self.d_optimizer.step()
                 self.g_optimizer.step()
-        scale_after = None
         if scaler is not None:
             scaler.update()  # lowers the scale after an overflow, raises it after a calm stretch
-            scale_after = scaler.get_scale()
+        scale_after = scaler.get_scale() if overflow else None
         self.abandon_cycle()
         return StepResult(
             synced=True,
             skipped=not finite,
-            overflow=scaler is not None and loss_g_ok and loss_d_ok and not finite,
+            overflow=overflow and loss_g_ok and loss_d_ok,
             scale_before=scale_before,
             scale_after=scale_after,
             metrics=metrics,
