@@ -51,3 +51,21 @@ def cli_args(cfg_overrides: dict) -> list[str]:
         else:
             args += [f"--{key}", str(value)]
     return args
+
+
+def make_kl_infinite(monkeypatch, first: int, last: int) -> None:
+    """Patch the generator so its KL term is Inf in training forwards number `first`..`last` (1-based)."""
+    from vits_trainer.vits import VitsGenerator
+
+    calls = {"n": 0}
+    real_forward = VitsGenerator.forward
+
+    def inf_kl_forward(self, *args, **kwargs):
+        out = real_forward(self, *args, **kwargs)
+        if self.training:
+            calls["n"] += 1
+            if first <= calls["n"] <= last:
+                out.kl = out.kl * float("inf")
+        return out
+
+    monkeypatch.setattr(VitsGenerator, "forward", inf_kl_forward)

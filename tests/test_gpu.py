@@ -15,11 +15,10 @@ import pytest
 import torch
 from transformers import VitsModel
 
-from tests.helpers import PYTHON, ROOT, TINY_SETTINGS, cli_args, tiny_config
+from tests.helpers import PYTHON, ROOT, TINY_SETTINGS, cli_args, make_kl_infinite, tiny_config
 from vits_trainer.loop import Trainer
 from vits_trainer.recovery import all_finite
 from vits_trainer.session import build_session
-from vits_trainer.vits import VitsGenerator
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 
@@ -59,18 +58,7 @@ def test_training_on_the_gpu_stays_finite_and_learns(tmp_path, tiny_model_dir, t
 def test_repeated_inf_loss_under_fp16_recovers_into_bf16(
     tmp_path, tiny_model_dir, tone_corpus, monkeypatch, capsys
 ):
-    calls = {"n": 0}
-    real_forward = VitsGenerator.forward
-
-    def inf_kl_forward(self, *args, **kwargs):
-        out = real_forward(self, *args, **kwargs)
-        if self.training:
-            calls["n"] += 1
-            if 5 <= calls["n"] <= 7:
-                out.kl = out.kl * float("inf")
-        return out
-
-    monkeypatch.setattr(VitsGenerator, "forward", inf_kl_forward)
+    make_kl_infinite(monkeypatch, 5, 7)  # steps 5-7: the KL term is Inf
     session, summary = gpu_run(
         tmp_path,
         tone_corpus,

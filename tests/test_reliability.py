@@ -21,14 +21,13 @@ import torch
 from transformers import VitsModel
 
 import vits_trainer.loop as loop_module
-from tests.helpers import PYTHON, ROOT, TINY_SETTINGS, cli_args, tiny_config
+from tests.helpers import PYTHON, ROOT, TINY_SETTINGS, cli_args, make_kl_infinite, tiny_config
 from vits_trainer.checkpoint import list_checkpoints, write_checkpoint
 from vits_trainer.errors import UserError
 from vits_trainer.loop import Trainer
 from vits_trainer.recovery import all_finite
 from vits_trainer.session import build_session
 from vits_trainer.step import GanStep
-from vits_trainer.vits import VitsGenerator
 
 
 def run(tmp: Path, data: Path, model: Path, **overrides):
@@ -110,18 +109,7 @@ def test_fp16_gradient_overflow_lowers_the_loss_scale_without_a_recovery(
 
 
 def test_repeated_inf_loss_triggers_recovery(tmp_path, tiny_model_dir, tone_corpus, monkeypatch, capsys):
-    calls = {"n": 0}
-    real_forward = VitsGenerator.forward
-
-    def inf_kl_forward(self, *args, **kwargs):
-        out = real_forward(self, *args, **kwargs)
-        if self.training:
-            calls["n"] += 1
-            if 5 <= calls["n"] <= 7:  # steps 5-7: the KL term is Inf
-                out.kl = out.kl * float("inf")
-        return out
-
-    monkeypatch.setattr(VitsGenerator, "forward", inf_kl_forward)
+    make_kl_infinite(monkeypatch, 5, 7)  # steps 5-7: the KL term is Inf
     session, summary = run(
         tmp_path,
         tone_corpus,
