@@ -190,11 +190,16 @@ def prune_checkpoints(checkpoint_dir: Path, keep: int, protect: Path | None = No
         if path != protect:
             shutil.rmtree(path, ignore_errors=True)
             removed.append(path)
-    for tmp in checkpoint_dir.glob(".step_*.tmp-*"):
+    remove_dead_writers_temp(checkpoint_dir, ".step_*.tmp-*")
+    return removed
+
+
+def remove_dead_writers_temp(folder: Path, pattern: str) -> None:
+    """Remove the temp folders matching `pattern` (named `...-<pid>`) whose writing process has died."""
+    for tmp in folder.glob(pattern):
         pid = tmp.name.rsplit("-", 1)[-1]
         if pid.isdigit() and int(pid) != os.getpid() and not pid_alive(int(pid)):
             shutil.rmtree(tmp, ignore_errors=True)
-    return removed
 
 
 def pid_alive(pid: int) -> bool:

@@ -74,7 +74,9 @@ class TrainConfig:
         False, "recompute activations in the backward pass: less memory, slower"
     )
     mas_backend: str = _f(
-        "auto", "alignment search: auto | torch (GPU) | numba (CPU)", choices=["auto", "torch", "numba"]
+        "auto",
+        "alignment search: auto (numba on CPU, triton on CUDA, else torch) | numba | triton | torch",
+        choices=["auto", "numba", "triton", "torch"],
     )
     seed: int = _f(42, "random seed (data order, segments, init of new parts)")
     # --- saving, evaluation, logging ---

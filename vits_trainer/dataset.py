@@ -9,6 +9,7 @@ them on the device per batch from the float audio that `collate_batch` produces.
 
 from __future__ import annotations
 
+import copy
 import hashlib
 import json
 import math
@@ -902,17 +903,8 @@ class ReplayBatchSampler(Sampler[list[int]]):
 
     def _epoch_sampler(self) -> tuple[BucketBatchSampler, np.ndarray]:
         items = self.epoch_items(self.epoch)
-        t = self._template
-        inner = BucketBatchSampler(
-            self.lengths[items],
-            t.batch_size,
-            shuffle=True,
-            seed=t.seed,
-            bucket_size_multiplier=t.bucket_size_multiplier,
-            drop_last=t.drop_last,
-            num_replicas=t.num_replicas,
-            rank=t.rank,
-        )
+        inner = copy.copy(self._template)  # the same settings, this epoch's clips
+        inner.lengths = self.lengths[items]
         inner.set_epoch(self.epoch)
         return inner, items
 

@@ -34,7 +34,8 @@ import numpy as np
 
 from .config import TrainConfig, _f
 from .errors import UserError
-from .metadata import METADATA_NAME, WAVS_DIR, read_metadata
+from .jsonfile import write_json_atomic
+from .metadata import METADATA_NAME, SPLIT_FILE, WAVS_DIR, read_metadata
 
 # torch/transformers are imported where used: a bad command line is reported without paying for them
 if TYPE_CHECKING:
@@ -45,7 +46,6 @@ REPORT_NAME = "feedback_report.json"
 RUN_NAME = "feedback_run.json"
 LATEST_JSON = "latest.json"
 LATEST_LINK = "latest"
-SPLIT_FILE = "training_split.json"  # = loop.SPLIT_FILE (not imported: loop pulls in the whole trainer)
 MIN_HELD_OUT_CLIPS = 5  # fewer usable feedback clips: evaluate on all of them, and train on them too
 SAMPLE_RESERVE_FACTOR = 1.25  # the after-samples get this multiple of the before-samples' time
 _VERSION = re.compile(r"^v(\d+)$")
@@ -171,15 +171,6 @@ def read_latest(root: Path) -> dict | None:
         return json.loads((root / LATEST_JSON).read_text(encoding="utf-8"))
     except (OSError, ValueError):
         return None
-
-
-def write_json_atomic(path: Path, data: dict) -> None:
-    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
-    with open(tmp, "w", encoding="utf-8") as f:
-        json.dump(data, f, indent=1, ensure_ascii=False, default=str)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
 
 
 def write_latest(root: Path, version: Path, log) -> dict:

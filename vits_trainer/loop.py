@@ -25,6 +25,7 @@ from .checkpoint import checkpoint_name, prune_checkpoints, verify_checkpoint, w
 from .discriminator import save_discriminator
 from .errors import UserError
 from .evaluate import evaluate, move_batch, synthesize
+from .metadata import SPLIT_FILE
 from .recovery import (
     free_memory,
     is_out_of_memory,
@@ -40,7 +41,6 @@ from .step import GanStep
 from .trainstate import LoadedCheckpoint, checkpoint_files
 from .vits import export_model
 
-SPLIT_FILE = "training_split.json"  # beside exported models: which clips were held out
 # fp16 gradient overflows while the loss scale is at least this are the scaler's own calibration; below
 # it the gradients overflow fp16 even unscaled, which counts toward a recovery (out of fp16)
 MIN_CALIBRATION_SCALE = 2.0**-4

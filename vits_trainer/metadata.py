@@ -14,6 +14,8 @@ from .errors import UserError
 
 METADATA_NAME = "metadata.csv"
 WAVS_DIR = "wavs"
+# beside an exported model: the ids of the clips its run held out (a feedback run keeps them held out)
+SPLIT_FILE = "training_split.json"
 
 
 @dataclass(frozen=True)

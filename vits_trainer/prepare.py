@@ -33,6 +33,7 @@ from .audio import AudioReadError, audio_duration, is_temp_wav, read_audio, resa
 from .corpus import Candidate, Problem, Source, open_source
 from .errors import UserError
 from .hub import read_model_config, resolve_model_dir
+from .jsonfile import write_json_atomic
 from .metadata import METADATA_NAME, WAVS_DIR, MetaRow, write_metadata
 
 REPORT_NAME = "prepare_report.json"
@@ -223,7 +224,7 @@ def prepare(settings: PrepareSettings, log: Callable[[str], None] = print) -> Pr
         "metadata_backup": str(backup) if backup else None,
     }
     report_path = data_dir / REPORT_NAME
-    write_json(report_path, report)
+    write_json_atomic(report_path, report)
     if not rows:
         log(format_summary(report, data_dir))
         reasons = ", ".join(f"{k} {v}" for k, v in report["counts"]["skipped_by_reason"].items()) or "none"
@@ -645,14 +646,9 @@ def load_state(data_dir: Path) -> dict:
 
 
 def save_state(data_dir: Path, source: Source, clips: dict[str, dict]) -> None:
-    write_json(data_dir / STATE_NAME, {"version": 1, "source": source.location, "clips": clips}, indent=None)
-
-
-def write_json(path: Path, obj: dict, indent: int | None = 1) -> None:
-    tmp = path.with_name(path.name + ".tmp")
-    with open(tmp, "w", encoding="utf-8") as f:
-        json.dump(obj, f, ensure_ascii=False, indent=indent)
-    os.replace(tmp, path)
+    write_json_atomic(
+        data_dir / STATE_NAME, {"version": 1, "source": source.location, "clips": clips}, indent=None
+    )
 
 
 def metadata_backup_name(data_dir: Path, old_state: dict, source: Source) -> Path | None:

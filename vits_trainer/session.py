@@ -313,10 +313,10 @@ def build_session(
     torch.manual_seed(cfg.seed)
     model, text, model_dir, model_source = load_model(cfg, ckpt, log)  # a bad model path fails here
     discriminator = load_or_create_discriminator(cfg, ckpt, model_dir, log)
+    ckpt_bytes = estimate_checkpoint_bytes(model, discriminator)
     if main:  # from here on files are written
         check_writable(checkpoint_dir, "--checkpoint_dir")
         check_writable(output_dir.parent, "--output_dir's parent folder")
-        ckpt_bytes = estimate_checkpoint_bytes(model, discriminator)
         check_disk_space([checkpoint_dir, output_dir.parent], 2 * ckpt_bytes + ckpt_bytes // 3 * 2)
     accelerator = make_accelerator(
         precision, cfg.cpu, cfg.report_to, checkpoint_dir, find_unused_parameters=model.config.layerdrop > 0
@@ -397,7 +397,6 @@ def build_session(
         total_seconds=cfg.total_hours * 3600 if cfg.total_hours else None,
         benchmark_samples=cfg.benchmark_samples,
     )
-    ckpt_bytes = estimate_checkpoint_bytes(model, discriminator)
     budget.set_estimates(save_seconds=1.0 + ckpt_bytes / 150e6, export_seconds=2.0 + ckpt_bytes / 3 / 150e6)
     if ckpt is not None:
         budget.load_state_dict(trainer_state["budget"])

@@ -21,7 +21,7 @@ from torch import nn
 from transformers import VitsModel
 
 from .alignment import maximum_path
-from .checkpoint import pid_alive
+from .checkpoint import remove_dead_writers_temp
 from .losses import duration_loss_deterministic, kl_loss, mel_reconstruction_loss
 from .profiling import NO_TIMER
 from .spectrogram import SpectrogramFrontEnd
@@ -250,14 +250,6 @@ def load_vits_model(model_dir: str | Path) -> VitsModel:
         hf_logging.set_verbosity(verbosity)
 
 
-def remove_stale_temp(out_dir: Path) -> None:
-    """Temp folders of earlier exports whose process died (killed mid-export) are removed."""
-    for tmp in out_dir.parent.glob(f".{out_dir.name}.*-*"):
-        pid = tmp.name.rsplit("-", 1)[-1]
-        if pid.isdigit() and int(pid) != os.getpid() and not pid_alive(int(pid)):
-            shutil.rmtree(tmp, ignore_errors=True)
-
-
 def export_model(
     model: VitsModel,
     tokenizer,
@@ -273,7 +265,7 @@ def export_model(
     """
     out_dir = Path(out_dir)
     out_dir.parent.mkdir(parents=True, exist_ok=True)
-    remove_stale_temp(out_dir)
+    remove_dead_writers_temp(out_dir.parent, f".{out_dir.name}.*-*")  # exports killed midway
     tmp = out_dir.with_name(f".{out_dir.name}.tmp-{os.getpid()}")
     if tmp.exists():
         shutil.rmtree(tmp)
