@@ -42,6 +42,34 @@ def tiny_config(tmp: Path, data_dir: Path, model_dir: Path, **overrides) -> Trai
     return cfg
 
 
+def train_tiny(tmp: Path, data_dir: Path, model_dir: Path, **overrides):
+    """(session, summary) of the real Trainer run in-process with `tiny_config`."""
+    import time
+
+    import torch
+
+    from vits_trainer.loop import Trainer
+    from vits_trainer.session import build_session
+
+    cfg = tiny_config(tmp, data_dir, model_dir, **overrides)
+    torch.manual_seed(0)
+    session = build_session(cfg, time.time())
+    return session, Trainer(session).train()
+
+
+def cli_settings(tmp: Path, data_dir: Path, model_dir: Path, **overrides) -> dict:
+    """TINY_SETTINGS for a train_vits.py subprocess writing under `tmp` (pass through `cli_args`)."""
+    settings = dict(
+        TINY_SETTINGS,
+        data_dir=data_dir,
+        model_name=model_dir,
+        checkpoint_dir=tmp / "checkpoints",
+        output_dir=tmp / "final_model",
+    )
+    settings.update(overrides)
+    return settings
+
+
 def cli_args(cfg_overrides: dict) -> list[str]:
     """`--flag value` pairs for train_vits.py (booleans as --flag / --no-flag)."""
     args = []

@@ -18,7 +18,7 @@ import numpy as np
 import pytest
 import torch
 
-from tests.helpers import PYTHON, ROOT, TINY_SETTINGS, cli_args, tiny_config
+from tests.helpers import PYTHON, ROOT, TINY_SETTINGS, cli_args, train_tiny
 from vits_trainer.checkpoint import write_checkpoint
 from vits_trainer.dataset import load_clip_store
 from vits_trainer.errors import UserError
@@ -57,13 +57,7 @@ def quiet_env() -> dict:
 def base(tmp_path_factory, tiny_model_dir, tone_corpus):
     """A base model: 60 steps of the runner on the tone corpus; its best_model is what users pass."""
     tmp = tmp_path_factory.mktemp("feedback_base")
-    from vits_trainer.loop import Trainer
-    from vits_trainer.session import build_session
-
-    cfg = tiny_config(tmp, tone_corpus, tiny_model_dir, max_steps=60, target_hours=0.5)
-    torch.manual_seed(0)
-    session = build_session(cfg, time.time())
-    Trainer(session).train()
+    session, _ = train_tiny(tmp, tone_corpus, tiny_model_dir, max_steps=60, target_hours=0.5)
     return {
         "model": tmp / "checkpoints" / "best_model",
         "data": tone_corpus,

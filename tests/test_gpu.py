@@ -15,18 +15,14 @@ import pytest
 import torch
 from transformers import VitsModel
 
-from tests.helpers import PYTHON, ROOT, TINY_SETTINGS, cli_args, make_kl_infinite, tiny_config
-from vits_trainer.loop import Trainer
+from tests.helpers import PYTHON, ROOT, cli_args, cli_settings, make_kl_infinite, train_tiny
 from vits_trainer.recovery import all_finite
-from vits_trainer.session import build_session
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 
 
 def gpu_run(tmp, data, model, **overrides):
-    cfg = tiny_config(tmp, data, model, cpu=False, **overrides)
-    session = build_session(cfg, time.time())
-    return session, Trainer(session).train()
+    return train_tiny(tmp, data, model, cpu=False, **overrides)
 
 
 def steps_of(tmp) -> list[dict]:
@@ -79,14 +75,7 @@ def test_repeated_inf_loss_under_fp16_recovers_into_bf16(
 
 def test_runner_cli_on_the_gpu_keeps_its_budget(tmp_path, tiny_model_dir, tone_corpus):
     """train_vits.py with its GPU defaults (fp16, GPU alignment search) inside a 60 s budget."""
-    settings = dict(TINY_SETTINGS, cpu=False, save_minutes=0.25)
-    settings.update(
-        data_dir=tone_corpus,
-        model_name=tiny_model_dir,
-        checkpoint_dir=tmp_path / "checkpoints",
-        output_dir=tmp_path / "final_model",
-        target_hours=60 / 3600,
-    )
+    settings = cli_settings(tmp_path, tone_corpus, tiny_model_dir, save_minutes=0.25, target_hours=60 / 3600)
     settings.pop("cpu")
     start = time.monotonic()
     proc = subprocess.run(

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 from transformers import VitsModel
 
-from tests.helpers import PYTHON, ROOT, TINY_SETTINGS, cli_args
+from tests.helpers import PYTHON, ROOT, cli_args, cli_settings
 
 pytestmark = pytest.mark.slow
 
@@ -20,15 +20,7 @@ ACCELERATE = [PYTHON, "-m", "accelerate.commands.launch"]
 
 
 def launch(tmp: Path, data: Path, model: Path, seconds: float) -> tuple[subprocess.CompletedProcess, float]:
-    settings = dict(TINY_SETTINGS)
-    settings.update(
-        data_dir=data,
-        model_name=model,
-        checkpoint_dir=tmp / "checkpoints",
-        output_dir=tmp / "final_model",
-        target_hours=seconds / 3600,
-        save_minutes=0.25,
-    )
+    settings = cli_settings(tmp, data, model, target_hours=seconds / 3600, save_minutes=0.25)
     # on a CPU-only machine accelerate's torchrun launcher (--multi_gpu) starts gloo processes
     cmd = [
         *ACCELERATE,

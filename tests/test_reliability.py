@@ -21,20 +21,22 @@ import torch
 from transformers import VitsModel
 
 import vits_trainer.loop as loop_module
-from tests.helpers import PYTHON, ROOT, TINY_SETTINGS, cli_args, make_kl_infinite, tiny_config
+from tests.helpers import (
+    PYTHON,
+    ROOT,
+    TINY_SETTINGS,
+    cli_args,
+    cli_settings,
+    make_kl_infinite,
+    tiny_config,
+    train_tiny,
+)
 from vits_trainer.checkpoint import list_checkpoints, write_checkpoint
 from vits_trainer.errors import UserError
 from vits_trainer.loop import Trainer
 from vits_trainer.recovery import all_finite
 from vits_trainer.session import build_session
 from vits_trainer.step import GanStep
-
-
-def run(tmp: Path, data: Path, model: Path, **overrides):
-    cfg = tiny_config(tmp, data, model, **overrides)
-    session = build_session(cfg, time.time())
-    summary = Trainer(session).train()
-    return session, summary
 
 
 def events(tmp: Path, name: str) -> list[dict]:
@@ -55,7 +57,7 @@ def test_nan_batch_is_skipped_for_both_networks(tmp_path, tiny_model_dir, tone_c
         return batch
 
     monkeypatch.setattr(loop_module, "move_batch", poisoned_move)
-    session, summary = run(tmp_path, tone_corpus, tiny_model_dir, max_steps=8)
+    session, summary = train_tiny(tmp_path, tone_corpus, tiny_model_dir, max_steps=8)
     assert summary["skipped_steps"] == 1 and summary["steps"] == 8
     assert all_finite(session.model, session.discriminator_raw)
     skipped = events(tmp_path, "skipped")
@@ -110,7 +112,7 @@ def test_fp16_gradient_overflow_lowers_the_loss_scale_without_a_recovery(
 
 def test_repeated_inf_loss_triggers_recovery(tmp_path, tiny_model_dir, tone_corpus, monkeypatch, capsys):
     make_kl_infinite(monkeypatch, 5, 7)  # steps 5-7: the KL term is Inf
-    session, summary = run(
+    session, summary = train_tiny(
         tmp_path,
         tone_corpus,
         tiny_model_dir,
@@ -174,7 +176,9 @@ def test_out_of_memory_halves_the_micro_batch_and_retries(
         return real(self, batch, first, last, scale)
 
     monkeypatch.setattr(GanStep, "micro_step", flaky)
-    session, summary = run(tmp_path, tone_corpus, tiny_model_dir, max_steps=8, gradient_accumulation_steps=2)
+    session, summary = train_tiny(
+        tmp_path, tone_corpus, tiny_model_dir, max_steps=8, gradient_accumulation_steps=2
+    )
     out = capsys.readouterr().out
     assert "out of memory at step 3: micro-batch 8 -> 4 clips, gradient accumulation 2 -> 4" in out
     assert session.state.split == 2 and summary["steps"] == 8 and summary["skipped_steps"] == 0
@@ -191,7 +195,7 @@ def test_out_of_memory_at_batch_one_is_a_clear_error(tmp_path, tiny_model_dir, t
 
     monkeypatch.setattr(GanStep, "micro_step", always_oom)
     with pytest.raises(UserError, match="even with a micro-batch of 1 clip"):
-        run(tmp_path, tone_corpus, tiny_model_dir, max_steps=2, batch_size=2)
+        train_tiny(tmp_path, tone_corpus, tiny_model_dir, max_steps=2, batch_size=2)
 
 
 def test_disk_full_during_save_keeps_training(tmp_path, tiny_model_dir, tone_corpus, monkeypatch, capsys):
@@ -205,7 +209,7 @@ def test_disk_full_during_save_keeps_training(tmp_path, tiny_model_dir, tone_cor
         return real(*args, **kwargs)
 
     monkeypatch.setattr(loop_module, "write_checkpoint", full_once)
-    session, summary = run(tmp_path, tone_corpus, tiny_model_dir, max_steps=12, save_minutes=0.001)
+    session, summary = train_tiny(tmp_path, tone_corpus, tiny_model_dir, max_steps=12, save_minutes=0.001)
     out = capsys.readouterr().out
     assert "failed (No space left on device); the previous one is intact" in out
     assert calls["n"] >= 3 and summary["steps"] == 12
@@ -224,7 +228,7 @@ def test_failed_final_export_names_the_last_checkpoint(
         return real(model, tokenizer, folder, *args, **kwargs)
 
     monkeypatch.setattr(loop_module, "export_model", fail_final)
-    _, summary = run(tmp_path, tone_corpus, tiny_model_dir, max_steps=3)
+    _, summary = train_tiny(tmp_path, tone_corpus, tiny_model_dir, max_steps=3)
     out = capsys.readouterr().out
     assert summary["final_model"] is None
     assert "exporting the final model" in out and "step_00000003" in out
@@ -233,7 +237,7 @@ def test_failed_final_export_names_the_last_checkpoint(
 def test_resume_falls_back_when_the_newest_checkpoint_is_damaged(
     tmp_path, tiny_model_dir, tone_corpus, capsys
 ):
-    run(tmp_path, tone_corpus, tiny_model_dir, max_steps=6, save_minutes=0.001, keep_checkpoints=3)
+    train_tiny(tmp_path, tone_corpus, tiny_model_dir, max_steps=6, save_minutes=0.001, keep_checkpoints=3)
     newest, previous = list_checkpoints(tmp_path / "checkpoints")[:2]
     weights = newest / "generator.safetensors"
     data = bytearray(weights.read_bytes())
@@ -264,7 +268,7 @@ def test_unreadable_clip_after_preparation_is_skipped(tmp_path, tiny_model_dir, 
     data = tmp_path / "data"
     shutil.copytree(tone_corpus, data, ignore=shutil.ignore_patterns("cache"))
     (data / "wavs" / "clip00003.wav").write_bytes(b"not a wav at all")
-    session, summary = run(tmp_path, data, tiny_model_dir, max_steps=2)
+    session, summary = train_tiny(tmp_path, data, tiny_model_dir, max_steps=2)
     out = capsys.readouterr().out
     assert "1 clip(s) could not be read and are skipped" in out
     assert summary["steps"] == 2
@@ -275,14 +279,8 @@ def test_unreadable_clip_after_preparation_is_skipped(tmp_path, tiny_model_dir, 
 def test_sigkill_five_times_then_resume(tmp_path, tiny_model_dir, tone_corpus):
     """Killed at random moments (mid-step, mid-save, mid-eval...), each time resumed with --resume auto."""
     save_seconds = 3.0
-    settings = dict(TINY_SETTINGS)
-    settings.update(
-        data_dir=tone_corpus,
-        model_name=tiny_model_dir,
-        checkpoint_dir=tmp_path / "checkpoints",
-        output_dir=tmp_path / "final_model",
-        save_minutes=save_seconds / 60,
-        log_every=1,
+    settings = cli_settings(
+        tmp_path, tone_corpus, tiny_model_dir, save_minutes=save_seconds / 60, log_every=1
     )
     cmd = [PYTHON, str(ROOT / "train_vits.py"), *cli_args(settings)]
     metrics = tmp_path / "checkpoints" / "metrics.jsonl"

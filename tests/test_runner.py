@@ -14,21 +14,13 @@ from pathlib import Path
 import pytest
 from transformers import VitsModel
 
-from tests.helpers import PYTHON, ROOT, TINY_SETTINGS, cli_args
+from tests.helpers import PYTHON, ROOT, TINY_SETTINGS, cli_args, cli_settings
 
 pytestmark = pytest.mark.slow
 
 
 def train_cmd(tmp: Path, data: Path, model: Path, **overrides) -> list[str]:
-    settings = dict(TINY_SETTINGS)
-    settings.update(
-        data_dir=data,
-        model_name=model,
-        checkpoint_dir=tmp / "checkpoints",
-        output_dir=tmp / "final_model",
-        save_minutes=0.25,
-    )
-    settings.update(overrides)
+    settings = cli_settings(tmp, data, model, **{"save_minutes": 0.25, **overrides})
     return [PYTHON, str(ROOT / "train_vits.py"), *cli_args(settings)]
 
 

@@ -12,7 +12,7 @@ import pytest
 import torch
 from transformers import VitsModel, VitsTokenizer, pipeline
 
-from tests.helpers import tiny_config
+from tests.helpers import tiny_config, train_tiny
 from vits_trainer.dataset import collate_batch
 from vits_trainer.loop import Trainer
 from vits_trainer.session import build_session
@@ -34,11 +34,8 @@ def one_batch(session, n=4):
 def trained(tmp_path_factory, tiny_model_dir, tone_corpus):
     """~150 optimiser steps with a fixed seed through the real Trainer (in-process)."""
     tmp = tmp_path_factory.mktemp("vits_run")
-    cfg = tiny_config(tmp, tone_corpus, tiny_model_dir, max_steps=150, target_hours=0.5)
-    torch.manual_seed(0)
-    session = build_session(cfg, time.time())
-    summary = Trainer(session).train()
-    return tmp, cfg, session, summary
+    session, summary = train_tiny(tmp, tone_corpus, tiny_model_dir, max_steps=150, target_hours=0.5)
+    return tmp, session.cfg, session, summary
 
 
 def test_short_run_lowers_validation_mel_by_a_clear_margin(trained):
