@@ -77,7 +77,11 @@ def test_budget_run_writes_models_metrics_and_curve(budget_run):
     metrics = read_metrics(ckpt / "metrics.jsonl")
     steps = [m for m in metrics if "loss_g" in m]
     evals = [m for m in metrics if m.get("event") == "eval"]
-    assert steps and evals and evals[0]["tag"] == "start" and evals[-1]["tag"] == "final"
+    assert steps and evals and evals[0]["tag"] == "start"
+    # The final eval runs when it fits. On a busy machine an overrunning last step can still squeeze it
+    # out, by design and with a log line (the fake-clock tests in test_budget.py pin the headroom that
+    # makes this rare; test_vits_training.py pins the final eval itself).
+    assert evals[-1]["tag"] == "final" or "final evaluation skipped" in proc.stdout, proc.stdout[-2000:]
     assert all(m["lr"] > 0 for m in steps)
     assert (ckpt / "loss_curve.png").stat().st_size > 1000
     checkpoints = sorted(p.name for p in ckpt.glob("step_*"))

@@ -311,8 +311,11 @@ class Budget:
         return self._step.count > 0 and self._measured_samples >= self.benchmark_samples
 
     def _next_step_seconds(self) -> float:
-        # Conservative cost of one more step: the last step may be slower than the average.
-        return max(self.step_seconds(), max(self._recent_steps, default=0.0))
+        # Conservative cost of one more step (the last one may be slower than the average), and as much
+        # again as headroom: on a shared machine a step can take twice its usual time, and that overrun
+        # would otherwise come out of the final evaluation (measured: 0.2-0.4 s left over after a 60 s
+        # run's last step, with 0.4 s steps). One step of a multi-hour run is a negligible price.
+        return 2.0 * max(self.step_seconds(), max(self._recent_steps, default=0.0))
 
     def final_reserve(self) -> float:
         """Final eval + save + export + safety margin (+ whatever the caller does after the loop)."""
@@ -327,14 +330,14 @@ class Budget:
     # ---- decisions --------------------------------------------------------------------------------
 
     def should_stop(self) -> bool:
-        """True when one more optimizer step would not leave room for the final reserve.
+        """True when one more optimizer step (plus a step's headroom) would not leave room for the final reserve.
 
         Pure in (state, clock): in multi-process runs rank 0 calls it and broadcasts the answer.
         """
         return self.clock() + self._next_step_seconds() + self.final_reserve() > self.deadline()
 
     def can_afford(self, seconds: float) -> bool:
-        """Whether an extra `seconds` (intermediate eval/save) still leaves one step + the final reserve."""
+        """Whether an extra `seconds` (intermediate eval/save) still leaves one step (+ headroom) + the final reserve."""
         return self.clock() + seconds + self._next_step_seconds() + self.final_reserve() <= self.deadline()
 
     def plan(
