@@ -22,6 +22,7 @@ single rounding per cell, so their paths are bit-identical to :func:`reference_m
 
 from __future__ import annotations
 
+import functools
 import threading
 
 import numba
@@ -97,19 +98,14 @@ def maximum_path(
     return _maximum_path_torch(log_likelihood, text_lengths, frame_lengths)
 
 
-_TRITON: list[bool] = []
-
-
+@functools.cache
 def _triton_available() -> bool:
     """Triton comes with PyTorch's CUDA builds; checked once per process."""
-    if not _TRITON:
-        try:
-            from . import alignment_triton  # noqa: F401
-
-            _TRITON.append(True)
-        except ImportError:
-            _TRITON.append(False)
-    return _TRITON[0]
+    try:
+        from . import alignment_triton  # noqa: F401
+    except ImportError:
+        return False
+    return True
 
 
 def _validate_lengths(shape: torch.Size, text_lengths: torch.Tensor, frame_lengths: torch.Tensor) -> None:

@@ -520,8 +520,9 @@ class FeedbackRun:
                     f"{self.version}: the feedback clips it started with are gone from --feedback_dir"
                 )
             return train_pos, eval_pos
-        fixed_eval = [i for i, t in enumerate(texts) if _norm(t) in protected]
-        rest = [i for i in range(len(ids)) if _norm(texts[i]) not in protected]
+        in_val = [_norm(t) in protected for t in texts]
+        fixed_eval = [i for i, v in enumerate(in_val) if v]
+        rest = [i for i, v in enumerate(in_val) if not v]
         if fixed_eval:
             log(
                 f"warning: {len(fixed_eval)} feedback clip(s) say sentences of the original validation split "
