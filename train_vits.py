@@ -33,6 +33,9 @@ def main(argv: list[str] | None = None) -> int:
             cfg, explicit={a for a in vars(args) if getattr(args, a) != parser.get_default(a)}
         )
     cfg.validate()
+    from vits_trainer.safety import check_train_paths
+
+    check_train_paths(cfg)  # overlapping folders, a folder the export would wrongly replace: before any work
 
     from vits_trainer.loop import Trainer
     from vits_trainer.session import build_session

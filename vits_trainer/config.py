@@ -27,6 +27,11 @@ class TrainConfig:
     data_dir: str = _f("training", "prepared data: wavs/ + metadata.csv (from prepare_data.py)")
     checkpoint_dir: str = _f("training/checkpoints", "checkpoints, best_model/, samples, metrics.jsonl")
     output_dir: str = _f("training/final_model", "final model folder (loadable by VitsModel.from_pretrained)")
+    overwrite_output_dir: bool = _f(
+        False,
+        "replace an earlier export at --output_dir (needed unless it is this run's own, being resumed); "
+        "a folder this tool did not export is never replaced",
+    )
     model_name: str = _f(
         "facebook/mms-tts-kmr-script_latin",
         "pretrained VITS/MMS model: hub id (needs network or cache) or folder",

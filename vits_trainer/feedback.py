@@ -50,7 +50,7 @@ MIN_HELD_OUT_CLIPS = 5  # fewer usable feedback clips: evaluate on all of them, 
 SAMPLE_RESERVE_FACTOR = 1.25  # the after-samples get this multiple of the before-samples' time
 _VERSION = re.compile(r"^v(\d+)$")
 # settings a feedback run derives or does not support: hidden from its command line
-HIDDEN_FLAGS = ("model_name", "checkpoint_dir", "max_samples", "extend_vocab", "demo")
+HIDDEN_FLAGS = ("model_name", "checkpoint_dir", "max_samples", "extend_vocab", "demo", "overwrite_output_dir")
 
 
 @dataclass
@@ -189,9 +189,9 @@ def write_latest(root: Path, version: Path, log) -> dict:
         return pointer
     tmp = root / f".{LATEST_LINK}.tmp-{os.getpid()}"
     try:
-        tmp.unlink(missing_ok=True)
+        tmp.unlink(missing_ok=True)  # our pid's temp link
         os.symlink(pointer["relative_path"], tmp, target_is_directory=True)
-        os.replace(tmp, link)
+        os.replace(tmp, link)  # `link` is missing or a symlink (a real folder was left alone above)
     except OSError:  # a filesystem without symlinks: latest.json alone says it
         tmp.unlink(missing_ok=True)
     return pointer
@@ -580,7 +580,7 @@ class FeedbackRun:
         t0 = time.perf_counter()
         sentences = self.sample_sentences()
         tmp = folder.with_name(f".{folder.name}.tmp-{os.getpid()}")
-        shutil.rmtree(tmp, ignore_errors=True)
+        shutil.rmtree(tmp, ignore_errors=True)  # this pid's temp folder inside a version folder
         tmp.mkdir(parents=True)
         done, slowest = [], 0.0
         for sentence in sentences:
@@ -597,7 +597,7 @@ class FeedbackRun:
             json.dumps([{"id": i, "text": t} for i, t, _ in done], ensure_ascii=False, indent=1),
             encoding="utf-8",
         )
-        shutil.rmtree(folder, ignore_errors=True)
+        shutil.rmtree(folder, ignore_errors=True)  # vN/samples/before|after: only this tool writes there
         os.replace(tmp, folder)
         return time.perf_counter() - t0
 
@@ -650,6 +650,8 @@ class FeedbackRun:
             resume=cfg.resume if self.resuming else "none",
         )
         if not self.resuming and self.version.exists():  # never saved a checkpoint: start it again
+            # vN/ is a version folder numbered by choose_version under the root, which overlaps no data
+            # folder and no base model (check_feedback_paths); checkpoints/ and samples/ are ours
             shutil.rmtree(self.version / "checkpoints", ignore_errors=True)
             shutil.rmtree(self.version / "samples", ignore_errors=True)
         if (
@@ -669,7 +671,7 @@ class FeedbackRun:
         try:
             session = build_session(session_cfg, self.process_start, data_fn=self.data_fn)
         except UserError:
-            if created:  # bad input found while setting up: leave nothing behind
+            if created:  # bad input found while setting up: leave nothing behind (this process made vN/)
                 shutil.rmtree(self.version, ignore_errors=True)
             raise
         main = session.is_main
@@ -828,6 +830,9 @@ def run_feedback(cfg: FeedbackConfig, process_start: float, log=None) -> dict:
     """The whole feedback run (train_feedback.py calls this); returns the report, or a status dict
     when it was interrupted."""
     cfg.validate()
+    from .safety import check_feedback_paths
+
+    check_feedback_paths(cfg)  # overlapping folders: refused before any work or write
     if log is None:
         from .runtime import Logger
 

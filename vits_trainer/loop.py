@@ -36,6 +36,7 @@ from .recovery import (
 )
 from .reporting import MetricsLog, Progress, log_audio_to_trackers, plot_losses
 from .runtime import git_revision
+from .safety import UnsafeOverwrite, check_replaceable, replace_export, write_export_file, write_marker
 from .session import Session, apply_lr_scale
 from .step import GanStep
 from .trainstate import LoadedCheckpoint, checkpoint_files
@@ -183,7 +184,10 @@ class Trainer:
         self.last_eval = time.time()
         if improved and export_best:
             t1 = time.perf_counter()
-            self.export(s.checkpoint_dir / "best_model")
+            try:
+                self.export(s.checkpoint_dir / "best_model")
+            except UnsafeOverwrite as err:  # a file the user put into best_model/ is never deleted
+                s.log(f"warning: best model not exported: {err}")
             s.budget.observe_export(time.perf_counter() - t1)
         self.last_val = results
         return results
@@ -258,7 +262,10 @@ class Trainer:
             split = {"val_ids": s.data.val_ids, "data_dir": str(s.cfg.data_dir), "seed": s.cfg.seed}
             (tmp / SPLIT_FILE).write_text(json.dumps(split, ensure_ascii=False), encoding="utf-8")
 
-        return export_model(s.model, s.text.tokenizer, folder, speakers, extras=extras)
+        kind = "best_model" if folder == s.checkpoint_dir / "best_model" else "final_model"
+        return export_model(
+            s.model, s.text.tokenizer, folder, speakers, extras=extras, kind=kind, run=s.checkpoint_dir
+        )
 
     # ---- the loop --------------------------------------------------------------------------------
 
@@ -541,21 +548,22 @@ class Trainer:
             exported = self.export(s.output_dir)
             if exported and final_is_best:
                 best = s.checkpoint_dir / "best_model"
-                tmp = best.with_name(".best_model.tmp")
-                shutil.rmtree(tmp, ignore_errors=True)
+                check_replaceable(best)  # our marked export only, nothing the user put in it
+                tmp = best.with_name(f".best_model.tmp-{os.getpid()}")
+                shutil.rmtree(tmp, ignore_errors=True)  # this pid's temp folder
                 shutil.copytree(exported, tmp)
-                shutil.rmtree(best, ignore_errors=True)
-                os.replace(tmp, best)
-        except OSError as err:
+                write_marker(tmp, "best_model", s.checkpoint_dir)
+                replace_export(tmp, best)
+        except (OSError, UnsafeOverwrite) as err:
             s.log(
-                f"error: exporting the final model to {s.output_dir} failed ({err.strerror or err}); "
+                f"error: exporting the final model to {s.output_dir} failed ({getattr(err, 'strerror', None) or err}); "
                 f"the last good checkpoint is {self.last_checkpoint}"
             )
         budget.observe_export(time.perf_counter() - t0)
         summary = self.summary(stop_reason, exported)
         if s.is_main:
             if exported:
-                (exported / "train_summary.json").write_text(json.dumps(summary, indent=1), encoding="utf-8")
+                write_export_file(exported, "train_summary.json", json.dumps(summary, indent=1))  # + marker
             (s.checkpoint_dir / "train_summary.json").write_text(
                 json.dumps(summary, indent=1), encoding="utf-8"
             )

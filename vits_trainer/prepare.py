@@ -35,6 +35,7 @@ from .errors import UserError
 from .hub import read_model_config, resolve_model_dir
 from .jsonfile import write_json_atomic
 from .metadata import METADATA_NAME, WAVS_DIR, MetaRow, write_metadata
+from .safety import check_prepare_files, check_prepare_sources
 
 REPORT_NAME = "prepare_report.json"
 STATE_NAME = ".prepare_state.json"
@@ -164,6 +165,7 @@ def prepare(settings: PrepareSettings, log: Callable[[str], None] = print) -> Pr
     validate_settings(settings)
     data_dir = Path(settings.data_dir).expanduser()
     check_data_dir(data_dir)
+    check_prepare_sources(settings.source, data_dir)  # the source is never an output (before reading it)
     sample_rate, vocab, model_notes = resolve_target(settings)
     source = open_source(
         settings.source,
@@ -177,6 +179,12 @@ def prepare(settings: PrepareSettings, log: Callable[[str], None] = print) -> Pr
     )
     if source.folder is not None and source.folder.resolve() == data_dir.resolve():
         raise UserError(f"--data_dir {data_dir} is the source folder; write the training set somewhere else")
+    # no source file may be written over: none inside data_dir/wavs, none equal to an output file
+    check_prepare_files(
+        ((c.origin, c.audio_path) for c in source.rows if c.audio_path is not None),
+        data_dir,
+        (METADATA_NAME, REPORT_NAME, STATE_NAME),
+    )
     for note in source.notes + model_notes:
         log(f"note: {note}")
 
@@ -188,8 +196,9 @@ def prepare(settings: PrepareSettings, log: Callable[[str], None] = print) -> Pr
         settings.max_seconds,
     )
     wavs_dir = data_dir / WAVS_DIR
-    wavs_dir.mkdir(parents=True, exist_ok=True)
     old_state = load_state(data_dir)
+    owned = check_prepare_wavs(wavs_dir, [p.clip_id for p in planned], old_state, settings.clean)
+    wavs_dir.mkdir(parents=True, exist_ok=True)
     log(
         f"{len(source.rows)} source rows; {len(planned)} pass the text checks -> {wavs_dir} at {sample_rate} Hz"
     )
@@ -230,10 +239,11 @@ def prepare(settings: PrepareSettings, log: Callable[[str], None] = print) -> Pr
         reasons = ", ".join(f"{k} {v}" for k, v in report["counts"]["skipped_by_reason"].items()) or "none"
         raise UserError(f"no usable clips ({reasons}); see {report_path}")
 
-    if backup is not None:
+    if backup is not None:  # another source's metadata.csv: moved to a fresh name, never overwritten
         os.replace(data_dir / METADATA_NAME, backup)
+    # replaced only when the state says this tool wrote it from this same source (else backed up above)
     write_metadata(data_dir / METADATA_NAME, rows)  # last: it lists only WAVs already in place
-    finish_wavs(wavs_dir, unlisted, settings.clean, log)
+    finish_wavs(wavs_dir, unlisted, settings.clean, log, owned | set(run.state))
     log(format_summary(report, data_dir))
     return PrepareResult(data_dir, rows, report, report_path)
 
@@ -663,7 +673,37 @@ def metadata_backup_name(data_dir: Path, old_state: dict, source: Source) -> Pat
     return None
 
 
-def finish_wavs(wavs_dir: Path, unlisted: list[Path], clean: bool, log: Callable[[str], None]) -> None:
+def check_prepare_wavs(wavs_dir: Path, ids: list[str], old_state: dict, clean: bool) -> set[str]:
+    """The ids of the WAVs this tool wrote into `wavs_dir` (listed in `.prepare_state.json`). Refuses,
+    before anything is written, when a WAV it did not write would be replaced (same id) or deleted (--clean)."""
+    owned = set(old_state.get("clips", {}))
+    if not wavs_dir.is_dir():
+        return owned
+    foreign = {p.stem for p in wavs_dir.glob("*.wav")} - owned
+    in_the_way = sorted(foreign & set(ids))
+    if in_the_way:
+        more = f" and {len(in_the_way) - 1} more" if len(in_the_way) > 1 else ""
+        raise UserError(
+            f"--data_dir: {wavs_dir / (in_the_way[0] + '.wav')}{more} would be replaced, but prepare_data.py "
+            f"did not write it (not in {STATE_NAME}); move it away or choose another --data_dir"
+        )
+    if clean and foreign:
+        first = sorted(foreign)[0]
+        more = f" and {len(foreign) - 1} more" if len(foreign) > 1 else ""
+        raise UserError(
+            f"--clean: {wavs_dir / (first + '.wav')}{more} would be deleted, but prepare_data.py did not write "
+            f"it (not in {STATE_NAME}); move it away first, or run without --clean"
+        )
+    return owned
+
+
+def finish_wavs(
+    wavs_dir: Path,
+    unlisted: list[Path],
+    clean: bool,
+    log: Callable[[str], None],
+    owned: set[str] | None = None,
+) -> None:
     for tmp in wavs_dir.glob(".*.tmp"):
         if is_temp_wav(tmp):
             tmp.unlink(missing_ok=True)  # left by an interrupted run: ours, never user data
@@ -671,7 +711,9 @@ def finish_wavs(wavs_dir: Path, unlisted: list[Path], clean: bool, log: Callable
         return
     if clean:
         for p in unlisted:
-            p.unlink(missing_ok=True)
+            # --clean deletes only WAVs this tool wrote (state); check_prepare_wavs refused any other
+            if owned is None or p.stem in owned:
+                p.unlink(missing_ok=True)
         log(f"removed {len(unlisted)} WAV(s) in {wavs_dir} not listed in metadata.csv (--clean)")
     else:
         log(

@@ -24,6 +24,7 @@ from .alignment import maximum_path
 from .checkpoint import remove_dead_writers_temp
 from .losses import duration_loss_deterministic, kl_loss, mel_reconstruction_loss
 from .profiling import NO_TIMER
+from .safety import check_replaceable, replace_export, write_marker
 from .spectrogram import SpectrogramFrontEnd
 
 LOG_2PI = math.log(2 * math.pi)
@@ -256,19 +257,26 @@ def export_model(
     out_dir: str | Path,
     speakers: dict[str, int] | None = None,
     extras=None,
+    kind: str = "model",
+    run: str | Path | None = None,
 ) -> Path:
     """Save the generator as a plain `VitsModel` folder that transformers loads with no project code.
 
     Written into a temporary sibling folder and renamed into place, so `out_dir` is never half-written.
     Decoder weight norm is folded back into the weights (on a copy: training continues unaffected).
-    `extras(folder)` may add files before the folder is moved into place.
+    `extras(folder)` may add files before the folder is moved into place. The folder gets this tool's
+    export marker (`kind`, the run's checkpoint dir `run`, the files written); an existing `out_dir` is
+    replaced only when it is an earlier export holding nothing else (else safety.UnsafeOverwrite).
     """
     out_dir = Path(out_dir)
+    check_replaceable(out_dir)  # before any work: a user's folder is never replaced
     out_dir.parent.mkdir(parents=True, exist_ok=True)
-    remove_dead_writers_temp(out_dir.parent, f".{out_dir.name}.*-*")  # exports killed midway
+    # exports killed midway: our temp/old names, with the pid of a dead writer
+    remove_dead_writers_temp(out_dir.parent, f".{out_dir.name}.tmp-*")
+    remove_dead_writers_temp(out_dir.parent, f".{out_dir.name}.old-*")
     tmp = out_dir.with_name(f".{out_dir.name}.tmp-{os.getpid()}")
     if tmp.exists():
-        shutil.rmtree(tmp)
+        shutil.rmtree(tmp)  # this pid's own temp folder, from an earlier export in this process
     plain = plain_copy(model)
     plain.save_pretrained(tmp)
     tokenizer.save_pretrained(tmp)
@@ -278,10 +286,6 @@ def export_model(
         )
     if extras is not None:  # e.g. the discriminator, saved beside the generator
         extras(tmp)
-    old = out_dir.with_name(f".{out_dir.name}.old-{os.getpid()}")
-    if out_dir.exists():
-        os.replace(out_dir, old)
-    os.replace(tmp, out_dir)
-    if old.exists():
-        shutil.rmtree(old, ignore_errors=True)
+    write_marker(tmp, kind, run)  # last: lists every file this export wrote
+    replace_export(tmp, out_dir)  # checks the marker of what it replaces
     return out_dir

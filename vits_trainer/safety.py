@@ -1,0 +1,354 @@
+"""Nothing the user owns is ever destroyed: path checks made before any work, and export markers.
+
+Two rules, checked before anything is written:
+- The folders a run reads and the folders it replaces never overlap. Paths are compared after
+  resolving symlinks and `..` (for a folder that does not exist yet: its nearest existing parent).
+- A folder is replaced only when it is provably an earlier export of this tool: it carries
+  `EXPORT_MARKER` (written last into every exported folder) and holds nothing beyond the files that
+  marker lists. A user file dropped into an export is named in the refusal, never deleted.
+
+This module imports no torch: the CLIs call it before their heavy imports, so a path mistake costs
+a fraction of a second and writes nothing.
+
+Inventory of destructive operations (file:function -> what -> why it is provably the tool's own)
+-----------------------------------------------------------------------------------------------
+vits.py:export_model
+    rmtree `.<name>.tmp-<pid>` -> our pid's temp folder from an earlier crash of this same pid
+    os.replace(out_dir -> `.<name>.old-<pid>`) + rmtree(old) -> `check_replaceable(out_dir)` first:
+        the folder carries our marker and nothing beyond the files it lists (else UnsafeOverwrite)
+    remove_dead_writers_temp(`.<name>.tmp-*`, `.<name>.old-*`) -> temp folders named with a dead pid
+loop.py:Trainer.finish (best_model copy)
+    rmtree `.best_model.tmp` / best_model -> `check_replaceable(best_model)` first (marker, as above);
+        the temp folder is named by this tool inside its checkpoint dir
+loop.py:Trainer.finish (train_summary.json)
+    writes into the folder just exported and into checkpoint_dir -> `write_export_file` adds it to the
+        marker; checkpoint_dir is refused up front when it overlaps a data folder
+checkpoint.py:write_checkpoint / prune_checkpoints / remove_dead_writers_temp
+    rmtree `.step_*.tmp-<pid>`, an existing `step_N` of the same step, pruned `step_N` -> names only this
+        tool creates (`step_%08d` with a manifest it wrote; pruning only deletes verified ones); the
+        checkpoint dir never overlaps a data folder or --output_dir (checked up front)
+feedback.py:write_latest
+    os.replace of `latest` -> only when `latest` is a symlink (a real folder is left alone);
+    latest.json -> refused up front unless it is our pointer (`check_feedback_paths`)
+feedback.py:FeedbackRun.write_samples / run
+    rmtree vN/samples/{before,after}, vN/checkpoints, vN -> version folders that choose_version
+        numbered under the output root; vN is removed only when this process created it; the output
+        root never overlaps a data folder or the base model (checked up front)
+prepare.py:prepare / convert_all / finish_wavs
+    wavs/<id>.wav written or (--clean) deleted -> only ids listed in `.prepare_state.json` (WAVs this
+        tool wrote into this data_dir); any other WAV in the way is refused up front (`check_prepare_wavs`)
+    metadata.csv -> moved to a new `metadata.csv.bak*` name when another source wrote it; replaced only
+        when the state says this tool wrote it from the same source
+    `.*.tmp` WAVs -> only names `audio.is_temp_wav` recognises (our own temp pattern)
+    no source file may be an output: sources inside data_dir/wavs or equal to an output file are refused
+dataset.py:_build_cache / _cache_writable
+    cache/audio_int16.bin, cache/index.json, probes -> fixed names in data_dir/cache, the tool's cache
+jsonfile.py / metadata.py / audio.py / discriminator.py
+    temp file + os.replace onto a target the caller names -> the callers above own those targets
+session.py:build_session
+    folders it created (checkpoint dir, data_dir/cache, ...) are removed again when an input check
+        fails during set-up (`remove_created_on_error`): they did not exist when this process started
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import shutil
+from collections.abc import Iterable, Iterator
+from pathlib import Path
+
+from .errors import UserError
+
+EXPORT_MARKER = ".vits_trainer_export.json"
+TOOL = "vits_trainer"
+# the parts of a prepared data folder a run must never replace or write into as an output
+DATA_PARTS = ("wavs", "cache", "metadata.csv", "prepare_report.json", ".prepare_state.json")
+
+
+class UnsafeOverwrite(UserError):
+    """Replacing a folder would destroy something this tool did not write."""
+
+
+# ---- paths ---------------------------------------------------------------------------------------------
+
+
+def resolved(path: str | os.PathLike) -> Path:
+    """The absolute path with symlinks and `..` resolved; parts that do not exist yet are appended to
+    their nearest existing parent's real path."""
+    return Path(os.path.realpath(Path(path).expanduser()))
+
+
+def inside(child: Path, parent: Path) -> bool:
+    """`child` is `parent` or lies somewhere below it (both resolved)."""
+    return child == parent or parent in child.parents
+
+
+def _shown(flag: str, given, real: Path) -> str:
+    return f"{flag} {given}" + (f" (= {real})" if str(given) != str(real) else "")
+
+
+def _refuse(flag_a: str, a, real_a: Path, how: str, flag_b: str, b, real_b: Path, why: str) -> None:
+    raise UserError(f"{_shown(flag_a, a, real_a)} {how} {_shown(flag_b, b, real_b)}: {why}")
+
+
+def check_output_vs_data(out_flag: str, out, data_flag: str, data) -> None:
+    """An output folder (replaced or written into) against a data folder (read).
+
+    The output may live inside the data folder (the default layout: training/checkpoints beside
+    training/wavs), but never be the data folder, contain it, or be one of its parts (wavs/, cache/, ...).
+    """
+    o, d = resolved(out), resolved(data)
+    if o == d:
+        _refuse(out_flag, out, o, "is the same folder as", data_flag, data, d, "it would replace the data")
+    if inside(d, o):
+        _refuse(out_flag, out, o, "contains", data_flag, data, d, "it would replace the data")
+    for part in DATA_PARTS:
+        p = d / part
+        if inside(o, p) or inside(p, o):
+            _refuse(out_flag, out, o, "overlaps", data_flag, data, d, f"{part} of the data would be replaced")
+
+
+def check_disjoint(flag_a: str, a, flag_b: str, b, why: str) -> None:
+    """Two folders that must neither be equal nor nested in either direction."""
+    ra, rb = resolved(a), resolved(b)
+    if ra == rb:
+        _refuse(flag_a, a, ra, "is the same folder as", flag_b, b, rb, why)
+    if inside(ra, rb):
+        _refuse(flag_a, a, ra, "is inside", flag_b, b, rb, why)
+    if inside(rb, ra):
+        _refuse(flag_a, a, ra, "contains", flag_b, b, rb, why)
+
+
+def check_train_paths(cfg) -> None:
+    """train_vits.py: --data_dir is read; --checkpoint_dir and --output_dir are written and replaced."""
+    check_output_vs_data("--checkpoint_dir", cfg.checkpoint_dir, "--data_dir", cfg.data_dir)
+    check_output_vs_data("--output_dir", cfg.output_dir, "--data_dir", cfg.data_dir)
+    check_disjoint(
+        "--output_dir",
+        cfg.output_dir,
+        "--checkpoint_dir",
+        cfg.checkpoint_dir,
+        "the export replaces --output_dir, and checkpoints must survive it",
+    )
+    check_output_dir(cfg.output_dir, cfg.checkpoint_dir, cfg.overwrite_output_dir, cfg.resume)
+
+
+def check_feedback_paths(cfg) -> None:
+    """train_feedback.py: --data_dir and --feedback_dir are read, --base_model is read, and the output
+    root receives new version folders vN/ and the latest pointer."""
+    root = cfg.output_dir
+    check_output_vs_data("--output_dir", root, "--data_dir", cfg.data_dir)
+    check_output_vs_data("--output_dir", root, "--feedback_dir", cfg.feedback_dir)
+    check_output_vs_data("--feedback_dir", cfg.feedback_dir, "--data_dir", cfg.data_dir)  # cache/ is per folder
+    base, r = resolved(cfg.base_model), resolved(root)
+    if inside(r, base):
+        _refuse("--output_dir", root, r, "is inside", "--base_model", cfg.base_model, base, "it must stay a model")
+    if inside(base, r) and base != r:
+        # the documented rounds: <root>/latest (-> vK/model) or <root>/vK/model of a finished version
+        rel = base.relative_to(r).parts
+        finished = len(rel) == 2 and rel[1] == "model" and (r / rel[0] / "feedback_report.json").is_file()
+        if not (finished or rel == ("latest",)):
+            _refuse(
+                "--base_model",
+                cfg.base_model,
+                base,
+                "is inside",
+                "--output_dir",
+                root,
+                r,
+                "only <output_dir>/latest or <output_dir>/vN/model of a finished version can be a base",
+            )
+    elif base == r:
+        _refuse("--base_model", cfg.base_model, base, "is the same folder as", "--output_dir", root, r, "")
+    pointer = r / "latest.json"
+    if pointer.exists():
+        try:
+            ours = {"version", "relative_path"} <= set(json.loads(pointer.read_text(encoding="utf-8")))
+        except (OSError, ValueError, TypeError):
+            ours = False
+        if not ours:
+            raise UserError(
+                f"--output_dir {root}: {pointer} is not a pointer written by train_feedback.py; "
+                f"move it away or choose another --output_dir (it would be replaced)"
+            )
+
+
+def check_prepare_sources(source, data_dir) -> None:
+    """prepare_data.py, before the source is read: the source folder/file is never an output."""
+    path = Path(source).expanduser()
+    if not path.exists():
+        return  # a hub dataset id, or a missing path (open_source says so)
+    s, d = resolved(path), resolved(data_dir)
+    if s == d:
+        _refuse("--source", source, s, "is the same folder as", "--data_dir", data_dir, d, "it would be overwritten")
+    for part in DATA_PARTS:
+        if inside(s, d / part):
+            _refuse(
+                "--source", source, s, "is inside", "--data_dir", data_dir, d, f"{part} is written by prepare_data.py"
+            )
+
+
+def check_prepare_files(files: Iterable[tuple[str, Path]], data_dir, outputs: Iterable[str]) -> None:
+    """Every source file (origin, path) against the files prepare writes: nothing in data_dir/wavs,
+    nothing equal to an output file (`outputs`: names inside data_dir)."""
+    d = resolved(data_dir)
+    wavs = d / "wavs"
+    taken = {d / name for name in outputs}
+    for origin, path in files:
+        p = resolved(path)
+        if inside(p, wavs) or p in taken:
+            raise UserError(
+                f"--source file {path} (= {p}, {origin}) is inside --data_dir {data_dir} (= {d}), where "
+                f"prepare_data.py writes; it would be overwritten: copy the recordings elsewhere or choose "
+                f"another --data_dir"
+            )
+
+
+# ---- export markers ----------------------------------------------------------------------------------
+
+
+def _files(folder: Path) -> list[str]:
+    """Every file under `folder` (posix relative paths), the marker excluded."""
+    found = []
+    for path in folder.rglob("*"):
+        if path.is_dir() and not path.is_symlink():
+            continue
+        rel = path.relative_to(folder).as_posix()
+        if rel != EXPORT_MARKER:
+            found.append(rel)
+    return sorted(found)
+
+
+def write_marker(folder: Path, kind: str, run: str | os.PathLike | None) -> None:
+    """Mark `folder` as an export of this tool: what it is, which run made it, and the files it holds
+    (call last, once every file is in place). `run` is the checkpoint dir of the run that wrote it."""
+    data = {
+        "tool": TOOL,
+        "kind": kind,
+        "checkpoint_dir": str(resolved(run)) if run is not None else None,
+        "files": _files(folder),
+    }
+    (folder / EXPORT_MARKER).write_text(json.dumps(data, indent=1, ensure_ascii=False), encoding="utf-8")
+
+
+def read_marker(folder: Path) -> dict | None:
+    try:
+        data = json.loads((folder / EXPORT_MARKER).read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+    ok = isinstance(data, dict) and data.get("tool") == TOOL and isinstance(data.get("files"), list)
+    return data if ok else None
+
+
+def write_export_file(folder: Path, name: str, text: str) -> None:
+    """Add a file to an exported folder and to its marker (e.g. train_summary.json, written after)."""
+    (folder / name).write_text(text, encoding="utf-8")
+    marker = read_marker(folder)
+    if marker is not None:
+        write_marker(folder, marker["kind"], marker.get("checkpoint_dir"))
+
+
+def foreign_entries(folder: Path) -> list[str] | None:
+    """None when `folder` is not an export of this tool (no marker); else what it holds beyond the
+    marker's list (empty: it can be replaced)."""
+    marker = read_marker(folder)
+    if marker is None:
+        return None
+    listed = set(marker["files"])
+    dirs = {p for name in listed for p in Path(name).parents}
+    extra = []
+    for path in folder.rglob("*"):
+        rel = path.relative_to(folder).as_posix()
+        if rel == EXPORT_MARKER or rel in listed:
+            continue
+        if path.is_dir() and not path.is_symlink() and Path(rel) in dirs:
+            continue
+        extra.append(rel)
+    return sorted(extra)
+
+
+def check_replaceable(folder: Path, flag: str = "") -> None:
+    """Raise UnsafeOverwrite unless `folder` is missing, empty, or an export of this tool holding
+    nothing beyond what its marker lists."""
+    if not folder.exists() and not folder.is_symlink():
+        return
+    what = f"{flag} {folder}" if flag else str(folder)
+    if not folder.is_dir() or folder.is_symlink():
+        raise UnsafeOverwrite(f"{what}: exists and is not a folder of this tool; it is left as it is")
+    entries = sorted(p.name for p in folder.iterdir())
+    if not entries:
+        return
+    extra = foreign_entries(folder)
+    if extra is None:
+        raise UnsafeOverwrite(
+            f"{what}: not empty and not a model exported by this tool (it holds {entries[0]!r}"
+            f"{f' and {len(entries) - 1} more' if len(entries) > 1 else ''}); choose a new or empty folder"
+        )
+    if extra:
+        raise UnsafeOverwrite(
+            f"{what}: holds {extra[0]!r}{f' and {len(extra) - 1} more' if len(extra) > 1 else ''}, which "
+            f"this tool did not write; move it away first (the folder would be replaced)"
+        )
+
+
+def check_output_dir(output_dir, checkpoint_dir, overwrite: bool, resume: str) -> None:
+    """Up front, before any training: may this run replace --output_dir at its end?
+
+    Missing or empty: yes. A folder without our marker, or with a file the marker does not list: never.
+    An earlier export: with --overwrite_output_dir; or without it when it is this run's own export
+    being redone on resume (the marker records the checkpoint dir that wrote it, and that dir holds a
+    checkpoint to resume from).
+    """
+    out = Path(output_dir).expanduser()
+    check_replaceable(out, "--output_dir")
+    if not out.is_dir() or not any(out.iterdir()) or overwrite:
+        return
+    marker = read_marker(out) or {}
+    same_run = marker.get("checkpoint_dir") == str(resolved(checkpoint_dir))
+    resuming = resume != "none" and any(Path(checkpoint_dir).expanduser().glob("step_*"))
+    if same_run and resuming:
+        return
+    made_by = f" (by the run of --checkpoint_dir {marker['checkpoint_dir']})" if marker.get("checkpoint_dir") else ""
+    raise UserError(
+        f"--output_dir {output_dir}: holds a model exported by an earlier run{made_by}; pass "
+        f"--overwrite_output_dir to replace it, or choose another --output_dir"
+    )
+
+
+def replace_export(tmp: Path, out_dir: Path) -> None:
+    """Move the finished export `tmp` to `out_dir`, replacing an earlier export there (checked first)."""
+    check_replaceable(out_dir)
+    old = out_dir.with_name(f".{out_dir.name}.old-{os.getpid()}")
+    if out_dir.exists():
+        os.replace(out_dir, old)  # our checked export, renamed aside until the new one is in place
+    os.replace(tmp, out_dir)
+    if old.exists():
+        shutil.rmtree(old, ignore_errors=True)  # the checked export renamed above
+
+
+# ---- nothing left behind by a failed set-up ----------------------------------------------------------
+
+
+def _first_missing(path: Path) -> Path | None:
+    """The top-most folder of `path` that does not exist yet (what mkdir(parents=True) would create)."""
+    path = Path(os.path.abspath(path))
+    top = None
+    while not path.exists() and not path.is_symlink():
+        top, path = path, path.parent
+    return top
+
+
+@contextlib.contextmanager
+def remove_created_on_error(folders: Iterable[Path], error=UserError) -> Iterator[None]:
+    """On `error`, remove the folders among `folders` (and their new parents) that did not exist when the
+    block began: a run that fails its input checks leaves nothing behind. Only what this process created
+    is removed: a folder that already existed is never touched."""
+    created = {top for f in folders if (top := _first_missing(Path(f))) is not None}
+    try:
+        yield
+    except error:
+        for top in created:
+            shutil.rmtree(top, ignore_errors=True)  # did not exist when this process began the block
+        raise
