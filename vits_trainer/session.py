@@ -37,6 +37,7 @@ from .errors import UserError
 from .hub import resolve_model_dir
 from .metadata import METADATA_NAME, read_metadata
 from .runtime import Logger, make_accelerator, quiet_transformers, resolve_precision
+from .safety import remove_created_on_error
 from .step import make_optimizer
 from .text import TextEncoder, extend_vocabulary
 from .trainstate import LoadedCheckpoint, TrainState, set_rng_state
@@ -295,7 +296,18 @@ def build_session(
     data_fn: Callable | None = None,
 ) -> Session:
     """Set up a run from `cfg`. `data_fn(cfg, store, text, speakers, hop, val_ids, log) -> DataSplit`
-    replaces the default split (train_feedback.py mixes feedback and replay clips there)."""
+    replaces the default split (train_feedback.py mixes feedback and replay clips there).
+
+    Bad input leaves nothing behind: the folders set-up creates before its last input check (the
+    checkpoint dir, the clip caches) are removed again when a UserError ends it."""
+    created_here = [Path(cfg.checkpoint_dir), Path(cfg.output_dir).parent, Path(cfg.data_dir) / "cache"]
+    if getattr(cfg, "feedback_dir", None):
+        created_here.append(Path(cfg.feedback_dir) / "cache")
+    with remove_created_on_error(created_here):
+        return _build_session(cfg, process_start, data_fn)
+
+
+def _build_session(cfg: TrainConfig, process_start: float, data_fn: Callable | None) -> Session:
     main = int(os.environ.get("RANK", "0")) == 0
     log = Logger(main)
     quiet_transformers()

@@ -1,0 +1,329 @@
+"""Nothing the user owns is destroyed: overlapping folders, an --output_dir that is not an earlier
+export, and prepare_data.py sources that would be written over are refused with one `error:` line and
+exit 2, before any work; every case is checked against a snapshot of the whole temp tree."""
+
+from __future__ import annotations
+
+import itertools
+import json
+import os
+from pathlib import Path
+
+import pytest
+
+import prepare_data
+import train_feedback
+import train_vits
+from tests.helpers import tiny_config, train_tiny
+from tests.snapshot import assert_unchanged, snapshot
+from vits_trainer.errors import UserError, run_cli
+from vits_trainer.safety import (
+    EXPORT_MARKER,
+    UnsafeOverwrite,
+    check_output_dir,
+    check_replaceable,
+    check_train_paths,
+    foreign_entries,
+    read_marker,
+    resolved,
+    write_marker,
+)
+
+
+def user_tree(root: Path) -> dict[str, Path]:
+    """A user's folders with files in each: data (wavs + metadata), a checkpoint dir, a model folder."""
+    data = root / "data"
+    (data / "wavs").mkdir(parents=True)
+    (data / "wavs" / "a.wav").write_bytes(b"RIFF user recording")
+    (data / "metadata.csv").write_text("a|hello|0\n", encoding="utf-8")
+    (data / "cache").mkdir()
+    (data / "cache" / "index.json").write_text("{}", encoding="utf-8")
+    ckpt = root / "ckpt"
+    (ckpt / "step_00000001").mkdir(parents=True)
+    (ckpt / "metrics.jsonl").write_text('{"step": 1}\n', encoding="utf-8")
+    mine = root / "mymodels"
+    mine.mkdir()
+    (mine / "notes.txt").write_text("my other models", encoding="utf-8")
+    return {"data": data, "ckpt": ckpt, "out": root / "out", "mine": mine}
+
+
+def refused(capsys, main, argv: list[str], expected: str = "") -> str:
+    code = run_cli(main, argv)
+    err = capsys.readouterr().err
+    lines = [line for line in err.splitlines() if line.strip()]
+    assert code == 2, err
+    assert len(lines) == 1 and lines[0].startswith("error:") and "Traceback" not in err, lines
+    assert expected in lines[0], lines[0]
+    return lines[0]
+
+
+def related(base: Path, how: str, scratch: Path) -> str:
+    """A path that is `base` in disguise, or nested in it, or its parent."""
+    if how == "same":
+        return str(base)
+    if how == "inside":
+        return str(base / "sub")
+    if how == "parent":
+        return str(base.parent)
+    if how == "dotdot":
+        return os.path.relpath(base / "x" / "..")  # relative to the cwd, with a `..`
+    if how == "symlink":
+        link = scratch / f"link-to-{base.name}"
+        if not link.is_symlink():
+            link.symlink_to(base, target_is_directory=True)
+        return str(link)
+    if how == "symlink_inside":
+        link = scratch / f"link-into-{base.name}"
+        if not link.is_symlink():
+            link.symlink_to(base, target_is_directory=True)
+        return str(link / "sub")
+    raise ValueError(how)
+
+
+HOW = ("same", "inside", "parent", "dotdot", "symlink", "symlink_inside")
+
+
+def train_cases(tree: dict[str, Path], scratch: Path):
+    """(roles given, argv) for every overlap of the three folders train_vits.py takes."""
+    data, ckpt, out = tree["data"], tree["ckpt"], tree["out"]
+    for how in HOW:
+        # --output_dir / --checkpoint_dir onto the data folder (inside it is fine, except its parts)
+        target = data / "wavs" if how in ("inside", "symlink_inside") else data
+        yield f"out {how} data", dict(data_dir=data, checkpoint_dir=ckpt, output_dir=related(target, how, scratch))
+        yield f"ckpt {how} data", dict(data_dir=data, checkpoint_dir=related(target, how, scratch), output_dir=out)
+        # --output_dir and --checkpoint_dir never nest, either way
+        yield f"out {how} ckpt", dict(data_dir=data, checkpoint_dir=ckpt, output_dir=related(ckpt, how, scratch))
+        yield f"ckpt {how} out", dict(data_dir=data, checkpoint_dir=related(tree["mine"], how, scratch),
+                                      output_dir=tree["mine"])
+
+
+def test_every_overlap_of_train_folders_is_refused_and_nothing_changes(tmp_path, capsys, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    tree = user_tree(tmp_path)
+    scratch = tmp_path / "links"
+    scratch.mkdir()
+    cases = list(train_cases(tree, scratch))
+    assert len(cases) == 4 * len(HOW)
+    before = snapshot(tmp_path)
+    for name, roles in cases:
+        argv = list(itertools.chain.from_iterable((f"--{k}", str(v)) for k, v in roles.items()))
+        line = refused(capsys, train_vits.main, [*argv, "--model_name", "unused"])
+        assert "--" in line and line.count("--") >= 2, (name, line)  # both flags named
+        assert_unchanged(tmp_path, before)
+
+
+def test_defaults_layout_is_allowed():
+    from vits_trainer.config import TrainConfig
+
+    check_train_paths(TrainConfig(data_dir="/nonexistent/training"))  # checkpoints/ + final_model/ inside
+
+
+def test_output_dir_with_user_files_is_refused_up_front(tmp_path, capsys, tone_corpus, tiny_model_dir):
+    tree = user_tree(tmp_path)
+    before = snapshot(tmp_path)
+    argv = ["--data_dir", str(tone_corpus), "--model_name", str(tiny_model_dir), "--checkpoint_dir",
+            str(tmp_path / "new_ckpt")]
+    line = refused(capsys, train_vits.main, [*argv, "--output_dir", str(tree["mine"])], "notes.txt")
+    assert "not a model exported by this tool" in line
+    refused(capsys, train_vits.main, [*argv, "--output_dir", str(tree["mine"]), "--overwrite_output_dir"])
+    assert_unchanged(tmp_path, before)
+
+
+def fake_export(folder: Path, run: Path) -> None:
+    folder.mkdir(parents=True)
+    (folder / "config.json").write_text("{}", encoding="utf-8")
+    (folder / "sub").mkdir()
+    (folder / "sub" / "x.bin").write_bytes(b"1")
+    write_marker(folder, "final_model", run)
+
+
+def test_markers_decide_what_may_be_replaced(tmp_path):
+    folder = tmp_path / "export"
+    fake_export(folder, tmp_path / "ckpt")
+    marker = read_marker(folder)
+    assert marker["files"] == ["config.json", "sub/x.bin"] and marker["checkpoint_dir"] == str(
+        resolved(tmp_path / "ckpt")
+    )
+    assert foreign_entries(folder) == []
+    check_replaceable(folder)
+    (folder / "sub" / "mine.txt").write_text("user", encoding="utf-8")
+    with pytest.raises(UnsafeOverwrite, match="sub/mine.txt"):
+        check_replaceable(folder)
+    (folder / "sub" / "mine.txt").unlink()
+    (folder / EXPORT_MARKER).write_text(json.dumps({"tool": "other", "files": []}), encoding="utf-8")
+    with pytest.raises(UnsafeOverwrite, match="not a model exported by this tool"):
+        check_replaceable(folder)
+    check_replaceable(tmp_path / "missing")
+    (tmp_path / "empty").mkdir()
+    check_replaceable(tmp_path / "empty")
+
+
+def test_an_earlier_export_needs_the_flag_unless_its_run_resumes(tmp_path):
+    ckpt, out = tmp_path / "ckpt", tmp_path / "out"
+    fake_export(out, ckpt)
+    with pytest.raises(UserError, match="--overwrite_output_dir"):
+        check_output_dir(out, ckpt, overwrite=False, resume="auto")  # its run has no checkpoint left
+    (ckpt / "step_00000004").mkdir(parents=True)
+    check_output_dir(out, ckpt, overwrite=False, resume="auto")  # the same run, resuming: its own export
+    with pytest.raises(UserError, match="--overwrite_output_dir"):
+        check_output_dir(out, ckpt, overwrite=False, resume="none")
+    with pytest.raises(UserError, match="--overwrite_output_dir"):
+        check_output_dir(out, tmp_path / "other_ckpt", overwrite=False, resume="auto")
+    check_output_dir(out, tmp_path / "other_ckpt", overwrite=True, resume="auto")
+
+
+# ---- prepare_data.py -------------------------------------------------------------------------------
+
+
+def recordings(folder: Path) -> Path:
+    """The user's recordings as audio + .txt pairs (real WAVs at 22.05 kHz)."""
+    from vits_trainer.synthetic import make_corpus
+
+    make_corpus(folder / "made", num_clips=6, sample_rate=22050, seed=1)
+    wavs = folder / "wavs"
+    (folder / "made" / "wavs").rename(wavs)
+    for line in (folder / "made" / "metadata.csv").read_text(encoding="utf-8").splitlines():
+        clip_id, text, _ = line.split("|")
+        (wavs / f"{clip_id}.txt").write_text(text, encoding="utf-8")
+    return folder
+
+
+@pytest.mark.parametrize(
+    "case",
+    ["source is data_dir/wavs", "source inside data_dir/wavs", "source is data_dir", "source is metadata.csv",
+     "symlinked data_dir"],
+)
+def test_prepare_never_writes_over_its_source(tmp_path, capsys, case):
+    x = recordings(tmp_path / "X")
+    (x / "metadata.csv").write_text("\n".join(
+        f"{p.stem}|{p.with_suffix('.txt').read_text(encoding='utf-8')}" for p in sorted((x / "wavs").glob("*.wav"))
+    ) + "\n", encoding="utf-8")
+    source, data_dir = {
+        "source is data_dir/wavs": (x / "wavs", x),
+        "source inside data_dir/wavs": (x / "wavs", x / "wavs" / ".."),
+        "source is data_dir": (x, x),
+        "source is metadata.csv": (x / "metadata.csv", x),
+        "symlinked data_dir": (x / "wavs", tmp_path / "link"),
+    }[case]
+    if case == "symlinked data_dir":
+        (tmp_path / "link").symlink_to(x, target_is_directory=True)
+    before = snapshot(tmp_path)
+    refused(capsys, prepare_data.main, ["--source", str(source), "--data_dir", str(data_dir), "--num_workers", "1"])
+    assert_unchanged(tmp_path, before)
+
+
+def test_prepare_replaces_only_the_wavs_it_wrote(tmp_path, capsys):
+    src = recordings(tmp_path / "src") / "wavs"
+    out = tmp_path / "out"
+    args = ["--source", str(src), "--data_dir", str(out), "--num_workers", "1", "--no_progress"]
+    assert run_cli(prepare_data.main, args) == 0
+    assert run_cli(prepare_data.main, [*args, "--sample_rate", "22050"]) == 0  # its own WAVs: re-made
+    capsys.readouterr()
+    (out / "wavs" / "theirs.wav").write_bytes(b"RIFF a recording the tool did not make")
+    before = snapshot(tmp_path)
+    refused(capsys, prepare_data.main, [*args, "--clean"], "theirs.wav")
+    assert_unchanged(tmp_path, before)
+    first = sorted(p.stem for p in src.glob("*.wav"))[0]
+    state = out / ".prepare_state.json"
+    data = json.loads(state.read_text(encoding="utf-8"))
+    del data["clips"][first]  # as if the WAV of that id had been put there by hand
+    state.write_text(json.dumps(data), encoding="utf-8")
+    before = snapshot(tmp_path)
+    refused(capsys, prepare_data.main, args, f"{first}.wav")
+    assert_unchanged(tmp_path, before)
+
+
+# ---- train_feedback.py -----------------------------------------------------------------------------
+
+
+def test_feedback_folders_that_overlap_are_refused(tmp_path, capsys, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    tree = user_tree(tmp_path)
+    fb = tmp_path / "feedback"
+    (fb / "wavs").mkdir(parents=True)
+    (fb / "metadata.csv").write_text("f|hi|0\n", encoding="utf-8")
+    root = tmp_path / "fbmodels"
+    (root / "v1" / "model").mkdir(parents=True)
+    (root / "v1" / "model" / "config.json").write_text("{}", encoding="utf-8")  # v1 unfinished
+    base = tmp_path / "base"
+    base.mkdir()
+    (base / "config.json").write_text("{}", encoding="utf-8")
+    ok = dict(data_dir=tree["data"], feedback_dir=fb, output_dir=root, base_model=base)
+    cases = {
+        "root is data_dir": dict(ok, output_dir=tree["data"]),
+        "root contains data_dir": dict(ok, output_dir=tmp_path),
+        "root in data wavs": dict(ok, output_dir=tree["data"] / "wavs" / "fb"),
+        "root is feedback_dir": dict(ok, output_dir=fb),
+        "root symlinked to feedback_dir": dict(ok, output_dir=related(fb, "symlink", tmp_path)),
+        "feedback is data_dir": dict(ok, feedback_dir=tree["data"]),
+        "root inside base": dict(ok, output_dir=base / "fb"),
+        "base is an unfinished version": dict(ok, base_model=root / "v1" / "model"),
+        "base is a version's checkpoints": dict(ok, base_model=root / "v1"),
+        "base is root": dict(ok, base_model=root),
+    }
+    (root / "latest.json").write_text("my notes", encoding="utf-8")
+    cases["a foreign latest.json"] = ok
+    before = snapshot(tmp_path)
+    for name, roles in cases.items():
+        argv = list(itertools.chain.from_iterable((f"--{k}", str(v)) for k, v in roles.items()))
+        line = refused(capsys, train_feedback.main, argv)
+        assert "--" in line, (name, line)
+        assert_unchanged(tmp_path, before)
+
+
+# ---- real runs: export markers, --overwrite_output_dir, resume ------------------------------------
+
+
+def test_real_runs_replace_only_their_own_exports(tmp_path, capsys, tone_corpus, tiny_model_dir):
+    out = tmp_path / "final_model"
+    first = tiny_config(tmp_path, tone_corpus, tiny_model_dir, max_steps=2, checkpoint_dir=str(tmp_path / "a"))
+    check_train_paths(first)
+    _, summary = train_tiny(tmp_path, tone_corpus, tiny_model_dir, max_steps=2, checkpoint_dir=str(tmp_path / "a"))
+    assert summary["final_model"] == str(out)
+    marker = read_marker(out)
+    assert marker["kind"] == "final_model" and "train_summary.json" in marker["files"]
+    assert "model.safetensors" in marker["files"] and foreign_entries(out) == []
+
+    # the same run resumed: its own export is re-done without the flag
+    resumed = dict(max_steps=4, checkpoint_dir=str(tmp_path / "a"))
+    check_train_paths(tiny_config(tmp_path, tone_corpus, tiny_model_dir, **resumed))
+    _, summary = train_tiny(tmp_path, tone_corpus, tiny_model_dir, **resumed)
+    assert summary["resumed_from_step"] == 2 and summary["final_model"] == str(out)
+
+    # another run: refused up front without --overwrite_output_dir (CLI), replaced with it
+    other = ["--data_dir", str(tone_corpus), "--model_name", str(tiny_model_dir), "--checkpoint_dir",
+             str(tmp_path / "b"), "--output_dir", str(out)]
+    before = snapshot(tmp_path)
+    refused(capsys, train_vits.main, other, "--overwrite_output_dir")
+    assert_unchanged(tmp_path, before)
+    second = dict(max_steps=1, checkpoint_dir=str(tmp_path / "b"), overwrite_output_dir=True)
+    check_train_paths(tiny_config(tmp_path, tone_corpus, tiny_model_dir, **second))
+    _, summary = train_tiny(tmp_path, tone_corpus, tiny_model_dir, **second)
+    assert read_marker(out)["checkpoint_dir"] == str(resolved(tmp_path / "b"))
+
+    # a file the user drops into the export is never deleted: the export is refused at the end
+    (out / "my_notes.txt").write_text("keep me", encoding="utf-8")
+    _, summary = train_tiny(tmp_path, tone_corpus, tiny_model_dir, **dict(second, max_steps=2))
+    assert summary["final_model"] is None
+    assert (out / "my_notes.txt").read_text(encoding="utf-8") == "keep me"
+    assert "my_notes.txt" in capsys.readouterr().out
+
+
+def test_failed_input_checks_leave_no_folder_behind(tmp_path, tiny_model_dir):
+    import time
+
+    from vits_trainer.session import build_session
+
+    data = tmp_path / "data"
+    (data / "wavs").mkdir(parents=True)
+    import numpy as np
+    import soundfile as sf
+
+    for clip_id in ("a", "b"):  # readable audio, but text with no character of the model's vocabulary
+        sf.write(data / "wavs" / f"{clip_id}.wav", np.zeros(16000, np.float32) + 0.1, 16000, subtype="PCM_16")
+    (data / "metadata.csv").write_text("a|ЖЖЖ|0\nb|ЩЩЩ|0\n", encoding="utf-8")
+    before = snapshot(tmp_path)
+    cfg = tiny_config(tmp_path, data, tiny_model_dir)
+    with pytest.raises(UserError, match="no usable training clips"):
+        build_session(cfg, time.time())
+    assert_unchanged(tmp_path, before)
