@@ -294,6 +294,7 @@ def test_real_runs_replace_only_their_own_exports(tmp_path, capsys, tone_corpus,
     other = ["--data_dir", str(tone_corpus), "--model_name", str(tiny_model_dir), "--checkpoint_dir",
              str(tmp_path / "b"), "--output_dir", str(out)]
     before = snapshot(tmp_path)
+    capsys.readouterr()  # the runs' progress bars
     refused(capsys, train_vits.main, other, "--overwrite_output_dir")
     assert_unchanged(tmp_path, before)
     second = dict(max_steps=1, checkpoint_dir=str(tmp_path / "b"), overwrite_output_dir=True)

@@ -86,9 +86,9 @@ def write_wav(path: str | Path, audio: np.ndarray, sample_rate: int) -> int:
             w.setsampwidth(2)
             w.setframerate(int(sample_rate))
             w.writeframes(pcm.astype("<i2", copy=False).tobytes())
-        os.replace(tmp, path)
+        os.replace(tmp, path)  # `path`: the caller's output (prepare: only WAVs it owns, safety.py)
     except BaseException:
-        tmp.unlink(missing_ok=True)
+        tmp.unlink(missing_ok=True)  # our pid's temp file
         raise
     return path.stat().st_size
 

@@ -97,7 +97,7 @@ def write_checkpoint(
     final = checkpoint_dir / checkpoint_name(step)
     tmp = checkpoint_dir / f".{final.name}.tmp-{os.getpid()}"
     if tmp.exists():
-        shutil.rmtree(tmp)
+        shutil.rmtree(tmp)  # this pid's temp folder (name ends in our pid)
     try:
         tmp.mkdir()
         manifest = {"step": step, "created": time.time(), "info": info or {}, "files": {}}
@@ -107,7 +107,7 @@ def write_checkpoint(
         _write(tmp / MANIFEST, json_bytes(manifest))  # last: its presence means "complete"
         _fsync_dir(tmp)
         if final.exists():  # the same step saved twice (e.g. a signal right after a periodic save)
-            shutil.rmtree(final)
+            shutil.rmtree(final)  # step_N of this run (checkpoint dir overlaps no user folder: safety.py)
         os.replace(tmp, final)
         _fsync_dir(checkpoint_dir)
     except BaseException:
@@ -188,7 +188,7 @@ def prune_checkpoints(checkpoint_dir: Path, keep: int, protect: Path | None = No
             pass
     for path in complete[keep:]:
         if path != protect:
-            shutil.rmtree(path, ignore_errors=True)
+            shutil.rmtree(path, ignore_errors=True)  # a verified step_N (manifest written by this tool)
             removed.append(path)
     remove_dead_writers_temp(checkpoint_dir, ".step_*.tmp-*")
     return removed
@@ -199,7 +199,7 @@ def remove_dead_writers_temp(folder: Path, pattern: str) -> None:
     for tmp in folder.glob(pattern):
         pid = tmp.name.rsplit("-", 1)[-1]
         if pid.isdigit() and int(pid) != os.getpid() and not pid_alive(int(pid)):
-            shutil.rmtree(tmp, ignore_errors=True)
+            shutil.rmtree(tmp, ignore_errors=True)  # our temp-name pattern, its writer's pid is dead
 
 
 def pid_alive(pid: int) -> bool:

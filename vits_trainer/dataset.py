@@ -146,7 +146,7 @@ def _cache_writable(cache_dir: Path) -> str | None:
         cache_dir.mkdir(parents=True, exist_ok=True)
         probe = cache_dir / f".probe-{os.getpid()}"
         probe.write_bytes(b"")
-        probe.unlink()
+        probe.unlink()  # the probe this pid just wrote
     except OSError as err:
         return err.strerror or str(err)
     return None
@@ -421,6 +421,7 @@ def _build_cache(
             "resampled": report.resampled,
         }
         # Drop the old index first: an old index next to a new bin must never look valid.
+        # (cache/ files have fixed names of this tool; no run writes its outputs into cache/: safety.py)
         index_path.unlink(missing_ok=True)
         os.replace(tmp_audio, audio_path)
         with open(tmp_index, "w", encoding="utf-8") as f:
@@ -428,7 +429,7 @@ def _build_cache(
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp_index, index_path)
-    finally:
+    finally:  # our pid's temp files
         tmp_audio.unlink(missing_ok=True)
         tmp_index.unlink(missing_ok=True)
     _log_build_summary(report, sample_rate, log)

@@ -184,7 +184,7 @@ def count_parameters(module: nn.Module) -> int:
 def _atomic_write_bytes(path: Path, data: bytes) -> None:
     tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
     tmp.write_bytes(data)
-    os.replace(tmp, path)
+    os.replace(tmp, path)  # into an export's temp folder (vits.export_model extras)
 
 
 def save_discriminator(disc: VitsDiscriminator, folder: str | os.PathLike) -> Path:

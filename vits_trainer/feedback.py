@@ -182,7 +182,7 @@ def write_latest(root: Path, version: Path, log) -> dict:
         "report": f"{version.name}/{REPORT_NAME}",
         "promoted_at": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
     }
-    write_json_atomic(root / LATEST_JSON, pointer)
+    write_json_atomic(root / LATEST_JSON, pointer)  # refused up front unless ours (check_feedback_paths)
     link = root / LATEST_LINK
     if link.exists() and not link.is_symlink():
         log(f"warning: {link} is not a symlink; left as it is ({LATEST_JSON} names the current model)")

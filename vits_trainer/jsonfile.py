@@ -14,4 +14,4 @@ def write_json_atomic(path: Path, data: dict, indent: int | None = 1) -> None:
         json.dump(data, f, indent=indent, ensure_ascii=False, default=str)
         f.flush()
         os.fsync(f.fileno())
-    os.replace(tmp, path)
+    os.replace(tmp, path)  # the callers' own fixed-name outputs (see safety.py's inventory)

@@ -564,6 +564,7 @@ class Trainer:
         if s.is_main:
             if exported:
                 write_export_file(exported, "train_summary.json", json.dumps(summary, indent=1))  # + marker
+            # checkpoint dir: the run's own folder, never a data folder or --output_dir (safety.py)
             (s.checkpoint_dir / "train_summary.json").write_text(
                 json.dumps(summary, indent=1), encoding="utf-8"
             )

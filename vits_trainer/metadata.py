@@ -36,7 +36,7 @@ def write_metadata(path: str | Path, rows: list[MetaRow]) -> None:
             f.write(f"{row.id}|{row.text}|{row.speaker}\n")
         f.flush()
         os.fsync(f.fileno())
-    os.replace(tmp, path)
+    os.replace(tmp, path)  # prepare: only after backing up another source's file (prepare.py)
 
 
 def read_metadata(path: str | Path) -> tuple[list[MetaRow], list[tuple[int, str]]]:

@@ -134,7 +134,7 @@ def plot_losses(metrics_path: Path, out_path: Path) -> Path | None:
     tmp = out_path.with_name(out_path.name + ".tmp.png")
     fig.savefig(tmp)
     plt.close(fig)
-    tmp.replace(out_path)
+    tmp.replace(out_path)  # loss_curve.png in the run's checkpoint dir: the tool's own file
     return out_path
 
 

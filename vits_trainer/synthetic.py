@@ -91,6 +91,7 @@ def make_corpus(
         audio = synth_text(text, sample_rate, speaker, alphabet, seed=seed * 100003 + i)
         sf.write(out_dir / "wavs" / f"{clip_id}.wav", audio, sample_rate, subtype="PCM_16")
         rows.append({"id": clip_id, "text": text, "speaker": str(speaker)})
+    # a generated corpus (tests, --demo only when its metadata.csv is missing)
     with open(out_dir / "metadata.csv", "w", encoding="utf-8", newline="") as f:
         writer = csv.writer(f, delimiter="|", quoting=csv.QUOTE_NONE, escapechar="\\", lineterminator="\n")
         for row in rows:

@@ -141,7 +141,7 @@ class LoadedCheckpoint:
 
     def write_tokenizer(self, folder: Path) -> Path:
         """Materialise the checkpoint's tokenizer files (and config.json) into `folder`."""
-        folder.mkdir(parents=True, exist_ok=True)
+        folder.mkdir(parents=True, exist_ok=True)  # callers pass a fresh temp folder
         for name in self.manifest["files"]:
             if name.startswith("tokenizer."):
                 (folder / name[len("tokenizer.") :]).write_bytes(self.bytes(name))
