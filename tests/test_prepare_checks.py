@@ -332,25 +332,37 @@ def test_parallel_run_matches_in_process_run(tmp_path, pairs_corpus):
     assert set(state["clips"]) == {f"c{i}" for i in range(6)}
 
 
-def test_other_sources_files_are_kept_unless_clean(tmp_path, pairs_corpus):
+def test_other_sources_files_are_kept_and_never_replaced(tmp_path, pairs_corpus):
     out = tmp_path / "out"
     (out / "wavs").mkdir(parents=True)
     write_audio(out / "wavs" / "theirs.wav", speech(rate=16000), 16000)
-    write_audio(out / "wavs" / "c0.wav", speech(rate=16000), 16000)  # same id as a new clip: replaced
+    write_audio(out / "wavs" / "c0.wav", speech(rate=16000), 16000)  # same id as a new clip, not ours
     (out / "metadata.csv").write_text("theirs|their text|0\nc0|old|0\n", encoding="utf-8")
     (out / "wavs" / ".c5.wav.999.tmp").write_bytes(b"half a file from an interrupted run")
+    theirs = (out / "wavs" / "c0.wav").read_bytes()
+
+    with pytest.raises(UserError, match="c0.wav would be replaced"):  # refused before any write
+        run_prepare(pairs_corpus, out)
+    assert (out / "wavs" / "c0.wav").read_bytes() == theirs and not (out / STATE_NAME).exists()
+    (out / "wavs" / "c0.wav").rename(tmp_path / "c0.wav")  # the user moves it away
 
     result, lines = run_prepare(pairs_corpus, out)
     assert (out / "wavs" / "theirs.wav").is_file()
     assert (out / "metadata.csv.bak").read_text(encoding="utf-8").startswith("theirs|")
     assert "theirs" not in output_rows(out)
-    assert result.report["wavs"]["unlisted"] == 1 and result.report["counts"]["replaced_wavs"] == 1
+    assert result.report["wavs"]["unlisted"] == 1 and result.report["counts"]["replaced_wavs"] == 0
     assert any("not listed" in line and "--clean" in line for line in lines)
     assert not (out / "wavs" / ".c5.wav.999.tmp").exists()
 
-    result, lines = run_prepare(pairs_corpus, out, clean=True)
-    assert not (out / "wavs" / "theirs.wav").exists()
-    assert result.report["wavs"]["removed"] == 1 and any("removed 1" in line for line in lines)
+    with pytest.raises(UserError, match="theirs.wav would be deleted"):  # --clean never deletes theirs
+        run_prepare(pairs_corpus, out, clean=True)
+    assert (out / "wavs" / "theirs.wav").is_file()
+    (out / "wavs" / "theirs.wav").unlink()
+
+    run_prepare(pairs_corpus, out, max_samples=4)  # c4, c5: our own WAVs, now unlisted
+    result, lines = run_prepare(pairs_corpus, out, clean=True, max_samples=4)
+    assert sorted(p.stem for p in (out / "wavs").glob("*.wav")) == ["c0", "c1", "c2", "c3"]
+    assert result.report["wavs"]["removed"] == 2 and any("removed 2" in line for line in lines)
     assert not (out / "metadata.csv.bak2").exists()  # same source as last time: no new backup
 
 

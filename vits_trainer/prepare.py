@@ -181,7 +181,7 @@ def prepare(settings: PrepareSettings, log: Callable[[str], None] = print) -> Pr
         raise UserError(f"--data_dir {data_dir} is the source folder; write the training set somewhere else")
     # no source file may be written over: none inside data_dir/wavs, none equal to an output file
     check_prepare_files(
-        ((c.origin, c.audio_path) for c in source.rows if c.audio_path is not None),
+        ((c.origin, c.audio_path) for c in source.rows if getattr(c, "audio_path", None) is not None),
         data_dir,
         (METADATA_NAME, REPORT_NAME, STATE_NAME),
     )

@@ -182,7 +182,10 @@ def check_prepare_sources(source, data_dir) -> None:
         return  # a hub dataset id, or a missing path (open_source says so)
     s, d = resolved(path), resolved(data_dir)
     if s == d:
-        _refuse("--source", source, s, "is the same folder as", "--data_dir", data_dir, d, "it would be overwritten")
+        _refuse(
+            "--source", source, s, "is the same folder as", "--data_dir", data_dir, d,
+            "the source folder would be written over; write the training set somewhere else",
+        )
     for part in DATA_PARTS:
         if inside(s, d / part):
             _refuse(
