@@ -255,7 +255,7 @@ def test_feedback_folders_that_overlap_are_refused(tmp_path, capsys, monkeypatch
         "root in data wavs": dict(ok, output_dir=tree["data"] / "wavs" / "fb"),
         "root is feedback_dir": dict(ok, output_dir=fb),
         "root symlinked to feedback_dir": dict(ok, output_dir=related(fb, "symlink", tmp_path)),
-        "feedback is data_dir": dict(ok, feedback_dir=tree["data"]),
+        "root inside feedback wavs": dict(ok, output_dir=fb / "wavs" / "out"),
         "root inside base": dict(ok, output_dir=base / "fb"),
         "base is an unfinished version": dict(ok, base_model=root / "v1" / "model"),
         "base is a version's checkpoints": dict(ok, base_model=root / "v1"),

@@ -141,7 +141,6 @@ def check_feedback_paths(cfg) -> None:
     root = cfg.output_dir
     check_output_vs_data("--output_dir", root, "--data_dir", cfg.data_dir)
     check_output_vs_data("--output_dir", root, "--feedback_dir", cfg.feedback_dir)
-    check_output_vs_data("--feedback_dir", cfg.feedback_dir, "--data_dir", cfg.data_dir)  # cache/ is per folder
     base, r = resolved(cfg.base_model), resolved(root)
     if inside(r, base):
         _refuse("--output_dir", root, r, "is inside", "--base_model", cfg.base_model, base, "it must stay a model")
