@@ -89,12 +89,23 @@ def train_cases(tree: dict[str, Path], scratch: Path):
     for how in HOW:
         # --output_dir / --checkpoint_dir onto the data folder (inside it is fine, except its parts)
         target = data / "wavs" if how in ("inside", "symlink_inside") else data
-        yield f"out {how} data", dict(data_dir=data, checkpoint_dir=ckpt, output_dir=related(target, how, scratch))
-        yield f"ckpt {how} data", dict(data_dir=data, checkpoint_dir=related(target, how, scratch), output_dir=out)
+        yield (
+            f"out {how} data",
+            dict(data_dir=data, checkpoint_dir=ckpt, output_dir=related(target, how, scratch)),
+        )
+        yield (
+            f"ckpt {how} data",
+            dict(data_dir=data, checkpoint_dir=related(target, how, scratch), output_dir=out),
+        )
         # --output_dir and --checkpoint_dir never nest, either way
-        yield f"out {how} ckpt", dict(data_dir=data, checkpoint_dir=ckpt, output_dir=related(ckpt, how, scratch))
-        yield f"ckpt {how} out", dict(data_dir=data, checkpoint_dir=related(tree["mine"], how, scratch),
-                                      output_dir=tree["mine"])
+        yield (
+            f"out {how} ckpt",
+            dict(data_dir=data, checkpoint_dir=ckpt, output_dir=related(ckpt, how, scratch)),
+        )
+        yield (
+            f"ckpt {how} out",
+            dict(data_dir=data, checkpoint_dir=related(tree["mine"], how, scratch), output_dir=tree["mine"]),
+        )
 
 
 def test_every_overlap_of_train_folders_is_refused_and_nothing_changes(tmp_path, capsys, monkeypatch):
@@ -121,8 +132,14 @@ def test_defaults_layout_is_allowed():
 def test_output_dir_with_user_files_is_refused_up_front(tmp_path, capsys, tone_corpus, tiny_model_dir):
     tree = user_tree(tmp_path)
     before = snapshot(tmp_path)
-    argv = ["--data_dir", str(tone_corpus), "--model_name", str(tiny_model_dir), "--checkpoint_dir",
-            str(tmp_path / "new_ckpt")]
+    argv = [
+        "--data_dir",
+        str(tone_corpus),
+        "--model_name",
+        str(tiny_model_dir),
+        "--checkpoint_dir",
+        str(tmp_path / "new_ckpt"),
+    ]
     line = refused(capsys, train_vits.main, [*argv, "--output_dir", str(tree["mine"])], "notes.txt")
     assert "not a model exported by this tool" in line
     refused(capsys, train_vits.main, [*argv, "--output_dir", str(tree["mine"]), "--overwrite_output_dir"])
@@ -190,14 +207,24 @@ def recordings(folder: Path) -> Path:
 
 @pytest.mark.parametrize(
     "case",
-    ["source is data_dir/wavs", "source inside data_dir/wavs", "source is data_dir", "source is metadata.csv",
-     "symlinked data_dir"],
+    [
+        "source is data_dir/wavs",
+        "source inside data_dir/wavs",
+        "source is data_dir",
+        "source is metadata.csv",
+        "symlinked data_dir",
+    ],
 )
 def test_prepare_never_writes_over_its_source(tmp_path, capsys, case):
     x = recordings(tmp_path / "X")
-    (x / "metadata.csv").write_text("\n".join(
-        f"{p.stem}|{p.with_suffix('.txt').read_text(encoding='utf-8')}" for p in sorted((x / "wavs").glob("*.wav"))
-    ) + "\n", encoding="utf-8")
+    (x / "metadata.csv").write_text(
+        "\n".join(
+            f"{p.stem}|{p.with_suffix('.txt').read_text(encoding='utf-8')}"
+            for p in sorted((x / "wavs").glob("*.wav"))
+        )
+        + "\n",
+        encoding="utf-8",
+    )
     source, data_dir = {
         "source is data_dir/wavs": (x / "wavs", x),
         "source inside data_dir/wavs": (x / "wavs", x / "wavs" / ".."),
@@ -208,7 +235,11 @@ def test_prepare_never_writes_over_its_source(tmp_path, capsys, case):
     if case == "symlinked data_dir":
         (tmp_path / "link").symlink_to(x, target_is_directory=True)
     before = snapshot(tmp_path)
-    refused(capsys, prepare_data.main, ["--source", str(source), "--data_dir", str(data_dir), "--num_workers", "1"])
+    refused(
+        capsys,
+        prepare_data.main,
+        ["--source", str(source), "--data_dir", str(data_dir), "--num_workers", "1"],
+    )
     assert_unchanged(tmp_path, before)
 
 
@@ -276,9 +307,13 @@ def test_feedback_folders_that_overlap_are_refused(tmp_path, capsys, monkeypatch
 
 def test_real_runs_replace_only_their_own_exports(tmp_path, capsys, tone_corpus, tiny_model_dir):
     out = tmp_path / "final_model"
-    first = tiny_config(tmp_path, tone_corpus, tiny_model_dir, max_steps=2, checkpoint_dir=str(tmp_path / "a"))
+    first = tiny_config(
+        tmp_path, tone_corpus, tiny_model_dir, max_steps=2, checkpoint_dir=str(tmp_path / "a")
+    )
     check_train_paths(first)
-    _, summary = train_tiny(tmp_path, tone_corpus, tiny_model_dir, max_steps=2, checkpoint_dir=str(tmp_path / "a"))
+    _, summary = train_tiny(
+        tmp_path, tone_corpus, tiny_model_dir, max_steps=2, checkpoint_dir=str(tmp_path / "a")
+    )
     assert summary["final_model"] == str(out)
     marker = read_marker(out)
     assert marker["kind"] == "final_model" and "train_summary.json" in marker["files"]
@@ -291,8 +326,16 @@ def test_real_runs_replace_only_their_own_exports(tmp_path, capsys, tone_corpus,
     assert summary["resumed_from_step"] == 2 and summary["final_model"] == str(out)
 
     # another run: refused up front without --overwrite_output_dir (CLI), replaced with it
-    other = ["--data_dir", str(tone_corpus), "--model_name", str(tiny_model_dir), "--checkpoint_dir",
-             str(tmp_path / "b"), "--output_dir", str(out)]
+    other = [
+        "--data_dir",
+        str(tone_corpus),
+        "--model_name",
+        str(tiny_model_dir),
+        "--checkpoint_dir",
+        str(tmp_path / "b"),
+        "--output_dir",
+        str(out),
+    ]
     before = snapshot(tmp_path)
     capsys.readouterr()  # the runs' progress bars
     refused(capsys, train_vits.main, other, "--overwrite_output_dir")

@@ -143,7 +143,9 @@ def check_feedback_paths(cfg) -> None:
     check_output_vs_data("--output_dir", root, "--feedback_dir", cfg.feedback_dir)
     base, r = resolved(cfg.base_model), resolved(root)
     if inside(r, base):
-        _refuse("--output_dir", root, r, "is inside", "--base_model", cfg.base_model, base, "it must stay a model")
+        _refuse(
+            "--output_dir", root, r, "is inside", "--base_model", cfg.base_model, base, "it must stay a model"
+        )
     if inside(base, r) and base != r:
         # the documented rounds: <root>/latest (-> vK/model) or <root>/vK/model of a finished version
         rel = base.relative_to(r).parts
@@ -182,13 +184,26 @@ def check_prepare_sources(source, data_dir) -> None:
     s, d = resolved(path), resolved(data_dir)
     if s == d:
         _refuse(
-            "--source", source, s, "is the same folder as", "--data_dir", data_dir, d,
+            "--source",
+            source,
+            s,
+            "is the same folder as",
+            "--data_dir",
+            data_dir,
+            d,
             "the source folder would be written over; write the training set somewhere else",
         )
     for part in DATA_PARTS:
         if inside(s, d / part):
             _refuse(
-                "--source", source, s, "is inside", "--data_dir", data_dir, d, f"{part} is written by prepare_data.py"
+                "--source",
+                source,
+                s,
+                "is inside",
+                "--data_dir",
+                data_dir,
+                d,
+                f"{part} is written by prepare_data.py",
             )
 
 
@@ -312,7 +327,11 @@ def check_output_dir(output_dir, checkpoint_dir, overwrite: bool, resume: str) -
     resuming = resume != "none" and any(Path(checkpoint_dir).expanduser().glob("step_*"))
     if same_run and resuming:
         return
-    made_by = f" (by the run of --checkpoint_dir {marker['checkpoint_dir']})" if marker.get("checkpoint_dir") else ""
+    made_by = (
+        f" (by the run of --checkpoint_dir {marker['checkpoint_dir']})"
+        if marker.get("checkpoint_dir")
+        else ""
+    )
     raise UserError(
         f"--output_dir {output_dir}: holds a model exported by an earlier run{made_by}; pass "
         f"--overwrite_output_dir to replace it, or choose another --output_dir"
