@@ -224,6 +224,9 @@ def check_inputs(cfg: FeedbackConfig, log) -> Inputs:
         )
     if not (base / "config.json").is_file():
         raise UserError(f"--base_model {base}: not a model folder (no config.json)")
+    from .modelfolder import check_model_folder
+
+    check_model_folder(base, "--base_model")
     data_dir = Path(cfg.data_dir)
     if not (data_dir / METADATA_NAME).is_file():
         raise UserError(

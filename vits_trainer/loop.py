@@ -21,7 +21,13 @@ from pathlib import Path
 
 import torch
 
-from .checkpoint import checkpoint_name, prune_checkpoints, verify_checkpoint, write_checkpoint
+from .checkpoint import (
+    CheckpointError,
+    checkpoint_name,
+    prune_checkpoints,
+    verify_checkpoint,
+    write_checkpoint,
+)
 from .discriminator import save_discriminator
 from .errors import UserError
 from .evaluate import evaluate, move_batch, synthesize
@@ -438,16 +444,29 @@ class Trainer:
         """Reload the last good weights, halve the LR, leave fp16; one line says what happened."""
         s = self.s
         count = s.state.consecutive_skips
+        parts = None
         if self.last_checkpoint is not None:
-            ckpt = LoadedCheckpoint(self.last_checkpoint, verify_checkpoint(self.last_checkpoint))
-            restore_weights(
-                s.model,
-                s.discriminator_raw,
-                ckpt.tensors("generator.safetensors"),
-                ckpt.tensors("discriminator.safetensors"),
-            )
-            s.g_optimizer.load_state_dict(ckpt.object("optimizer_g.pt"))
-            s.d_optimizer.load_state_dict(ckpt.object("optimizer_d.pt"))
+            try:  # read every part first: a damaged one must not leave the weights half restored
+                ckpt = LoadedCheckpoint(self.last_checkpoint, verify_checkpoint(self.last_checkpoint))
+                parts = [
+                    ckpt.tensors("generator.safetensors"),
+                    ckpt.tensors("discriminator.safetensors"),
+                    ckpt.object("optimizer_g.pt"),
+                    ckpt.object("optimizer_d.pt"),
+                ]
+            except CheckpointError as err:  # the run goes on from the starting weights, and says so
+                s.log(f"warning: recovery cannot reload {self.last_checkpoint}: {err}")
+                self.metrics.write(
+                    {
+                        "event": "damaged_checkpoint",
+                        "step": s.budget.global_step,
+                        "path": str(self.last_checkpoint),
+                    }
+                )
+        if parts is not None:
+            restore_weights(s.model, s.discriminator_raw, parts[0], parts[1])
+            s.g_optimizer.load_state_dict(parts[2])
+            s.d_optimizer.load_state_dict(parts[3])
             source = f"checkpoint {self.last_checkpoint.name}"
         else:
             restore_weights(s.model, s.discriminator_raw, *self.initial_weights)
