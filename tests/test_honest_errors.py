@@ -64,7 +64,9 @@ def train_vits(tmp: Path, data: Path, model: Path | str, **extra) -> subprocess.
 def train_feedback(tmp: Path, data: Path, base: Path) -> subprocess.CompletedProcess:
     feedback = tmp / "feedback"
     make_corpus(feedback, num_clips=3, seed=5, id_prefix="fb")
-    settings = dict(TINY_SETTINGS, base_model=base, feedback_dir=feedback, data_dir=data, output_dir=tmp / "fb")
+    settings = dict(
+        TINY_SETTINGS, base_model=base, feedback_dir=feedback, data_dir=data, output_dir=tmp / "fb"
+    )
     settings.pop("val_fraction")
     cmd = [PYTHON, str(ROOT / "train_feedback.py"), *cli_args(settings)]
     return subprocess.run(cmd, capture_output=True, text=True, timeout=180)
@@ -74,7 +76,9 @@ def test_truncated_model_file_is_one_error_line(tmp_path, tiny_model_dir, tone_c
     broken = truncated_model(tmp_path, tiny_model_dir)
     one_error_line(train_vits(tmp_path, tone_corpus, broken), "--model_name", "model.safetensors is damaged")
     assert not (tmp_path / "ckpt").exists() and not (tmp_path / "final").exists()
-    one_error_line(train_feedback(tmp_path, tone_corpus, broken), "--base_model", "model.safetensors is damaged")
+    one_error_line(
+        train_feedback(tmp_path, tone_corpus, broken), "--base_model", "model.safetensors is damaged"
+    )
     assert not (tmp_path / "fb").exists()
 
 
