@@ -106,6 +106,8 @@ class Trainer:
         self.resumed_from_step = session.budget.global_step if session.resumed_from else None
         self.last_checkpoint: Path | None = session.resumed_from
         self.last_val: dict | None = None
+        self.last_val_step: int | None = None
+        self.final_eval_skipped: str | None = None  # why the final evaluation did not run
         # what a recovery falls back to before the first checkpoint exists (CPU copies)
         self.initial_weights = (
             {k: v.detach().cpu().clone() for k, v in session.model.state_dict().items()},
@@ -189,9 +191,11 @@ class Trainer:
         self.last_eval = time.time()
         if improved and export_best:
             t1 = time.perf_counter()
-            self.export(s.checkpoint_dir / "best_model")
+            if self.export(s.checkpoint_dir / "best_model"):
+                s.state.best_model_step = step
             s.budget.observe_export(time.perf_counter() - t1)
         self.last_val = results
+        self.last_val_step = step
         return results
 
     def write_samples(self, step: int) -> None:
@@ -549,9 +553,10 @@ class Trainer:
             if self.agree(left >= budget.eval_seconds()):
                 self.run_eval("final", export_best=False)
             else:
-                s.log(
-                    f"final evaluation skipped: {max(0.0, left):.0f} s left for it, it takes ~{budget.eval_seconds():.0f} s"
-                )
+                self.final_eval_skipped = f"no time left: {max(0.0, left):.0f} s left for it, it takes ~{budget.eval_seconds():.0f} s"
+                s.log(f"final evaluation skipped: {self.final_eval_skipped}")
+        elif stop_reason == "signal":
+            self.final_eval_skipped = "stopped by a signal"
         final_is_best = bool(s.state.val_history) and s.state.best_step == budget.global_step
         self.save_checkpoint(stop_reason or "end")
         t0 = time.perf_counter()
@@ -565,6 +570,7 @@ class Trainer:
                 shutil.copytree(exported, tmp)
                 shutil.rmtree(best, ignore_errors=True)
                 os.replace(tmp, best)
+                s.state.best_model_step = budget.global_step
         except OSError as err:
             s.log(
                 f"error: exporting the final model to {s.output_dir} failed ({err.strerror or err}); "
@@ -590,6 +596,7 @@ class Trainer:
     def summary(self, stop_reason: str | None, exported: Path | None) -> dict:
         s, budget, state = self.s, self.s.budget, self.s.state
         first = budget.first_plan
+        best = existing_best_model(s.checkpoint_dir, state.best_model_step)
         return {
             "target_seconds": budget.target_seconds,
             "wall_seconds": budget.elapsed(),
@@ -601,7 +608,11 @@ class Trainer:
             "samples_per_second": budget.samples_per_second(),
             "best_val_loss": state.best_val,
             "best_step": state.best_step,
-            "final_val": self.last_val,
+            # the evaluation of the final weights only; never an earlier one standing in for it
+            "final_val": self.last_val if self.last_val_step == budget.global_step else None,
+            "final_eval_skipped": (
+                None if self.last_val_step == budget.global_step else self.final_eval_skipped or "not run"
+            ),
             "stopped_reason": stop_reason or "end",
             "resumed_from_step": self.resumed_from_step,
             "data_wait_fraction": self.data_wait / max(self.train_seconds, 1e-9),
@@ -610,8 +621,20 @@ class Trainer:
             "plan": first.to_dict() if first else None,
             "final_model": str(exported) if exported else None,
             "last_checkpoint": str(self.last_checkpoint) if self.last_checkpoint else None,
-            "best_model": str(s.checkpoint_dir / "best_model") if state.best_step is not None else None,
+            "best_model": str(best) if best is not None else None,
+            "best_model_step": state.best_model_step if best is not None else None,
         }
+
+
+def existing_best_model(checkpoint_dir: Path, best_model_step: int | None) -> Path | None:
+    """`<checkpoint_dir>/best_model` when this run exported one and it is complete (exports are renamed
+    into place whole, so a folder with its weights is complete); else None. The start evaluation
+    measures the model the run started from and exports nothing: a run whose evaluations never beat it
+    has no best_model."""
+    folder = checkpoint_dir / "best_model"
+    if best_model_step is None or not (folder / "config.json").is_file():
+        return None
+    return folder if (folder / "model.safetensors").is_file() else None
 
 
 def _flat_config(config: dict) -> dict:

@@ -48,6 +48,7 @@ class TrainState:
     split: int = 1  # each batch runs as this many micro-batches (doubled by each out-of-memory retry)
     sessions: int = 0
     val_history: list[dict] = field(default_factory=list)
+    best_model_step: int | None = None  # the step whose weights <checkpoint_dir>/best_model/ holds
 
     def to_dict(self) -> dict:
         return asdict(self)
