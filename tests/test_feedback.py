@@ -522,3 +522,31 @@ def test_combined_items_and_replay_sampler_across_ranks(light_base, feedback_dir
     ranks[0].set_start(2)
     assert len(list(ranks[0])) == len(ranks[0]) - 2  # a resumed epoch skips its trained batches, once
     assert len(list(ranks[0])) == len(ranks[0])
+
+
+def test_skipped_final_evaluation_is_not_measured_and_not_promoted(
+    tmp_path, light_base, feedback_dir, monkeypatch
+):
+    """The final evaluation is made to not fit: the loop's own skip path runs (its cost estimate is set
+    huge when finish() decides, in-process), so there is nothing measured after training."""
+    from vits_trainer.loop import Trainer
+
+    real_finish = Trainer.finish
+
+    def finish_with_no_time_to_evaluate(self, stop_reason):
+        monkeypatch.setattr(self.s.budget, "eval_seconds", lambda: 1e9)
+        return real_finish(self, stop_reason)
+
+    monkeypatch.setattr(Trainer, "finish", finish_with_no_time_to_evaluate)
+    lines: list[str] = []
+    cfg = feedback_cfg(tmp_path / "models", light_base, feedback_dir, max_steps=3, sample_sentences=0)
+    torch.manual_seed(0)
+    report = run_feedback(cfg, time.time(), log=lines.append)
+    assert report["promoted"] is False and report["after_measured"] is False
+    assert "no time left" in report["after_not_measured_because"]
+    for part in ("feedback", "original_validation"):
+        assert report[part]["measured"] is False and report[part]["after"] is None
+        assert report[part]["change"] is None and report[part]["before"]["val_mel"] > 0
+    assert report["feedback"]["judgement"]["per_clip_after"] is None
+    assert read_latest(tmp_path / "models") is None
+    assert lines[-1].startswith("not promoted: nothing was measured after training")

@@ -144,3 +144,50 @@ def test_a_damaged_checkpoint_mid_run_does_not_end_the_run(
     )
     out = capsys.readouterr().out
     assert "recovery cannot reload" in out and summary["steps"] == 8 and summary["final_model"]
+
+
+def test_signal_before_any_improvement_names_no_best_model(
+    tmp_path, tiny_model_dir, tone_corpus, monkeypatch
+):
+    """A real SIGTERM to this process at the 2nd batch: the run saves and exports, but no evaluation of
+    trained weights ever ran, so there is no best_model and nothing may name one."""
+    import json
+    import os
+    import signal
+
+    import vits_trainer.loop as loop_module
+    from train_vits import best_model_words
+
+    calls = {"n": 0}
+    real_move = loop_module.move_batch
+
+    def signal_at_second_batch(batch, device):
+        calls["n"] += 1
+        if calls["n"] == 2:
+            os.kill(os.getpid(), signal.SIGTERM)
+        return real_move(batch, device)
+
+    monkeypatch.setattr(loop_module, "move_batch", signal_at_second_batch)
+    _, summary = train_tiny(tmp_path, tone_corpus, tiny_model_dir, max_steps=50)
+    assert summary["stopped_reason"] == "signal" and summary["final_model"]
+    assert summary["best_step"] == 0  # the start evaluation measured the model the run started from
+    assert summary["best_model"] is None and summary["best_model_step"] is None
+    assert not (tmp_path / "checkpoints" / "best_model").exists()
+    assert summary["final_val"] is None and summary["final_eval_skipped"] == "stopped by a signal"
+    written = json.loads((tmp_path / "checkpoints" / "train_summary.json").read_text())
+    assert written["best_model"] is None
+    words = best_model_words(summary)
+    assert "best_model" not in words and words.startswith("no best model")
+
+
+def test_best_model_is_named_when_it_was_exported(tmp_path, tiny_model_dir, tone_corpus):
+    from train_vits import best_model_words
+
+    _, summary = train_tiny(tmp_path, tone_corpus, tiny_model_dir, max_steps=6, learning_rate=1e-3)
+    best = tmp_path / "checkpoints" / "best_model"
+    if summary["best_step"] == 0:  # training never beat the start: then nothing may be named
+        assert summary["best_model"] is None and not best.exists()
+    else:
+        assert summary["best_model"] == str(best) and (best / "model.safetensors").is_file()
+        assert summary["best_model_step"] == summary["best_step"] == 6  # the final evaluation's copy
+        assert str(best) in best_model_words(summary)
