@@ -13,8 +13,22 @@ evaluated before and after. Each run is a new version folder:
     <output_dir>/v3/feedback_report.json  before/after losses, promoted or not and why
     <output_dir>/latest.json (+ a `latest` symlink)   the current model: the last promoted version
 
-A version is promoted only when its feedback loss improved and the original validation did not get
-worse by more than `--max_regression`; one that is not keeps its files but never becomes `latest`.
+A version is promoted only when all of these hold (one that is not keeps its files but never becomes
+`latest`; the report gives the numbers and the reason):
+- the final weights were evaluated: a final evaluation skipped for lack of time (or a signal) is
+  reported as not measured (`"after": null`, `"measured": false`, the reason), never as a copy of
+  "before", and is not promoted;
+- the held-out feedback clips (evaluated, never trained on; at least 3 of them, see judgement.py)
+  improved beyond the measurement noise: each is evaluated alone before and after training (another
+  noise seed after), and the mean per-clip mel change must be below -t(0.95, n-1) x its standard error
+  (a one-sided paired t-test); the report's `feedback.judgement` has n, the per-clip values, the mean
+  change, the standard error, the threshold and the verdict;
+- the feedback mel mean fell, and the original validation mel mean rose by at most `--max_regression`.
+  That guard takes the measured change as it is: a rise within the noise still counts as a rise, so
+  noise can only block a promotion, never let forgetting through.
+With 8 or more usable feedback clips at least 3 are held out (more if --feedback_val_fraction says
+so); with fewer, fewer than 3 are held out (none under 5: all are evaluated and trained on), so such a
+round cannot be judged and is never promoted: add feedback clips.
 """
 
 from __future__ import annotations
