@@ -9,8 +9,9 @@ the original training data, evaluated before and after, written as a new version
     python train_feedback.py --resume auto ...                            # continue after an interruption
 
 Each run writes <output_dir>/vN/ (model/, checkpoints/, samples/before|after/, feedback_report.json).
-It becomes <output_dir>/latest only when the feedback loss improved and the original validation loss
-got at most --max_regression worse; the last line printed says which, and why.
+It becomes <output_dir>/latest only when the held-out feedback clips improved beyond the measurement
+noise (a paired per-clip test on at least 3 clips) and the original validation loss got at most
+--max_regression worse; the last line printed says which, and why.
 """
 
 from __future__ import annotations

@@ -53,9 +53,18 @@ def main(argv: list[str] | None = None) -> int:
     log(
         f"done: {summary['steps']} steps in {summary['wall_seconds'] / 60:.1f} min "
         f"(budget {cfg.target_hours * 60:.1f} min); final model: {summary['final_model']}; "
-        f"best model: {summary['best_model']}"
+        + best_model_words(summary)
     )
     return 0
+
+
+def best_model_words(summary: dict) -> str:
+    """Names best_model only when it exists; else says why there is none."""
+    if summary["best_model"]:
+        return f"best model: {summary['best_model']} (step {summary['best_model_step']})"
+    if summary["best_step"] is None:
+        return "no best model (no validation)"
+    return f"no best model (no evaluation of the trained weights beat the one at step {summary['best_step']})"
 
 
 if __name__ == "__main__":

@@ -35,6 +35,7 @@ from vits_trainer.feedback import (
     run_feedback,
     write_latest,
 )
+from vits_trainer.judgement import paired_judgement
 from vits_trainer.synthetic import make_corpus
 
 UNKNOWN_TEXT_ID = "fb00011"  # its sentence gets characters the tiny vocabulary (a-o) lacks
@@ -149,14 +150,39 @@ def test_command_line_hides_derived_settings_and_has_feedback_defaults():
 
 def test_promotion_rule():
     fb = ({"val_mel": 2.0}, {"val_mel": 1.5})
-    assert promotion(*fb, {"val_mel": 1.0}, {"val_mel": 1.019}, 0.02)[0]
-    ok, why = promotion(*fb, {"val_mel": 1.0}, {"val_mel": 1.03}, 0.02)
+    clear = paired_judgement({"a": 2.0, "b": 2.1, "c": 1.9}, {"a": 1.5, "b": 1.62, "c": 1.41})
+    assert promotion(*fb, {"val_mel": 1.0}, {"val_mel": 1.019}, 0.02, clear)[0]
+    ok, why = promotion(*fb, {"val_mel": 1.0}, {"val_mel": 1.03}, 0.02, clear)
     assert not ok and "regressed" in why and "+3.0%" in why
     ok, why = promotion({"val_mel": 2.0}, {"val_mel": 2.0}, {"val_mel": 1.0}, {"val_mel": 0.9}, 0.02)
     assert not ok and "did not improve" in why
     ok, why = promotion({"val_mel": 2.0}, {"val_mel": float("nan")}, {"val_mel": 1.0}, {"val_mel": 1.0}, 0.02)
     assert not ok and "not finite" in why
-    assert not promotion(*fb, {}, {}, 0.02)[0]  # forgetting not measurable: never promoted
+    assert not promotion(*fb, {}, {}, 0.02, clear)[0]  # forgetting not measurable: never promoted
+    ok, why = promotion(*fb, {"val_mel": 1.0}, {"val_mel": 1.0}, 0.02)  # no per-clip judgement
+    assert not ok and "not enough held-out clips" in why
+
+
+def test_judgement_needs_an_improvement_beyond_the_noise_on_enough_clips():
+    # the case seen: 1.2717911 -> 1.2717762 on one held-out clip
+    one = paired_judgement({"a": 1.2717911}, {"a": 1.2717762})
+    assert not one["improved"] and "not enough held-out clips to judge (1 measured" in one["why"]
+    # a mean that fell, by less than its noise: per-clip changes of both signs
+    before = {"a": 1.20, "b": 1.30, "c": 1.25, "d": 1.22}
+    noisy = paired_judgement(before, {"a": 1.15, "b": 1.33, "c": 1.21, "d": 1.24})
+    assert noisy["mean_diff"] < 0 and not noisy["improved"], noisy
+    assert "no improvement beyond the noise" in noisy["why"] and noisy["threshold"] > -noisy["mean_diff"]
+    ok, why = promotion(
+        {"val_mel": 1.2425}, {"val_mel": 1.2325}, {"val_mel": 1.0}, {"val_mel": 1.0}, 0.02, noisy
+    )
+    assert not ok and "no improvement beyond the noise" in why
+    # the same mean change, consistent across the clips: real
+    real = paired_judgement(before, {k: v - 0.01 + 0.001 * i for i, (k, v) in enumerate(before.items())})
+    assert real["improved"] and real["clips"] == 4 and real["t_critical"] == pytest.approx(2.353, abs=1e-3)
+    # a worse model is never "improved", however clear
+    assert not paired_judgement(before, {k: v + 0.1 for k, v in before.items()})["improved"]
+    # non-finite clips are not counted
+    assert paired_judgement({**before, "e": 1.0}, {**before, "e": float("nan")})["clips"] == 4
 
 
 def test_versions_resume_auto_takes_only_the_newest_unfinished(tmp_path):
@@ -225,7 +251,7 @@ def test_replay_mix_per_epoch_and_no_validation_clip_replayed(tmp_path, light_ba
     assert list(split.val_sets) == ["feedback", "val"]  # feedback first: it is what the run is for
     assert sorted(split.val_sets["val"].ids()) == sorted(base["val_ids"])
     n_fb = len(run.feedback_train)
-    assert n_fb == 10 and len(run.feedback_eval) == 2  # 12 clips, 20 % held out
+    assert n_fb == 9 and len(run.feedback_eval) == 3  # 12 clips: 20 %, but 3 held out to judge a promotion
     assert not set(run.feedback_train.ids()) & set(run.feedback_eval.ids())
     expected_replay = round(ratio * n_fb)
     assert split.epoch_samples == n_fb + expected_replay
@@ -269,10 +295,13 @@ def test_feedback_run_improves_feedback_and_is_promoted(promoted_run, base):
     assert json.loads((v1 / REPORT_NAME).read_text()) == json.loads(json.dumps(report))
     fb, orig = report["feedback"], report["original_validation"]
     assert fb["after"]["val_mel"] < fb["before"]["val_mel"], report
-    assert fb["held_out"] and fb["clips_evaluated"] == 2 and fb["clips_trained"] == 10
+    assert fb["held_out"] and fb["clips_evaluated"] == 3 and fb["clips_trained"] == 9
+    judged = fb["judgement"]
+    assert judged["improved"] and judged["clips"] == 3 and -judged["mean_diff"] > judged["threshold"] > 0
+    assert sorted(judged["per_clip_after"]) == sorted(judged["per_clip_before"])
     assert orig["clips"] == len(base["val_ids"]) and orig["after"]["val_mel"] > 0
     assert report["promoted"] is True, report["reason"]
-    assert report["replay"] == {"ratio": 1.0, "per_epoch": 10, "pool": len(base["train_ids"])}
+    assert report["replay"] == {"ratio": 1.0, "per_epoch": 9, "pool": len(base["train_ids"])}
     assert report["training"]["steps"] == 30
     assert read_latest(out)["version"] == "v1"
     VitsModel.from_pretrained(read_latest(out)["path"])
@@ -493,3 +522,31 @@ def test_combined_items_and_replay_sampler_across_ranks(light_base, feedback_dir
     ranks[0].set_start(2)
     assert len(list(ranks[0])) == len(ranks[0]) - 2  # a resumed epoch skips its trained batches, once
     assert len(list(ranks[0])) == len(ranks[0])
+
+
+def test_skipped_final_evaluation_is_not_measured_and_not_promoted(
+    tmp_path, light_base, feedback_dir, monkeypatch
+):
+    """The final evaluation is made to not fit: the loop's own skip path runs (its cost estimate is set
+    huge when finish() decides, in-process), so there is nothing measured after training."""
+    from vits_trainer.loop import Trainer
+
+    real_finish = Trainer.finish
+
+    def finish_with_no_time_to_evaluate(self, stop_reason):
+        monkeypatch.setattr(self.s.budget, "eval_seconds", lambda: 1e9)
+        return real_finish(self, stop_reason)
+
+    monkeypatch.setattr(Trainer, "finish", finish_with_no_time_to_evaluate)
+    lines: list[str] = []
+    cfg = feedback_cfg(tmp_path / "models", light_base, feedback_dir, max_steps=3, sample_sentences=0)
+    torch.manual_seed(0)
+    report = run_feedback(cfg, time.time(), log=lines.append)
+    assert report["promoted"] is False and report["after_measured"] is False
+    assert "no time left" in report["after_not_measured_because"]
+    for part in ("feedback", "original_validation"):
+        assert report[part]["measured"] is False and report[part]["after"] is None
+        assert report[part]["change"] is None and report[part]["before"]["val_mel"] > 0
+    assert report["feedback"]["judgement"]["per_clip_after"] is None
+    assert read_latest(tmp_path / "models") is None
+    assert lines[-1].startswith("not promoted: nothing was measured after training")

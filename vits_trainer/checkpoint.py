@@ -21,6 +21,8 @@ import torch
 from safetensors.torch import load as load_safetensors_bytes
 from safetensors.torch import save as save_safetensors_bytes
 
+from .errors import UserError
+
 try:  # xxhash comes with `datasets`; ~10x faster than sha256 on a GB-sized checkpoint
     import xxhash
 
@@ -37,8 +39,9 @@ MANIFEST = "manifest.json"
 _NAME = re.compile(r"^step_(\d{8,})$")
 
 
-class CheckpointError(Exception):
-    """A checkpoint that is incomplete or damaged."""
+class CheckpointError(UserError):
+    """A checkpoint that is incomplete or damaged. A UserError: one that escapes (e.g. a damaged
+    --resume PATH found while loading) ends the run with one `error:` line, never a traceback."""
 
 
 def checkpoint_name(step: int) -> str:

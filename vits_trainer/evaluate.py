@@ -62,6 +62,39 @@ def evaluate(generator, loader, device: torch.device, autocast=None, seed: int =
 
 
 @torch.no_grad()
+def evaluate_per_clip(generator, items, device: torch.device, autocast=None, seed: int = 1234) -> dict:
+    """{clip id: val_mel} with each clip evaluated alone (a batch of one: no padding, no neighbours),
+    for paired before/after comparisons. The same seed and order give the same numbers; a different
+    seed draws other posterior/duration noise, which is part of the measurement's own noise."""
+    from .dataset import ClipDataset, collate_batch
+
+    dataset = ClipDataset(items)
+    was_training = generator.training
+    generator.eval()
+    values = {}
+    devices = [device] if device.type == "cuda" else []
+    with torch.random.fork_rng(devices=devices):
+        torch.manual_seed(seed)
+        for k in range(len(dataset)):
+            batch = collate_batch([dataset[k]])
+            batch = move_batch(
+                {n: v for n, v in batch.items() if n not in ("indices", "text_lengths")}, device
+            )
+            with autocast() if autocast else contextlib.nullcontext():
+                out = generator(
+                    batch["input_ids"],
+                    batch["attention_mask"],
+                    batch["audio"],
+                    batch["audio_lengths"],
+                    batch.get("speaker_ids"),
+                    full_length=True,
+                )
+            values[items.clip_id(k)] = float(out.mel)
+    generator.train(was_training)
+    return values
+
+
+@torch.no_grad()
 def synthesize(
     model,
     text_encoder,

@@ -13,8 +13,22 @@ evaluated before and after. Each run is a new version folder:
     <output_dir>/v3/feedback_report.json  before/after losses, promoted or not and why
     <output_dir>/latest.json (+ a `latest` symlink)   the current model: the last promoted version
 
-A version is promoted only when its feedback loss improved and the original validation did not get
-worse by more than `--max_regression`; one that is not keeps its files but never becomes `latest`.
+A version is promoted only when all of these hold (one that is not keeps its files but never becomes
+`latest`; the report gives the numbers and the reason):
+- the final weights were evaluated: a final evaluation skipped for lack of time (or a signal) is
+  reported as not measured (`"after": null`, `"measured": false`, the reason), never as a copy of
+  "before", and is not promoted;
+- the held-out feedback clips (evaluated, never trained on; at least 3 of them, see judgement.py)
+  improved beyond the measurement noise: each is evaluated alone before and after training (another
+  noise seed after), and the mean per-clip mel change must be below -t(0.95, n-1) x its standard error
+  (a one-sided paired t-test); the report's `feedback.judgement` has n, the per-clip values, the mean
+  change, the standard error, the threshold and the verdict;
+- the feedback mel mean fell, and the original validation mel mean rose by at most `--max_regression`.
+  That guard takes the measured change as it is: a rise within the noise still counts as a rise, so
+  noise can only block a promotion, never let forgetting through.
+With 8 or more usable feedback clips at least 3 are held out (more if --feedback_val_fraction says
+so); with fewer, fewer than 3 are held out (none under 5: all are evaluated and trained on), so such a
+round cannot be judged and is never promoted: add feedback clips.
 """
 
 from __future__ import annotations
@@ -35,6 +49,7 @@ import numpy as np
 from .config import TrainConfig, _f
 from .errors import UserError
 from .jsonfile import write_json_atomic
+from .judgement import MIN_JUDGED_CLIPS, SEED_AFTER, SEED_BEFORE, paired_judgement
 from .metadata import METADATA_NAME, SPLIT_FILE, WAVS_DIR, read_metadata
 
 # torch/transformers are imported where used: a bad command line is reported without paying for them
@@ -224,6 +239,9 @@ def check_inputs(cfg: FeedbackConfig, log) -> Inputs:
         )
     if not (base / "config.json").is_file():
         raise UserError(f"--base_model {base}: not a model folder (no config.json)")
+    from .modelfolder import check_model_folder
+
+    check_model_folder(base, "--base_model")
     data_dir = Path(cfg.data_dir)
     if not (data_dir / METADATA_NAME).is_file():
         raise UserError(
@@ -543,8 +561,10 @@ class FeedbackRun:
             train_pos, eval_pos = rest, sorted(rest + fixed_eval)
             held_out = False
         else:
+            # enough held out for a promotion to be judged (see judgement.py), when that leaves enough to train
+            min_val = MIN_JUDGED_CLIPS if n >= MIN_JUDGED_CLIPS + MIN_HELD_OUT_CLIPS else 1
             train_sub, eval_sub = split_train_val(
-                [ids[i] for i in rest], self.cfg.feedback_val_fraction, min_val=1, seed=self.cfg.seed
+                [ids[i] for i in rest], self.cfg.feedback_val_fraction, min_val=min_val, seed=self.cfg.seed
             )
             train_pos, eval_pos = (
                 [rest[i] for i in train_sub],
@@ -623,6 +643,32 @@ class FeedbackRun:
             )
             self.log(f"samples: {total} feedback sentences{capped} as the base model says them -> {folder}")
 
+    # -- per-clip judgement -----------------------------------------------------------------------
+
+    def judged_items(self) -> TrainingItems:
+        """The evaluated feedback clips never trained on: the only ones a promotion may be judged on."""
+        trained = set(self.feedback_train.ids())
+        return subset(
+            self.feedback_eval, [k for k, i in enumerate(self.feedback_eval.ids()) if i not in trained]
+        )
+
+    def before_per_clip(self, session) -> None:
+        """Per-clip mel of the base model on the judged clips (kept across resumes in feedback_run.json)."""
+        if self.info.get("per_clip_before") is not None:
+            return
+        from .evaluate import evaluate_per_clip
+
+        generator = session.generator_raw
+        if session.resumed_from is not None:  # interrupted before they were taken: the base model's
+            from .vits import VitsGenerator, load_vits_model
+
+            generator = VitsGenerator(load_vits_model(self.inputs.base_model)).to(session.device)
+        t0 = time.perf_counter()
+        self.info["per_clip_before"] = evaluate_per_clip(
+            generator, self.judged_items(), session.device, session.accelerator.autocast, SEED_BEFORE
+        )
+        self.info["per_clip_seconds"] = time.perf_counter() - t0
+
     # -- the whole run -------------------------------------------------------------------------------
 
     def run(self) -> dict:
@@ -685,9 +731,15 @@ class FeedbackRun:
                     started=time.strftime("%Y-%m-%dT%H:%M:%S%z"),
                 )
             self.before_samples(session)
+            self.before_per_clip(session)
             write_json_atomic(self.version / RUN_NAME, self.info)
-        # the after-samples come after the loop's final export: keep their time out of its budget
-        reserve = SAMPLE_RESERVE_FACTOR * float(self.info.get("sample_seconds", 0.0)) + 1.0
+        # the after-samples and per-clip evaluation come after the loop's final export: keep their time
+        # out of its budget
+        reserve = (
+            SAMPLE_RESERVE_FACTOR
+            * (float(self.info.get("sample_seconds", 0.0)) + float(self.info.get("per_clip_seconds", 0.0)))
+            + 1.0
+        )
         session.budget.extra_final_seconds = reserve
 
         summary = Trainer(session).train()
@@ -706,20 +758,44 @@ class FeedbackRun:
         self.write_samples(
             session.model, session.text, self.version / "samples" / "after", session.device, deadline
         )
-        report = self.report(session, summary)
+        per_clip_after = None
+        if summary.get("final_val") is not None:  # the final weights were evaluated: judge them per clip
+            from .evaluate import evaluate_per_clip
+
+            per_clip_after = evaluate_per_clip(
+                session.generator_raw,
+                self.judged_items(),
+                session.device,
+                session.accelerator.autocast,
+                SEED_AFTER,
+            )
+        report = self.report(session, summary, per_clip_after)
         write_json_atomic(self.version / REPORT_NAME, report)
         log(f"report: {self.version / REPORT_NAME}")
         log(report["message"])
         return report
 
-    def report(self, session, summary: dict) -> dict:
+    def report(self, session, summary: dict, per_clip_after: dict | None = None) -> dict:
         cfg = self.cfg
         history = session.state.val_history
         before = history[0] if history and history[0].get("tag") == "start" else {}
+        measured = summary.get("final_val") is not None  # never an earlier evaluation standing in
         after = summary.get("final_val") or {}
         fb_before, fb_after = _losses(before, "feedback_"), _losses(after, "feedback_")
         ov_before, ov_after = _losses(before, ""), _losses(after, "")
-        promoted, reason = promotion(fb_before, fb_after, ov_before, ov_after, cfg.max_regression)
+        judgement = paired_judgement(self.info.get("per_clip_before") or {}, per_clip_after or {})
+        judgement["per_clip_before"] = self.info.get("per_clip_before")
+        judgement["per_clip_after"] = per_clip_after
+        not_measured = summary.get("final_eval_skipped") or "not run"
+        if not measured:
+            promoted, reason = (
+                False,
+                f"nothing was measured after training (final evaluation skipped: {not_measured})",
+            )
+        else:
+            promoted, reason = promotion(
+                fb_before, fb_after, ov_before, ov_after, cfg.max_regression, judgement
+            )
         if not summary.get("final_model"):
             promoted, reason = False, "the model could not be exported (see the error above)"
         previous = read_latest(self.root)
@@ -742,10 +818,14 @@ class FeedbackRun:
             "base_model": self.info.get("base_model"),
             "model": str(self.version / "model"),
             "exported": bool(summary.get("final_model")),
+            "after_measured": measured,
+            "after_not_measured_because": None if measured else not_measured,
             "feedback": {
                 "before": fb_before,
-                "after": fb_after,
-                "change": _change(fb_before, fb_after),
+                "after": fb_after if measured else None,
+                "measured": measured,
+                "change": _change(fb_before, fb_after) if measured else None,
+                "judgement": judgement,
                 "clips_evaluated": len(self.feedback_eval),
                 "clips_trained": len(self.feedback_train),
                 "held_out": self.info["feedback_split"]["held_out"],
@@ -753,8 +833,9 @@ class FeedbackRun:
             },
             "original_validation": {
                 "before": ov_before,
-                "after": ov_after,
-                "change": _change(ov_before, ov_after),
+                "after": ov_after if measured else None,
+                "measured": measured,
+                "change": _change(ov_before, ov_after) if measured else None,
                 "clips": self.info.get("original_validation_clips", 0),
                 "max_regression": cfg.max_regression,
                 "split_source": self.info.get("original_split_source"),
@@ -801,9 +882,20 @@ def _change(before: dict, after: dict) -> float | None:
     return a / b - 1.0
 
 
-def promotion(fb_before: dict, fb_after: dict, ov_before: dict, ov_after: dict, max_regression: float):
-    """(promoted, why): the feedback mel fell, and the original validation mel rose by at most
-    `max_regression` (relative). Mel is the loss the runner selects its best model by."""
+def promotion(
+    fb_before: dict,
+    fb_after: dict,
+    ov_before: dict,
+    ov_after: dict,
+    max_regression: float,
+    judgement: dict | None = None,
+):
+    """(promoted, why): the held-out feedback clips improved beyond the measurement noise
+    (`judgement`, from judgement.paired_judgement on per-clip mel losses; None = not judged), the
+    feedback mel mean fell, and the original validation mel mean rose by at most `max_regression`
+    (relative). The regression guard takes the measured change as it is: a rise within the noise still
+    counts, so noise can only block a promotion, never let a regression through unnoticed. Mel is the
+    loss the runner selects its best model by."""
     fb_b, fb_a = fb_before.get("val_mel"), fb_after.get("val_mel")
     ov_b, ov_a = ov_before.get("val_mel"), ov_after.get("val_mel")
     if fb_b is None or fb_a is None:
@@ -813,6 +905,10 @@ def promotion(fb_before: dict, fb_after: dict, ov_before: dict, ov_after: dict, 
     if not fb_a < fb_b:
         return False, f"the feedback mel loss did not improve ({fb_b:.4f} -> {fb_a:.4f})"
     feedback = f"feedback mel {fb_b:.4f} -> {fb_a:.4f} ({fb_a / fb_b - 1:+.1%})"
+    if judgement is None or not judgement.get("improved"):
+        why = judgement["why"] if judgement else "not enough held-out clips to judge (none measured per clip)"
+        return False, f"{why}; {feedback}"
+    feedback = f"{feedback}; held-out clips {judgement['why']}"
     if ov_b is None or ov_a is None:
         return False, f"{feedback}, but there is no original validation to check for forgetting"
     if not math.isfinite(ov_a):

@@ -21,7 +21,13 @@ from pathlib import Path
 
 import torch
 
-from .checkpoint import checkpoint_name, prune_checkpoints, verify_checkpoint, write_checkpoint
+from .checkpoint import (
+    CheckpointError,
+    checkpoint_name,
+    prune_checkpoints,
+    verify_checkpoint,
+    write_checkpoint,
+)
 from .discriminator import save_discriminator
 from .errors import UserError
 from .evaluate import evaluate, move_batch, synthesize
@@ -101,6 +107,8 @@ class Trainer:
         self.resumed_from_step = session.budget.global_step if session.resumed_from else None
         self.last_checkpoint: Path | None = session.resumed_from
         self.last_val: dict | None = None
+        self.last_val_step: int | None = None
+        self.final_eval_skipped: str | None = None  # why the final evaluation did not run
         # what a recovery falls back to before the first checkpoint exists (CPU copies)
         self.initial_weights = (
             {k: v.detach().cpu().clone() for k, v in session.model.state_dict().items()},
@@ -185,11 +193,13 @@ class Trainer:
         if improved and export_best:
             t1 = time.perf_counter()
             try:
-                self.export(s.checkpoint_dir / "best_model")
+                if self.export(s.checkpoint_dir / "best_model"):
+                    s.state.best_model_step = step
             except UnsafeOverwrite as err:  # a file the user put into best_model/ is never deleted
                 s.log(f"warning: best model not exported: {err}")
             s.budget.observe_export(time.perf_counter() - t1)
         self.last_val = results
+        self.last_val_step = step
         return results
 
     def write_samples(self, step: int) -> None:
@@ -445,16 +455,29 @@ class Trainer:
         """Reload the last good weights, halve the LR, leave fp16; one line says what happened."""
         s = self.s
         count = s.state.consecutive_skips
+        parts = None
         if self.last_checkpoint is not None:
-            ckpt = LoadedCheckpoint(self.last_checkpoint, verify_checkpoint(self.last_checkpoint))
-            restore_weights(
-                s.model,
-                s.discriminator_raw,
-                ckpt.tensors("generator.safetensors"),
-                ckpt.tensors("discriminator.safetensors"),
-            )
-            s.g_optimizer.load_state_dict(ckpt.object("optimizer_g.pt"))
-            s.d_optimizer.load_state_dict(ckpt.object("optimizer_d.pt"))
+            try:  # read every part first: a damaged one must not leave the weights half restored
+                ckpt = LoadedCheckpoint(self.last_checkpoint, verify_checkpoint(self.last_checkpoint))
+                parts = [
+                    ckpt.tensors("generator.safetensors"),
+                    ckpt.tensors("discriminator.safetensors"),
+                    ckpt.object("optimizer_g.pt"),
+                    ckpt.object("optimizer_d.pt"),
+                ]
+            except CheckpointError as err:  # the run goes on from the starting weights, and says so
+                s.log(f"warning: recovery cannot reload {self.last_checkpoint}: {err}")
+                self.metrics.write(
+                    {
+                        "event": "damaged_checkpoint",
+                        "step": s.budget.global_step,
+                        "path": str(self.last_checkpoint),
+                    }
+                )
+        if parts is not None:
+            restore_weights(s.model, s.discriminator_raw, parts[0], parts[1])
+            s.g_optimizer.load_state_dict(parts[2])
+            s.d_optimizer.load_state_dict(parts[3])
             source = f"checkpoint {self.last_checkpoint.name}"
         else:
             restore_weights(s.model, s.discriminator_raw, *self.initial_weights)
@@ -537,9 +560,10 @@ class Trainer:
             if self.agree(left >= budget.eval_seconds()):
                 self.run_eval("final", export_best=False)
             else:
-                s.log(
-                    f"final evaluation skipped: {max(0.0, left):.0f} s left for it, it takes ~{budget.eval_seconds():.0f} s"
-                )
+                self.final_eval_skipped = f"no time left: {max(0.0, left):.0f} s left for it, it takes ~{budget.eval_seconds():.0f} s"
+                s.log(f"final evaluation skipped: {self.final_eval_skipped}")
+        elif stop_reason == "signal":
+            self.final_eval_skipped = "stopped by a signal"
         final_is_best = bool(s.state.val_history) and s.state.best_step == budget.global_step
         self.save_checkpoint(stop_reason or "end")
         t0 = time.perf_counter()
@@ -554,6 +578,7 @@ class Trainer:
                 shutil.copytree(exported, tmp)
                 write_marker(tmp, "best_model", s.checkpoint_dir)
                 replace_export(tmp, best)
+                s.state.best_model_step = budget.global_step
         except (OSError, UnsafeOverwrite) as err:
             s.log(
                 f"error: exporting the final model to {s.output_dir} failed ({getattr(err, 'strerror', None) or err}); "
@@ -580,6 +605,7 @@ class Trainer:
     def summary(self, stop_reason: str | None, exported: Path | None) -> dict:
         s, budget, state = self.s, self.s.budget, self.s.state
         first = budget.first_plan
+        best = existing_best_model(s.checkpoint_dir, state.best_model_step)
         return {
             "target_seconds": budget.target_seconds,
             "wall_seconds": budget.elapsed(),
@@ -591,7 +617,11 @@ class Trainer:
             "samples_per_second": budget.samples_per_second(),
             "best_val_loss": state.best_val,
             "best_step": state.best_step,
-            "final_val": self.last_val,
+            # the evaluation of the final weights only; never an earlier one standing in for it
+            "final_val": self.last_val if self.last_val_step == budget.global_step else None,
+            "final_eval_skipped": (
+                None if self.last_val_step == budget.global_step else self.final_eval_skipped or "not run"
+            ),
             "stopped_reason": stop_reason or "end",
             "resumed_from_step": self.resumed_from_step,
             "data_wait_fraction": self.data_wait / max(self.train_seconds, 1e-9),
@@ -600,8 +630,20 @@ class Trainer:
             "plan": first.to_dict() if first else None,
             "final_model": str(exported) if exported else None,
             "last_checkpoint": str(self.last_checkpoint) if self.last_checkpoint else None,
-            "best_model": str(s.checkpoint_dir / "best_model") if state.best_step is not None else None,
+            "best_model": str(best) if best is not None else None,
+            "best_model_step": state.best_model_step if best is not None else None,
         }
+
+
+def existing_best_model(checkpoint_dir: Path, best_model_step: int | None) -> Path | None:
+    """`<checkpoint_dir>/best_model` when this run exported one and it is complete (exports are renamed
+    into place whole, so a folder with its weights is complete); else None. The start evaluation
+    measures the model the run started from and exports nothing: a run whose evaluations never beat it
+    has no best_model."""
+    folder = checkpoint_dir / "best_model"
+    if best_model_step is None or not (folder / "config.json").is_file():
+        return None
+    return folder if (folder / "model.safetensors").is_file() else None
 
 
 def _flat_config(config: dict) -> dict:

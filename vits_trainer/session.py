@@ -13,6 +13,7 @@ from pathlib import Path
 
 import numpy as np
 import torch
+from safetensors import SafetensorError
 
 from .budget import Budget, BudgetLR, make_scheduler
 from .checkpoint import find_resumable, list_checkpoints, verify_checkpoint
@@ -36,6 +37,7 @@ from .discriminator import (
 from .errors import UserError
 from .hub import resolve_model_dir
 from .metadata import METADATA_NAME, read_metadata
+from .modelfolder import check_model_folder
 from .runtime import Logger, make_accelerator, quiet_transformers, resolve_precision
 from .safety import remove_created_on_error
 from .step import make_optimizer
@@ -151,9 +153,10 @@ def load_model(
         model.load_state_dict(ckpt.tensors("generator.safetensors"), strict=True)
         return model, text, None, f"checkpoint {ckpt.path}"
     model_dir = resolve_model_dir(cfg.model_name)
+    check_model_folder(model_dir, "--model_name")  # a checkpoint or a truncated file: one clear line
     try:
         model = load_vits_model(model_dir)
-    except (OSError, ValueError, RuntimeError) as err:
+    except (OSError, ValueError, RuntimeError, SafetensorError) as err:
         raise UserError(f"--model_name {cfg.model_name}: cannot load a VitsModel ({err})") from None
     text = TextEncoder.from_pretrained(model_dir)
     apply_decoder_weight_norm(model)

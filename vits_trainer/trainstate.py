@@ -18,6 +18,7 @@ import numpy as np
 import torch
 
 from .checkpoint import (
+    CheckpointError,
     bytes_to_object,
     bytes_to_tensors,
     json_bytes,
@@ -47,6 +48,7 @@ class TrainState:
     split: int = 1  # each batch runs as this many micro-batches (doubled by each out-of-memory retry)
     sessions: int = 0
     val_history: list[dict] = field(default_factory=list)
+    best_model_step: int | None = None  # the step whose weights <checkpoint_dir>/best_model/ holds
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -128,7 +130,14 @@ class LoadedCheckpoint:
         return name in self.manifest["files"]
 
     def bytes(self, name: str) -> bytes:
-        return read_file(self.path, name, self.manifest)
+        try:
+            return read_file(self.path, name, self.manifest)
+        except (CheckpointError, OSError) as err:
+            detail = str(err) if isinstance(err, CheckpointError) else f"{name}: {err.strerror or err}"
+            raise CheckpointError(
+                f"checkpoint {self.path} is damaged ({detail}); resume from an earlier one: --resume auto "
+                f"skips damaged checkpoints, or pass --resume with another step_* folder"
+            ) from None
 
     def json(self, name: str):
         return json.loads(self.bytes(name).decode("utf-8"))

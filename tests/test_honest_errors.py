@@ -1,0 +1,193 @@
+"""Damaged or mistaken inputs that used to end in a traceback: a truncated model.safetensors, a
+checkpoint folder passed as a model folder, a checkpoint with a flipped byte. Each is one `error:` line
+and exit 2 from the real CLIs; a damaged checkpoint met mid-run by a recovery is a warning, not a crash.
+"""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+import time
+from pathlib import Path
+
+import pytest
+import torch
+
+from tests.helpers import PYTHON, ROOT, TINY_SETTINGS, cli_args, make_kl_infinite, tiny_config, train_tiny
+from vits_trainer.checkpoint import list_checkpoints
+from vits_trainer.loop import Trainer
+from vits_trainer.session import build_session
+from vits_trainer.synthetic import make_corpus
+
+
+@pytest.fixture(scope="module")
+def short_run(tmp_path_factory, tiny_model_dir, tone_corpus):
+    """A real 2-step run: its checkpoint folders are what users mistake for model folders."""
+    tmp = tmp_path_factory.mktemp("short_run")
+    train_tiny(tmp, tone_corpus, tiny_model_dir, max_steps=2, save_minutes=0.001)
+    return tmp / "checkpoints"
+
+
+def flip_byte(path: Path) -> None:
+    data = bytearray(path.read_bytes())
+    data[len(data) // 2] ^= 0xFF  # same size: only a checksum can tell
+    path.write_bytes(bytes(data))
+
+
+def truncated_model(tmp: Path, model: Path) -> Path:
+    broken = tmp / "broken_model"
+    shutil.copytree(model, broken)
+    weights = broken / "model.safetensors"
+    weights.write_bytes(weights.read_bytes()[: weights.stat().st_size // 2])
+    return broken
+
+
+def one_error_line(proc: subprocess.CompletedProcess, *expected: str) -> str:
+    lines = [line for line in proc.stderr.splitlines() if line.strip()]
+    assert proc.returncode == 2, (proc.stdout[-2000:], proc.stderr[-2000:])
+    assert "Traceback" not in proc.stderr + proc.stdout
+    assert len(lines) == 1 and lines[0].startswith("error: "), lines
+    for text in expected:
+        assert text in lines[0], lines[0]
+    return lines[0]
+
+
+def train_vits(tmp: Path, data: Path, model: Path | str, **extra) -> subprocess.CompletedProcess:
+    settings = dict(
+        TINY_SETTINGS, data_dir=data, model_name=model, checkpoint_dir=tmp / "ckpt", output_dir=tmp / "final"
+    )
+    settings.update(extra)
+    cmd = [PYTHON, str(ROOT / "train_vits.py"), *cli_args(settings)]
+    return subprocess.run(cmd, capture_output=True, text=True, timeout=180)
+
+
+def train_feedback(tmp: Path, data: Path, base: Path) -> subprocess.CompletedProcess:
+    feedback = tmp / "feedback"
+    make_corpus(feedback, num_clips=3, seed=5, id_prefix="fb")
+    settings = dict(
+        TINY_SETTINGS, base_model=base, feedback_dir=feedback, data_dir=data, output_dir=tmp / "fb"
+    )
+    settings.pop("val_fraction")
+    cmd = [PYTHON, str(ROOT / "train_feedback.py"), *cli_args(settings)]
+    return subprocess.run(cmd, capture_output=True, text=True, timeout=180)
+
+
+def test_truncated_model_file_is_one_error_line(tmp_path, tiny_model_dir, tone_corpus):
+    broken = truncated_model(tmp_path, tiny_model_dir)
+    one_error_line(train_vits(tmp_path, tone_corpus, broken), "--model_name", "model.safetensors is damaged")
+    assert not (tmp_path / "ckpt").exists() and not (tmp_path / "final").exists()
+    one_error_line(
+        train_feedback(tmp_path, tone_corpus, broken), "--base_model", "model.safetensors is damaged"
+    )
+    assert not (tmp_path / "fb").exists()
+
+
+def test_checkpoint_folder_is_not_a_model_folder(tmp_path, short_run, tone_corpus):
+    step = list_checkpoints(short_run)[0]
+    line = one_error_line(
+        train_vits(tmp_path, tone_corpus, step), "is a training checkpoint, not a model folder", "best_model"
+    )
+    assert f"--resume {step}" in line  # what continuing that run takes
+    assert not (tmp_path / "ckpt").exists()
+    one_error_line(train_feedback(tmp_path, tone_corpus, step), "--base_model", "is a training checkpoint")
+    assert not (tmp_path / "fb").exists()
+
+
+def test_resume_path_with_a_flipped_byte_is_one_error_line(tmp_path, short_run, tiny_model_dir, tone_corpus):
+    run = tmp_path / "run"
+    shutil.copytree(short_run, run)
+    step = list_checkpoints(run)[0]
+    flip_byte(step / "generator.safetensors")
+    proc = train_vits(tmp_path, tone_corpus, tiny_model_dir, resume=step, checkpoint_dir=run, max_steps=4)
+    one_error_line(proc, step.name, "--resume")
+    assert not (tmp_path / "final").exists()
+    assert list_checkpoints(run)[0] == step  # nothing newer was written over the damaged run
+
+
+def test_recovery_from_a_damaged_checkpoint_falls_back_to_the_starting_weights(
+    tmp_path, tiny_model_dir, tone_corpus, monkeypatch, capsys
+):
+    cfg = tiny_config(tmp_path, tone_corpus, tiny_model_dir, max_steps=1)
+    torch.manual_seed(0)
+    session = build_session(cfg, time.time())
+    trainer = Trainer(session)
+    step = trainer.save_checkpoint("test")
+    flip_byte(step / "generator.safetensors")
+    with torch.no_grad():  # weights that moved since the start: the fallback must put them back
+        for p in session.model.parameters():
+            p.add_(1.0)
+    trainer.recover()
+    out = capsys.readouterr().out
+    assert f"recovery cannot reload {step}" in out and "reloaded the starting weights" in out
+    start = trainer.initial_weights[0]
+    assert all(torch.equal(v.cpu(), start[k]) for k, v in session.model.state_dict().items())
+    assert session.state.recoveries == 1
+
+
+def test_a_damaged_checkpoint_mid_run_does_not_end_the_run(
+    tmp_path, tiny_model_dir, tone_corpus, monkeypatch, capsys
+):
+    """Inf KL from the 4th training forward on: recovery after 3 skips, with the only checkpoint
+    (saved every step) damaged just before it is needed."""
+    import vits_trainer.loop as loop_module
+
+    real_recover = loop_module.Trainer.recover
+
+    def damage_then_recover(self):
+        flip_byte(self.last_checkpoint / "generator.safetensors")
+        return real_recover(self)
+
+    monkeypatch.setattr(loop_module.Trainer, "recover", damage_then_recover)
+    make_kl_infinite(monkeypatch, 4, 6)
+    _, summary = train_tiny(
+        tmp_path, tone_corpus, tiny_model_dir, max_steps=8, save_minutes=0.001, max_consecutive_skips=3
+    )
+    out = capsys.readouterr().out
+    assert "recovery cannot reload" in out and summary["steps"] == 8 and summary["final_model"]
+
+
+def test_signal_before_any_improvement_names_no_best_model(
+    tmp_path, tiny_model_dir, tone_corpus, monkeypatch
+):
+    """A real SIGTERM to this process at the 2nd batch: the run saves and exports, but no evaluation of
+    trained weights ever ran, so there is no best_model and nothing may name one."""
+    import json
+    import os
+    import signal
+
+    import vits_trainer.loop as loop_module
+    from train_vits import best_model_words
+
+    calls = {"n": 0}
+    real_move = loop_module.move_batch
+
+    def signal_at_second_batch(batch, device):
+        calls["n"] += 1
+        if calls["n"] == 2:
+            os.kill(os.getpid(), signal.SIGTERM)
+        return real_move(batch, device)
+
+    monkeypatch.setattr(loop_module, "move_batch", signal_at_second_batch)
+    _, summary = train_tiny(tmp_path, tone_corpus, tiny_model_dir, max_steps=50)
+    assert summary["stopped_reason"] == "signal" and summary["final_model"]
+    assert summary["best_step"] == 0  # the start evaluation measured the model the run started from
+    assert summary["best_model"] is None and summary["best_model_step"] is None
+    assert not (tmp_path / "checkpoints" / "best_model").exists()
+    assert summary["final_val"] is None and summary["final_eval_skipped"] == "stopped by a signal"
+    written = json.loads((tmp_path / "checkpoints" / "train_summary.json").read_text())
+    assert written["best_model"] is None
+    words = best_model_words(summary)
+    assert "best_model" not in words and words.startswith("no best model")
+
+
+def test_best_model_is_named_when_it_was_exported(tmp_path, tiny_model_dir, tone_corpus):
+    from train_vits import best_model_words
+
+    _, summary = train_tiny(tmp_path, tone_corpus, tiny_model_dir, max_steps=6, learning_rate=1e-3)
+    best = tmp_path / "checkpoints" / "best_model"
+    if summary["best_step"] == 0:  # training never beat the start: then nothing may be named
+        assert summary["best_model"] is None and not best.exists()
+    else:
+        assert summary["best_model"] == str(best) and (best / "model.safetensors").is_file()
+        assert summary["best_model_step"] == summary["best_step"] == 6  # the final evaluation's copy
+        assert str(best) in best_model_words(summary)

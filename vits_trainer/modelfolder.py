@@ -1,0 +1,51 @@
+"""Model folders named on the command line (--model_name, --base_model), checked before anything is
+written: a training checkpoint is told apart from a model folder, and every weights file must open.
+
+A checkpoint folder (`step_NNNNNNNN/` with `manifest.json`) holds `config.json` too, so it passes for
+a model folder until something reads its (differently named) weights or tokenizer files; a truncated
+`model.safetensors` fails deep inside transformers. Both become one line saying what to pass instead.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from .checkpoint import MANIFEST
+from .errors import UserError
+
+
+def is_training_checkpoint(folder: Path) -> bool:
+    """A `step_*` folder written by the trainer (its manifest is written last, so it is complete or absent)."""
+    return (folder / MANIFEST).is_file() and (
+        folder.name.startswith("step_") or (folder / "generator.safetensors").is_file()
+    )
+
+
+def check_model_folder(folder: Path, flag: str) -> None:
+    """Raise a UserError naming `flag` unless `folder` looks like a loadable VitsModel folder.
+
+    Only the safetensors headers are read (cheap): a truncated or overwritten file fails there, as
+    transformers would fail later. Damage inside the tensor data is not detectable without checksums.
+    """
+    folder = Path(folder)
+    if is_training_checkpoint(folder):
+        hint = (
+            f"to continue that run, pass --resume {folder}"
+            if flag == "--model_name"
+            else "a feedback round starts from an exported model"
+        )
+        raise UserError(
+            f"{flag} {folder}: is a training checkpoint, not a model folder: use {folder.parent / 'best_model'} "
+            f"or the final model folder (train_vits.py --output_dir); {hint}"
+        )
+    from safetensors import SafetensorError, safe_open
+
+    for weights in sorted(folder.glob("*.safetensors")):
+        try:
+            with safe_open(str(weights), framework="pt"):
+                pass
+        except (SafetensorError, OSError) as err:
+            raise UserError(
+                f"{flag} {folder}: {weights.name} is damaged or incomplete ({err}); copy the model folder "
+                f"again (or export it again)"
+            ) from None
