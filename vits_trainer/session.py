@@ -4,7 +4,6 @@ budget, and the state of a resumed run. Shared by train_vits.py and train_feedba
 
 from __future__ import annotations
 
-import os
 import shutil
 import tempfile
 from collections.abc import Callable
@@ -36,6 +35,8 @@ from .discriminator import (
 from .errors import UserError
 from .hub import resolve_model_dir
 from .metadata import METADATA_NAME, read_metadata
+from .resume_settings import restore_settings
+from .runlock import RunLock, is_main_process
 from .runtime import Logger, make_accelerator, quiet_transformers, resolve_precision
 from .step import make_optimizer
 from .text import TextEncoder, extend_vocabulary
@@ -90,6 +91,7 @@ class Session:
     preload_seconds: float
     load_report: dict
     model_source: str
+    run_lock: object | None = None  # runlock.RunLock of --checkpoint_dir (main process), released by the loop
 
     @property
     def device(self) -> torch.device:
@@ -295,14 +297,38 @@ def build_session(
     data_fn: Callable | None = None,
 ) -> Session:
     """Set up a run from `cfg`. `data_fn(cfg, store, text, speakers, hop, val_ids, log) -> DataSplit`
-    replaces the default split (train_feedback.py mixes feedback and replay clips there)."""
-    main = int(os.environ.get("RANK", "0")) == 0
+    replaces the default split (train_feedback.py mixes feedback and replay clips there).
+
+    The main process first locks --checkpoint_dir (one run per folder) and keeps the lock in the
+    session; a resumed run then takes its settings from its checkpoint (resume_settings.py)."""
+    main = is_main_process()
+    log = Logger(main)
+    checkpoint_dir = Path(cfg.checkpoint_dir)
+    # before anything reads or writes checkpoints: a second run on this folder stops here
+    lock = RunLock.acquire(checkpoint_dir, "--checkpoint_dir", log) if main else None
+    try:
+        ckpt = find_checkpoint(cfg, checkpoint_dir, log)
+        if ckpt is not None:
+            saved = ckpt.json("trainer_state.json").get("config")
+            cfg = restore_settings(cfg, saved, log, source=ckpt.path.name)
+        check_inputs(cfg)
+        session = _build_session(cfg, process_start, data_fn, ckpt)
+    except BaseException:
+        if lock is not None:
+            lock.release()  # also removes the folder if this run created it and left it empty
+        raise
+    session.run_lock = lock
+    return session
+
+
+def _build_session(
+    cfg: TrainConfig, process_start: float, data_fn: Callable | None, ckpt: LoadedCheckpoint | None
+) -> Session:
+    main = is_main_process()
     log = Logger(main)
     quiet_transformers()
     checkpoint_dir = Path(cfg.checkpoint_dir)
     output_dir = Path(cfg.output_dir)
-    check_inputs(cfg)
-    ckpt = find_checkpoint(cfg, checkpoint_dir, log)
     trainer_state = ckpt.json("trainer_state.json") if ckpt is not None else {}
     state = TrainState.from_dict(trainer_state.get("train_state", {})) if ckpt is not None else TrainState()
     precision = resolve_precision(cfg.mixed_precision, cfg.cpu, log=log)
