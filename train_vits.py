@@ -12,7 +12,6 @@ writes the final model (a plain transformers VitsModel folder) to training/final
 
 from __future__ import annotations
 
-import shlex
 import sys
 
 from vits_trainer.runtime import process_start_time, share_cpus_between_processes
@@ -34,6 +33,7 @@ def main(argv: list[str] | None = None) -> int:
     cfg.validate()
 
     from vits_trainer.loop import Trainer
+    from vits_trainer.resume_settings import resume_command
     from vits_trainer.session import build_session
 
     session = build_session(cfg, PROCESS_START)
@@ -42,10 +42,8 @@ def main(argv: list[str] | None = None) -> int:
     log = session.log
     if summary["stopped_reason"] == "signal":
         # complete: every other setting of the run is restored from its checkpoint
-        log(
-            f"stopped by a signal at step {summary['steps']}; continue with: python train_vits.py --resume auto "
-            f"--checkpoint_dir {shlex.quote(cfg.checkpoint_dir)} --target_hours H"
-        )
+        command = resume_command("train_vits.py", cfg, "--checkpoint_dir", cfg.checkpoint_dir)
+        log(f"stopped by a signal at step {summary['steps']}; continue with: {command}")
     if summary["final_model"] is None and session.is_main:
         return 1  # the export failed; the error line named the last good checkpoint
     log(

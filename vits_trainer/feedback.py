@@ -24,7 +24,6 @@ import json
 import math
 import os
 import re
-import shlex
 import shutil
 import time
 from dataclasses import dataclass, field, replace
@@ -37,6 +36,7 @@ from .config import TrainConfig, _f
 from .errors import UserError
 from .jsonfile import write_json_atomic
 from .metadata import METADATA_NAME, SPLIT_FILE, WAVS_DIR, read_metadata
+from .resume_settings import resume_command
 from .runlock import RunLock, is_main_process
 
 # torch/transformers are imported where used: a bad command line is reported without paying for them
@@ -696,9 +696,8 @@ class FeedbackRun:
         summary = Trainer(session).train()
         if summary["stopped_reason"] == "signal":
             log(
-                # complete: the version's other settings are restored from its checkpoint
-                f"stopped by a signal at step {summary['steps']}; continue with: python train_feedback.py "
-                f"--resume auto --output_dir {shlex.quote(str(self.root))} --target_hours H"
+                f"stopped by a signal at step {summary['steps']}; continue with: "
+                + resume_command("train_feedback.py", cfg, "--output_dir", self.root)
             )
             return {"version": self.version.name, "status": "interrupted", "summary": summary}
         if not main:

@@ -66,3 +66,24 @@ def restore_settings(cfg, saved: dict | None, log, source: str, keep: frozenset[
 
 def _show(value) -> str:
     return "''" if value == "" else str(value)
+
+
+MACHINE = ("cpu", "num_workers", "max_ram_gb", "mixed_precision", "mas_backend", "report_to")
+
+
+def resume_command(script: str, cfg, folder_flag: str, folder: str) -> str:
+    """The command that continues this run on this machine: the folder to find it in, the machine
+    settings this run used where they differ from the defaults (not restored from the checkpoint),
+    and a budget H for the user to choose; every other setting comes from the checkpoint."""
+    import shlex
+
+    parts = [f"python {script} --resume auto {folder_flag} {shlex.quote(str(folder))}"]
+    for f in dataclasses.fields(cfg):
+        if f.name not in MACHINE or getattr(cfg, f.name) == f.default:
+            continue
+        value = getattr(cfg, f.name)
+        if isinstance(value, bool):
+            parts.append(f"--{f.name}" if value else f"--no-{f.name}")
+        else:
+            parts.append(f"--{f.name} {shlex.quote(str(value))}")
+    return " ".join(parts + ["--target_hours H"])
