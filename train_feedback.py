@@ -25,13 +25,13 @@ share_cpus_between_processes()
 
 
 def main(argv: list[str] | None = None) -> int:
-    from vits_trainer.config import add_arguments, config_from_args
+    from vits_trainer.config import add_arguments, parse_config
     from vits_trainer.errors import ArgumentParser
     from vits_trainer.feedback import HIDDEN_FLAGS, FeedbackConfig, run_feedback
 
     parser = ArgumentParser(description=__doc__.split("\n\n")[0])
     add_arguments(parser, FeedbackConfig, skip=HIDDEN_FLAGS)
-    cfg = config_from_args(parser.parse_args(argv), FeedbackConfig)
+    cfg = parse_config(parser, argv, FeedbackConfig)  # cfg.explicit: the flags given (a resume keeps the rest)
     result = run_feedback(cfg, PROCESS_START)  # validates first: a bad flag never loads torch
     return 1 if result.get("exported") is False else 0  # the export failed: its error line said so
 

@@ -4,6 +4,7 @@
     python train_vits.py --model_name facebook/mms-tts-kmr-script_latin --target_hours 9.5
     python train_vits.py --target_hours 9.5 --total_hours 28     # one of three 9.5 h sessions
     python train_vits.py --resume auto                            # continue after an interruption
+                                                  # (with the run's own settings; flags given win)
 
 Reads training/metadata.csv + training/wavs (prepare_data.py), checkpoints to training/checkpoints,
 writes the final model (a plain transformers VitsModel folder) to training/final_model.
@@ -20,34 +21,32 @@ share_cpus_between_processes()
 
 
 def main(argv: list[str] | None = None) -> int:
-    from vits_trainer.config import TrainConfig, add_arguments, config_from_args
+    from vits_trainer.config import TrainConfig, add_arguments, parse_config
     from vits_trainer.demo import apply_demo_settings
     from vits_trainer.errors import ArgumentParser
 
     parser = ArgumentParser(description=__doc__.split("\n\n")[0])
     add_arguments(parser, TrainConfig)
-    args = parser.parse_args(argv)
-    cfg = config_from_args(args, TrainConfig)
+    cfg = parse_config(parser, argv, TrainConfig)  # cfg.explicit: the flags given (a resume keeps the rest)
     if cfg.demo:
-        cfg = apply_demo_settings(
-            cfg, explicit={a for a in vars(args) if getattr(args, a) != parser.get_default(a)}
-        )
+        cfg = apply_demo_settings(cfg, explicit=cfg.explicit)
     cfg.validate()
     from vits_trainer.safety import check_train_paths
 
     check_train_paths(cfg)  # overlapping folders, a folder the export would wrongly replace: before any work
 
     from vits_trainer.loop import Trainer
+    from vits_trainer.resume_settings import resume_command
     from vits_trainer.session import build_session
 
     session = build_session(cfg, PROCESS_START)
+    cfg = session.cfg  # a resumed run's settings come from its checkpoint
     summary = Trainer(session).train()
     log = session.log
     if summary["stopped_reason"] == "signal":
-        log(
-            f"stopped by a signal at step {summary['steps']}; continue with: python train_vits.py --resume auto "
-            f"--checkpoint_dir {cfg.checkpoint_dir} --data_dir {cfg.data_dir} --target_hours H"
-        )
+        # complete: every other setting of the run is restored from its checkpoint
+        command = resume_command("train_vits.py", cfg, "--checkpoint_dir", cfg.checkpoint_dir)
+        log(f"stopped by a signal at step {summary['steps']}; continue with: {command}")
     if summary["final_model"] is None and session.is_main:
         return 1  # the export failed; the error line named the last good checkpoint
     log(

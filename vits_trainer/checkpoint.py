@@ -3,8 +3,8 @@
 A checkpoint is a folder `step_00001234/` under the checkpoint dir. It is written as a hidden temp
 folder, every file fsync'ed, then `manifest.json` (names, sizes, checksums) last, then renamed into
 place. Resume takes the newest folder whose manifest checks out and falls back to older ones. Old
-checkpoints are deleted only after a newer one is complete. Nothing is ever unpickled: tensors are
-safetensors, optimiser states go through `torch.load(weights_only=True)`, the rest is JSON.
+checkpoints are deleted only after `keep` newer ones pass their checksums. Nothing is ever unpickled:
+tensors are safetensors, optimiser states go through `torch.load(weights_only=True)`, the rest is JSON.
 """
 
 from __future__ import annotations
@@ -180,19 +180,34 @@ def find_resumable(checkpoint_dir: Path, log=print) -> tuple[Path | None, dict |
 
 
 def prune_checkpoints(checkpoint_dir: Path, keep: int, protect: Path | None = None) -> list[Path]:
-    """Delete complete checkpoints beyond the newest `keep`, and stale temp folders of dead writers."""
+    """Keep the newest `keep` *verified* checkpoints (checksums) and delete the ones older than them,
+    and stale temp folders of dead writers. `protect` is the checkpoint just written (its digests were
+    computed from the bytes in memory): it counts as verified without reading it back.
+
+    A damaged checkpoint never counts towards `keep`, so it can never push out the last good one. One
+    newer than the kept ones is left as it is (resume skips it with a warning; the run replaces it when
+    it saves that step again). Only folders with a readable manifest (our own marker) are ever deleted:
+    a step_* folder without one was not written by this tool's atomic save. No other writer can be
+    saving here meanwhile: the run holds the folder's lock (runlock.py).
+    """
     removed = []
-    complete = []
+    verified = 0
     for path in list_checkpoints(checkpoint_dir):
+        if verified < keep:
+            try:
+                verify_checkpoint(path, checksums=path != protect)
+                verified += 1
+            except CheckpointError:
+                pass  # damaged: not counted, and not deleted while it is among the newest
+            continue
+        if path == protect:
+            continue
         try:
-            verify_checkpoint(path)
-            complete.append(path)
+            read_manifest(path)
         except CheckpointError:
-            pass
-    for path in complete[keep:]:
-        if path != protect:
-            shutil.rmtree(path, ignore_errors=True)  # a verified step_N (manifest written by this tool)
-            removed.append(path)
+            continue  # no manifest of ours: not provably this tool's checkpoint, never deleted
+        shutil.rmtree(path, ignore_errors=True)
+        removed.append(path)
     remove_dead_writers_temp(checkpoint_dir, ".step_*.tmp-*")
     return removed
 

@@ -102,6 +102,9 @@ class TrainConfig:
     demo: bool = _f(
         False, "built-in tone-language data + tiny model, ~2 minutes on CPU, under training/demo/"
     )
+    # the flags given on the command line (parse_config); None = built in code, every value is meant as
+    # is. A resumed run takes the other settings from its checkpoint (resume_settings.py).
+    explicit: frozenset[str] | None = field(default=None, repr=False, compare=False, metadata={"cli": False})
 
     def loss_weights(self):
         from .losses import LossWeights
@@ -115,7 +118,7 @@ class TrainConfig:
         )
 
     def to_dict(self) -> dict:
-        return dataclasses.asdict(self)
+        return {f.name: getattr(self, f.name) for f in fields(self) if f.metadata.get("cli", True)}
 
     @property
     def target_seconds(self) -> float:
@@ -161,7 +164,7 @@ class TrainConfig:
 def add_arguments(parser: argparse.ArgumentParser, cls=TrainConfig, skip: tuple[str, ...] = ()) -> None:
     """One flag per field (snake_case, as in the config), with its default in --help."""
     for f in fields(cls):
-        if f.name in skip:
+        if f.name in skip or not f.metadata.get("cli", True):
             continue
         help_text = f.metadata.get("help", "")
         default = f.default if f.default is not dataclasses.MISSING else f.default_factory()
@@ -195,3 +198,18 @@ def add_arguments(parser: argparse.ArgumentParser, cls=TrainConfig, skip: tuple[
 def config_from_args(args: argparse.Namespace, cls=TrainConfig):
     values = {f.name: getattr(args, f.name) for f in fields(cls) if hasattr(args, f.name)}
     return cls(**values)
+
+
+_UNSET = object()
+
+
+def parse_config(parser: argparse.ArgumentParser, argv: list[str] | None, cls=TrainConfig):
+    """The config of a command line, with `explicit` = the flags given (even when equal to their
+    default): a second parse into a namespace pre-filled with a marker, which argparse leaves alone
+    wherever no flag was given."""
+    args = parser.parse_args(argv)
+    marked = argparse.Namespace(**{name: _UNSET for name in vars(args)})
+    given = {k for k, v in vars(parser.parse_args(argv, namespace=marked)).items() if v is not _UNSET}
+    cfg = config_from_args(args, cls)
+    cfg.explicit = frozenset(given)
+    return cfg

@@ -51,6 +51,8 @@ from .errors import UserError
 from .jsonfile import write_json_atomic
 from .judgement import MIN_JUDGED_CLIPS, SEED_AFTER, SEED_BEFORE, paired_judgement
 from .metadata import METADATA_NAME, SPLIT_FILE, WAVS_DIR, read_metadata
+from .resume_settings import resume_command
+from .runlock import RunLock, is_main_process
 
 # torch/transformers are imported where used: a bad command line is reported without paying for them
 if TYPE_CHECKING:
@@ -673,8 +675,10 @@ class FeedbackRun:
 
     def run(self) -> dict:
         cfg, log = self.cfg, self.log
-        self.inputs = check_inputs(cfg, log)
         self.version, self.resuming = choose_version(self.root, cfg.resume)
+        if self.resuming:  # the version's own settings (base, feedback, data, LR...), before checking them
+            cfg = self.cfg = self.restore_settings(cfg)
+        self.inputs = check_inputs(cfg, log)
         if self.resuming:
             try:
                 self.info = json.loads((self.version / RUN_NAME).read_text(encoding="utf-8"))
@@ -694,6 +698,7 @@ class FeedbackRun:
             output_dir=str(self.version / "model"),
             # a new version's checkpoint dir is empty: "none" also guards against reusing a stranger's
             resume=cfg.resume if self.resuming else "none",
+            explicit=None,  # settings already restored above: build_session uses them as they are
         )
         if not self.resuming and self.version.exists():  # never saved a checkpoint: start it again
             # vN/ is a version folder numbered by choose_version under the root, which overlaps no data
@@ -745,9 +750,8 @@ class FeedbackRun:
         summary = Trainer(session).train()
         if summary["stopped_reason"] == "signal":
             log(
-                f"stopped by a signal at step {summary['steps']}; continue with: python train_feedback.py "
-                f"--resume auto --output_dir {cfg.output_dir} --base_model {cfg.base_model} "
-                f"--feedback_dir {cfg.feedback_dir} --data_dir {cfg.data_dir} --target_hours H"
+                f"stopped by a signal at step {summary['steps']}; continue with: "
+                + resume_command("train_feedback.py", cfg, "--output_dir", self.root)
             )
             return {"version": self.version.name, "status": "interrupted", "summary": summary}
         if not main:
@@ -774,6 +778,27 @@ class FeedbackRun:
         log(f"report: {self.version / REPORT_NAME}")
         log(report["message"])
         return report
+
+    def restore_settings(self, cfg: FeedbackConfig) -> FeedbackConfig:
+        """`cfg` with the settings saved in the checkpoint this version resumes from (resume_settings.py);
+        the --output_dir root and the settings derived per version stay as they are."""
+        from .checkpoint import find_resumable, verify_checkpoint
+        from .resume_settings import restore_settings
+        from .trainstate import LoadedCheckpoint
+
+        if cfg.resume == "auto":
+            path, manifest = find_resumable(self.version / "checkpoints", log=self.log)
+        else:
+            path = Path(cfg.resume).expanduser()
+            try:
+                manifest = verify_checkpoint(path, checksums=True)
+            except Exception as err:
+                raise UserError(f"--resume {cfg.resume}: not a usable checkpoint ({err})") from None
+        if path is None:
+            return cfg
+        saved = LoadedCheckpoint(path, manifest).json("trainer_state.json").get("config")
+        keep = frozenset({"output_dir", *HIDDEN_FLAGS})
+        return restore_settings(cfg, saved, self.log, source=path.name, keep=keep)
 
     def report(self, session, summary: dict, per_clip_after: dict | None = None) -> dict:
         cfg = self.cfg
@@ -932,5 +957,11 @@ def run_feedback(cfg: FeedbackConfig, process_start: float, log=None) -> dict:
     if log is None:
         from .runtime import Logger
 
-        log = Logger(int(os.environ.get("RANK", "0")) == 0)  # lines from the main process only
-    return FeedbackRun(cfg, process_start, log).run()
+        log = Logger(is_main_process())  # lines from the main process only
+    # one run per output root (it numbers the versions there); released when the run ends
+    lock = RunLock.acquire(Path(cfg.output_dir), "--output_dir", log) if is_main_process() else None
+    try:
+        return FeedbackRun(cfg, process_start, log).run()
+    finally:
+        if lock is not None:
+            lock.release()

@@ -366,7 +366,10 @@ class Trainer:
             stop_reason, _ = self.stop_decision(signals)
         progress.close()
         signals.restore()
-        return self.finish(stop_reason)
+        summary = self.finish(stop_reason)
+        if s.run_lock is not None:  # the run has ended: the next one may use the folder
+            s.run_lock.release()
+        return summary
 
     @staticmethod
     def new_window() -> dict:

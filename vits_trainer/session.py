@@ -4,7 +4,6 @@ budget, and the state of a resumed run. Shared by train_vits.py and train_feedba
 
 from __future__ import annotations
 
-import os
 import shutil
 import tempfile
 from collections.abc import Callable
@@ -38,6 +37,8 @@ from .errors import UserError
 from .hub import resolve_model_dir
 from .metadata import METADATA_NAME, read_metadata
 from .modelfolder import check_model_folder
+from .resume_settings import restore_settings
+from .runlock import RunLock, is_main_process
 from .runtime import Logger, make_accelerator, quiet_transformers, resolve_precision
 from .safety import remove_created_on_error
 from .step import make_optimizer
@@ -93,6 +94,7 @@ class Session:
     preload_seconds: float
     load_report: dict
     model_source: str
+    run_lock: object | None = None  # runlock.RunLock of --checkpoint_dir (main process), released by the loop
 
     @property
     def device(self) -> torch.device:
@@ -301,23 +303,42 @@ def build_session(
     """Set up a run from `cfg`. `data_fn(cfg, store, text, speakers, hop, val_ids, log) -> DataSplit`
     replaces the default split (train_feedback.py mixes feedback and replay clips there).
 
+    The main process first locks --checkpoint_dir (one run per folder) and keeps the lock in the
+    session; a resumed run then takes its settings from its checkpoint (resume_settings.py).
     Bad input leaves nothing behind: the folders set-up creates before its last input check (the
     checkpoint dir, the clip caches) are removed again when a UserError ends it."""
     created_here = [Path(cfg.checkpoint_dir), Path(cfg.output_dir).parent, Path(cfg.data_dir) / "cache"]
     if getattr(cfg, "feedback_dir", None):
         created_here.append(Path(cfg.feedback_dir) / "cache")
+    main = is_main_process()
+    log = Logger(main)
+    checkpoint_dir = Path(cfg.checkpoint_dir)
     with remove_created_on_error(created_here):
-        return _build_session(cfg, process_start, data_fn)
+        # before anything reads or writes checkpoints: a second run on this folder stops here
+        lock = RunLock.acquire(checkpoint_dir, "--checkpoint_dir", log) if main else None
+        try:
+            ckpt = find_checkpoint(cfg, checkpoint_dir, log)
+            if ckpt is not None:
+                saved = ckpt.json("trainer_state.json").get("config")
+                cfg = restore_settings(cfg, saved, log, source=ckpt.path.name)
+            check_inputs(cfg)
+            session = _build_session(cfg, process_start, data_fn, ckpt)
+        except BaseException:
+            if lock is not None:
+                lock.release()  # also removes the folder if this run created it and left it empty
+            raise
+    session.run_lock = lock
+    return session
 
 
-def _build_session(cfg: TrainConfig, process_start: float, data_fn: Callable | None) -> Session:
-    main = int(os.environ.get("RANK", "0")) == 0
+def _build_session(
+    cfg: TrainConfig, process_start: float, data_fn: Callable | None, ckpt: LoadedCheckpoint | None
+) -> Session:
+    main = is_main_process()
     log = Logger(main)
     quiet_transformers()
     checkpoint_dir = Path(cfg.checkpoint_dir)
     output_dir = Path(cfg.output_dir)
-    check_inputs(cfg)
-    ckpt = find_checkpoint(cfg, checkpoint_dir, log)
     trainer_state = ckpt.json("trainer_state.json") if ckpt is not None else {}
     state = TrainState.from_dict(trainer_state.get("train_state", {})) if ckpt is not None else TrainState()
     precision = resolve_precision(cfg.mixed_precision, cfg.cpu, log=log)

@@ -1,0 +1,116 @@
+"""A resumed run keeps its own settings unless a flag is given; the resume command printed after a
+signal is complete (running exactly it continues the run with the first run's settings)."""
+
+from __future__ import annotations
+
+import json
+import shlex
+import signal
+import subprocess
+import time
+
+import pytest
+
+from tests.helpers import PYTHON, ROOT, cli_args, cli_settings
+from vits_trainer.config import TrainConfig, add_arguments, parse_config
+from vits_trainer.errors import ArgumentParser
+from vits_trainer.resume_settings import resume_command, restore_settings
+
+
+def parse(argv: list[str]) -> TrainConfig:
+    parser = ArgumentParser()
+    add_arguments(parser, TrainConfig)
+    return parse_config(parser, argv, TrainConfig)
+
+
+def test_explicit_flags_include_those_equal_to_their_default():
+    cfg = parse(["--learning_rate", "2e-5", "--fp16", "--no-cpu", "--target_hours", "1"])
+    assert cfg.explicit == {"learning_rate", "mixed_precision", "cpu", "target_hours"}
+    assert cfg.learning_rate == 2e-5 and cfg.mixed_precision == "fp16" and cfg.target_hours == 1
+    assert "explicit" not in cfg.to_dict()  # never saved as a setting of the run
+
+
+def test_saved_settings_win_unless_a_flag_is_given():
+    saved = TrainConfig(
+        learning_rate=2e-4,
+        gradient_accumulation_steps=1,
+        warmup_steps=20,
+        output_dir="elsewhere/model",
+        target_hours=0.1,
+        num_workers=0,
+    ).to_dict()
+    cfg = parse(["--learning_rate", "1e-4", "--target_hours", "2", "--warmup_steps", "20"])
+    lines = []
+    merged = restore_settings(cfg, saved, lines.append, source="step_00000072")
+    assert merged.learning_rate == 1e-4  # given: kept, and said
+    assert "resume: --learning_rate 0.0001 (the checkpoint's run used 0.0002)" in lines
+    assert merged.gradient_accumulation_steps == 1 and merged.output_dir == "elsewhere/model"
+    assert merged.warmup_steps == 20 and not any("warmup" in x for x in lines[:-1])  # equal: no line
+    assert merged.target_hours == 2 and merged.num_workers == 2  # this session's budget, this machine
+    assert "--gradient_accumulation_steps 1" in lines[-1] and "--output_dir elsewhere/model" in lines[-1]
+    built_in_code = TrainConfig(learning_rate=3e-4)
+    assert restore_settings(built_in_code, saved, lines.append, source="x") is built_in_code
+
+
+def test_resume_command_names_this_machines_settings():
+    cfg = TrainConfig(checkpoint_dir="my runs/ckpt", num_workers=0, cpu=True, learning_rate=1.0)
+    assert resume_command("train_vits.py", cfg, "--checkpoint_dir", cfg.checkpoint_dir) == (
+        "python train_vits.py --resume auto --checkpoint_dir 'my runs/ckpt' --num_workers 0 --cpu "
+        "--target_hours H"
+    )
+
+
+@pytest.mark.slow
+def test_printed_resume_command_continues_with_the_same_settings(tmp_path, tiny_model_dir, tone_corpus):
+    """A demo-style run (tiny model, its own LR / accumulation / warmup / output folder, all far from
+    the defaults) stopped by SIGTERM, then continued with exactly the command it printed."""
+    settings = cli_settings(tmp_path, tone_corpus, tiny_model_dir, log_every=1, save_minutes=0.25)
+    settings["output_dir"] = tmp_path / "my_model"
+    proc = subprocess.Popen(
+        [PYTHON, str(ROOT / "train_vits.py"), *cli_args(settings), "--target_hours", str(300 / 3600)],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    metrics = tmp_path / "checkpoints" / "metrics.jsonl"
+    deadline = time.monotonic() + 240
+    while time.monotonic() < deadline and proc.poll() is None:
+        if metrics.exists() and '"loss_g"' in metrics.read_text():
+            break
+        time.sleep(0.2)
+    proc.send_signal(signal.SIGTERM)
+    out, err = proc.communicate(timeout=120)
+    assert proc.returncode == 0, err[-3000:]
+    printed = next(x for x in out.splitlines() if "continue with: " in x).split("continue with: ", 1)[1]
+    argv = shlex.split(printed)
+    assert argv[:2] == ["python", "train_vits.py"]
+    stopped = json.loads((tmp_path / "checkpoints" / "train_summary.json").read_text())["steps"]
+    first = json.loads(
+        (tmp_path / "checkpoints" / f"step_{stopped:08d}" / "trainer_state.json").read_text()
+    )["config"]
+
+    argv = [a if a != "H" else str(60 / 3600) for a in argv[2:]]
+    resumed = subprocess.run(
+        [PYTHON, str(ROOT / "train_vits.py"), *argv], capture_output=True, text=True, timeout=400
+    )
+    assert resumed.returncode == 0, resumed.stdout[-2000:] + resumed.stderr[-2000:]
+    assert f"resuming from step_{stopped:08d}" in resumed.stdout
+    assert "the run's own settings" in resumed.stdout
+    summary = json.loads((tmp_path / "my_model" / "train_summary.json").read_text())  # the first run's folder
+    assert summary["resumed_from_step"] == stopped
+    again = json.loads(
+        (tmp_path / "checkpoints" / f"step_{summary['steps']:08d}" / "trainer_state.json").read_text()
+    )["config"]
+    for name in (
+        "learning_rate",
+        "gradient_accumulation_steps",
+        "warmup_steps",
+        "batch_size",
+        "output_dir",
+        "data_dir",
+        "seed",
+        "val_fraction",
+        "num_workers",
+        "cpu",
+    ):
+        assert again[name] == first[name], name

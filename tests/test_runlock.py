@@ -1,0 +1,128 @@
+"""One run per folder: real processes racing on one checkpoint folder, a stale lock taken over, the
+lock released at exit; pruning that never drops the newest verified checkpoint."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import signal
+import subprocess
+from pathlib import Path
+
+from tests.helpers import PYTHON, ROOT, cli_args, cli_settings, train_tiny
+from vits_trainer.checkpoint import list_checkpoints, prune_checkpoints, write_checkpoint
+from vits_trainer.runlock import LOCK_NAME, RunLock
+
+# a second process that takes the lock, says so, and holds it until its stdin closes
+HOLDER = (
+    "import sys; from pathlib import Path; from vits_trainer.runlock import RunLock; "
+    "lock = RunLock.acquire(Path(sys.argv[1]), '--checkpoint_dir'); print('locked', flush=True); "
+    "sys.stdin.read(); lock.release()"
+)
+
+
+def start_holder(folder: Path) -> subprocess.Popen:
+    proc = subprocess.Popen(
+        [PYTHON, "-c", HOLDER, str(folder)],
+        cwd=ROOT,
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    assert proc.stdout.readline().strip() == "locked"
+    return proc
+
+
+def snapshot(folder: Path) -> dict[str, str]:
+    return {
+        str(p.relative_to(folder)): hashlib.sha256(p.read_bytes()).hexdigest() if p.is_file() else "dir"
+        for p in sorted(folder.rglob("*"))
+    }
+
+
+def test_second_run_on_a_locked_folder_is_refused_and_changes_nothing(tmp_path, tiny_model_dir, tone_corpus):
+    ckpt = tmp_path / "checkpoints"
+    write_checkpoint(ckpt, 3, {"a.bin": b"x" * 10})  # an earlier run's checkpoint the second must not touch
+    holder = start_holder(ckpt)
+    try:
+        before = snapshot(tmp_path)
+        settings = cli_settings(tmp_path, tone_corpus, tiny_model_dir, max_steps=2)
+        proc = subprocess.run(
+            [PYTHON, str(ROOT / "train_vits.py"), *cli_args(settings)],
+            capture_output=True,
+            text=True,
+            timeout=300,
+        )
+        assert proc.returncode == 2, proc.stdout[-2000:] + proc.stderr[-2000:]
+        errors = [line for line in proc.stderr.splitlines() if line.strip()]
+        assert len(errors) == 1 and errors[0].startswith("error: "), proc.stderr
+        assert f"pid {holder.pid}" in errors[0] and "in use by another run" in errors[0]
+        assert snapshot(tmp_path) == before  # nothing written, nothing removed
+    finally:
+        holder.stdin.close()
+        assert holder.wait(timeout=60) == 0
+    assert not (ckpt / LOCK_NAME).exists()  # released at exit: the lock file is gone
+    lock = RunLock.acquire(ckpt, "--checkpoint_dir")  # and the next run may take the folder
+    lock.release()
+
+
+def test_lock_of_a_killed_run_is_taken_over_with_a_warning(tmp_path):
+    folder = tmp_path / "checkpoints"
+    holder = start_holder(folder)
+    holder.send_signal(signal.SIGKILL)  # no release: the lock file stays, the kernel drops the lock
+    holder.wait(timeout=60)
+    assert json.loads((folder / LOCK_NAME).read_text())["pid"] == holder.pid
+    lines = []
+    lock = RunLock.acquire(folder, "--checkpoint_dir", log=lines.append)
+    try:
+        assert len(lines) == 1 and f"pid {holder.pid}" in lines[0] and "no longer running" in lines[0]
+        assert json.loads((folder / LOCK_NAME).read_text())["pid"] == os.getpid()
+    finally:
+        lock.release()
+    assert not (folder / LOCK_NAME).exists()
+
+
+def test_a_refused_run_leaves_no_folder_behind(tmp_path):
+    folder = tmp_path / "new" / "checkpoints"
+    lock = RunLock.acquire(folder, "--checkpoint_dir")
+    assert (folder / LOCK_NAME).is_file()
+    lock.release()  # e.g. an input check failed after the lock was taken
+    assert not folder.exists()
+
+
+# ---- pruning ---------------------------------------------------------------------------------------------
+
+
+def damage(checkpoint: Path, name: str = "a.bin") -> None:
+    data = bytearray((checkpoint / name).read_bytes())
+    data[len(data) // 2] ^= 0xFF  # one flipped byte, same size: only a checksum finds it
+    (checkpoint / name).write_bytes(bytes(data))
+
+
+def test_prune_counts_only_verified_checkpoints(tmp_path):
+    paths = [write_checkpoint(tmp_path, step, {"a.bin": bytes([step]) * 64}) for step in (1, 2, 3)]
+    foreign = tmp_path / "step_00000000"  # no manifest: not provably ours, never deleted
+    foreign.mkdir()
+    damage(paths[2])
+    assert prune_checkpoints(tmp_path, keep=2) == []  # 2 and 1 are the two verified ones
+    newest = write_checkpoint(tmp_path, 4, {"a.bin": b"\x04" * 64})
+    assert prune_checkpoints(tmp_path, keep=2, protect=newest) == [paths[0]]
+    assert list_checkpoints(tmp_path) == [newest, paths[2], paths[1], foreign]
+
+
+def test_damaged_newest_then_resumed_run_keeps_the_good_checkpoint(tmp_path, tiny_model_dir, tone_corpus):
+    """The case seen: step_75 damaged, resume fell back to step_72, pruning then deleted step_72."""
+    train_tiny(tmp_path, tone_corpus, tiny_model_dir, max_steps=3, save_minutes=0.001, keep_checkpoints=2)
+    ckpt = tmp_path / "checkpoints"
+    good = list_checkpoints(ckpt)[0]
+    assert good.name == "step_00000003"
+    damaged = ckpt / "step_00000075"
+    damaged.mkdir()
+    for f in good.iterdir():
+        (damaged / f.name).write_bytes(f.read_bytes())
+    damage(damaged, "generator.safetensors")
+    session, summary = train_tiny(tmp_path, tone_corpus, tiny_model_dir, max_steps=4, keep_checkpoints=2)
+    assert session.resumed_from == good and summary["steps"] == 4
+    names = [p.name for p in list_checkpoints(ckpt)]
+    assert names == ["step_00000075", "step_00000004", "step_00000003"]  # the good one survived

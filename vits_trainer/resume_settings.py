@@ -1,0 +1,89 @@
+"""A resumed run keeps the settings of the run it continues.
+
+Every checkpoint stores the run's settings (trainer_state.json "config"). On resume they replace this
+command line's values, except:
+- flags given explicitly on this command line (TrainConfig.explicit): they win, and each one that
+  differs from the saved value is printed;
+- NOT_RESTORED: what belongs to this session or this machine, not to the run:
+    --target_hours      this process's budget (--total_hours, the whole run's horizon, is restored)
+    --resume            how this session finds the checkpoint
+    --checkpoint_dir    where the checkpoint was found (and the feedback --output_dir root)
+    --cpu, --num_workers, --max_ram_gb, --mixed_precision, --mas_backend   this machine's hardware
+    --report_to         this machine's tracker set-up (logins differ between machines)
+Everything else is restored: data_dir, output_dir, the optimisation (learning rate, accumulation,
+warmup, batch size, loss weights, segment size...), saving and evaluation, seed, freeze, max_steps.
+A config built in code (explicit is None) is used as it is: nothing is restored.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+NOT_RESTORED = frozenset(
+    {
+        "target_hours",
+        "resume",
+        "checkpoint_dir",
+        "cpu",
+        "num_workers",
+        "max_ram_gb",
+        "mixed_precision",
+        "mas_backend",
+        "report_to",
+        "explicit",
+    }
+)
+
+
+def restore_settings(cfg, saved: dict | None, log, source: str, keep: frozenset[str] = frozenset()):
+    """`cfg` with the saved settings of a resumed run (see the module docstring); `keep` adds fields
+    not to restore (feedback: its --output_dir root and the settings it derives per version)."""
+    if cfg.explicit is None or not isinstance(saved, dict):
+        return cfg
+    fields = {f.name for f in dataclasses.fields(cfg) if f.metadata.get("cli", True)}
+    skip = NOT_RESTORED | keep
+    hidden = set(cfg.hidden_flags)
+    changes, overridden, restored = {}, [], []
+    for name in sorted(fields - skip):
+        if name not in saved:  # a checkpoint of an older version: this command line's value
+            continue
+        value, old = getattr(cfg, name), saved[name]
+        if value == old:
+            continue
+        if name in cfg.explicit:
+            if name not in hidden:
+                overridden.append(f"--{name} {_show(value)} (the checkpoint's run used {_show(old)})")
+        else:
+            changes[name] = old
+            if name not in hidden:
+                restored.append(f"--{name} {_show(old)}")
+    for line in overridden:
+        log(f"resume: {line}")
+    if restored:
+        log(f"resume: the run's own settings from {source}: {', '.join(restored)} (give a flag to change one)")
+    return dataclasses.replace(cfg, **changes) if changes else cfg
+
+
+def _show(value) -> str:
+    return "''" if value == "" else str(value)
+
+
+MACHINE = ("cpu", "num_workers", "max_ram_gb", "mixed_precision", "mas_backend", "report_to")
+
+
+def resume_command(script: str, cfg, folder_flag: str, folder: str) -> str:
+    """The command that continues this run on this machine: the folder to find it in, the machine
+    settings this run used where they differ from the defaults (not restored from the checkpoint),
+    and a budget H for the user to choose; every other setting comes from the checkpoint."""
+    import shlex
+
+    parts = [f"python {script} --resume auto {folder_flag} {shlex.quote(str(folder))}"]
+    for f in dataclasses.fields(cfg):
+        if f.name not in MACHINE or getattr(cfg, f.name) == f.default:
+            continue
+        value = getattr(cfg, f.name)
+        if isinstance(value, bool):
+            parts.append(f"--{f.name}" if value else f"--no-{f.name}")
+        else:
+            parts.append(f"--{f.name} {shlex.quote(str(value))}")
+    return " ".join(parts + ["--target_hours H"])

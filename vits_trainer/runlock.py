@@ -1,0 +1,144 @@
+"""One run per folder: an OS-level lock (flock) on `<folder>/.lock`, held for the whole run.
+
+A second process on the same folder is refused with one line naming the first one's pid and host.
+The kernel drops a flock when its process dies, so a lock file left by a killed run is simply taken
+over (with a warning naming the dead run). The lock file is removed at release; a waiting process
+re-checks after locking that the file it locked is still the one at the path, so removing it is safe.
+Multi-process runs (accelerate launch) take it in the main process only (RANK 0).
+"""
+
+from __future__ import annotations
+
+import atexit
+import json
+import os
+import socket
+import sys
+import time
+from pathlib import Path
+
+from .errors import UserError
+
+try:
+    import fcntl
+except ImportError:  # pragma: no cover - not POSIX: no OS lock, said once
+    fcntl = None
+
+LOCK_NAME = ".lock"
+
+
+def is_main_process() -> bool:
+    """The process that holds a run's lock: RANK 0 under accelerate/torchrun, or a plain process."""
+    return int(os.environ.get("RANK", "0")) == 0
+
+
+def _pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def _describe(holder: dict) -> str:
+    if not holder.get("pid"):
+        return "another process (its lock file is being written)"
+    return f"pid {holder['pid']} on host {holder.get('host', '?')}, started {holder.get('started', '?')}"
+
+
+class RunLock:
+    def __init__(self, folder: Path, path: Path, fd: int, created_folder: bool):
+        self.folder, self.path, self.fd, self.created_folder = folder, path, fd, created_folder
+        atexit.register(self.release)
+
+    @classmethod
+    def acquire(cls, folder: Path, flag: str, log=print) -> RunLock | None:
+        """Lock `folder` (created if missing) or raise UserError naming the run that holds it."""
+        folder = Path(folder)
+        if fcntl is None:  # pragma: no cover
+            log(f"warning: no OS file locks on this platform: nothing stops a second run on {folder}")
+            return None
+        created = not folder.exists()
+        try:
+            folder.mkdir(parents=True, exist_ok=True)
+        except OSError as err:
+            raise UserError(f"{flag} {folder} cannot be created ({err.strerror or err})") from None
+        path = folder / LOCK_NAME
+        for _ in range(20):
+            try:
+                fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+            except OSError as err:
+                raise UserError(f"{flag} {folder}: cannot create its lock file ({err.strerror or err})") from None
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except OSError:  # held by a live process: refuse, touching nothing
+                holder = _read(fd)
+                os.close(fd)
+                raise UserError(
+                    f"{flag} {folder} is in use by another run ({_describe(holder)}); wait for it to end, "
+                    f"or choose another {flag}"
+                ) from None
+            try:
+                same = os.stat(path).st_ino == os.fstat(fd).st_ino
+            except FileNotFoundError:
+                same = False
+            if same:
+                break
+            os.close(fd)  # the holder released (and removed) the file between our open and lock: again
+        else:  # pragma: no cover
+            raise UserError(f"{flag} {folder}: could not take its lock (it keeps changing)")
+        previous = _read(fd)
+        if previous.get("pid") and previous.get("pid") != os.getpid():
+            gone = (
+                "which is no longer running"
+                if previous.get("host") == socket.gethostname() and not _pid_alive(int(previous["pid"]))
+                else "which no longer holds it"
+            )
+            log(f"warning: {folder} was locked by a run that ended without releasing it "
+                f"({_describe(previous)}), {gone}; taking it over")
+        record = {
+            "pid": os.getpid(),
+            "host": socket.gethostname(),
+            "started": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+            "command": " ".join(sys.argv),
+        }
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, json.dumps(record).encode("utf-8"), 0)
+        os.fsync(fd)
+        return cls(folder, path, fd, created)
+
+    def release(self) -> None:
+        """Remove the lock file (ours: checked by inode) and drop the lock; remove the folder only if
+        this run created it and left it empty (a run refused by a later input check leaves nothing)."""
+        if self.fd is None:
+            return
+        try:
+            if os.stat(self.path).st_ino == os.fstat(self.fd).st_ino:
+                os.unlink(self.path)
+        except OSError:
+            pass
+        os.close(self.fd)
+        self.fd = None
+        atexit.unregister(self.release)
+        if self.created_folder:
+            try:
+                self.folder.rmdir()  # only when empty
+            except OSError:
+                pass
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.release()
+
+
+def _read(fd: int) -> dict:
+    try:
+        data = os.pread(fd, 4096, 0)
+        holder = json.loads(data.decode("utf-8")) if data else {}
+    except (OSError, ValueError):
+        return {}
+    return holder if isinstance(holder, dict) else {}
