@@ -34,7 +34,7 @@ VARIANTS: dict[str, dict[str, str]] = {
     "default": {},
     "passive": {"OMP_WAIT_POLICY": "PASSIVE"},
     "1 thread": {"OMP_NUM_THREADS": "1", "NUMBA_NUM_THREADS": "1"},
-    "passive, numba workqueue": {
+    "passive+workqueue": {
         "OMP_WAIT_POLICY": "PASSIVE",
         "NUMBA_THREADING_LAYER": "workqueue",
     },
