@@ -17,6 +17,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import signal
 import statistics
 import subprocess
 import sys
@@ -59,6 +60,8 @@ def child(args: argparse.Namespace) -> int:
     from vits_trainer.runtime import configure_threads
 
     settings = configure_threads() if os.environ.get(CONFIGURE) else None
+    # a killed benchmark must not leave its competitors spinning: SIGTERM runs the finally below
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(1))
     from bench.bench_step import batches_of, quiet_session, train_config
     from vits_trainer.dataset import ClipDataset, collate_batch
     from vits_trainer.evaluate import move_batch
@@ -81,7 +84,9 @@ def child(args: argparse.Namespace) -> int:
         batch = move_batch(batch, session.device)
         start = time.perf_counter()
         step_fn(batch, 0, 1)
-        return time.perf_counter() - start
+        seconds = time.perf_counter() - start
+        print(f"step {count[0]}: {seconds:.2f} s", file=sys.stderr, flush=True)
+        return seconds
 
     for _ in range(2):  # numba compile, allocator
         step()

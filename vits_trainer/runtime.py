@@ -41,9 +41,9 @@ def configure_threads() -> dict[str, str | int | None]:
     processes that accelerate launches get it too. A variable the user set is kept (setdefault). Why:
     the OpenMP threads of torch and numba busy-wait between parallel regions by default, so beside any
     other CPU-bound process (a second run, a notebook, the DataLoader workers) they spin against it and
-    the step stalls: bench/bench_threads.py measured the tiny model's step under two competitors at ~28x
-    its quiet time with the default, and close to its quiet time with OMP_WAIT_POLICY=PASSIVE, at no
-    measurable quiet-machine cost. The thread count is sized to the CPUs this process may use, split
+    the step stalls. bench/bench_threads.py, tiny model at batch 8 on 2 shared cores: 10.6 s (72.7 s
+    with two competitors) by default, 2.1 s (3.1 s) with OMP_WAIT_POLICY=PASSIVE; one thread was faster
+    on its own (1.5 s) but slower beside the competitors (5.3 s). The thread count is sized to the CPUs this process may use, split
     between the processes of a multi-process launch (LOCAL_WORLD_SIZE), not to the load average: the
     load at start-up says little about the hours after it, and passive threads cost little when their
     core is taken. DataLoader workers need nothing here: torch sets one thread in each worker itself.
