@@ -104,9 +104,9 @@ class Trainer:
         self.resumed_from_step = session.budget.global_step if session.resumed_from else None
         self.last_checkpoint: Path | None = session.resumed_from
         self.last_val: dict | None = None
-        # what a recovery falls back to before the first checkpoint exists (CPU copies)
         self.threads = thread_report()
         self.warmup_reported: str | None = None
+        # what a recovery falls back to before the first checkpoint exists (CPU copies)
         self.initial_weights = (
             {k: v.detach().cpu().clone() for k, v in session.model.state_dict().items()},
             {k: v.detach().cpu().clone() for k, v in session.discriminator_raw.state_dict().items()},
@@ -344,7 +344,8 @@ class Trainer:
 
                 if budget.current_plan is None and budget.benchmark_done():
                     self.make_plan(progress)
-                self.report_warmup_cap()
+                if self.warmup_reported is None:
+                    self.report_warmup_cap()
                 if budget.global_step % cfg.log_every == 0:
                     self.log_step(window, progress, n_batches - b)
                     window = self.new_window()
@@ -495,7 +496,7 @@ class Trainer:
         )
 
     def report_warmup_cap(self) -> None:
-        """One line each time the warmup cap changes (from the first step estimate, then the plan)."""
+        """The warmup cap's line: when the first estimate sets it, and again if the plan changes it."""
         message = self.s.budget_lr.warmup_message()
         if message and message != self.warmup_reported:
             self.s.log(message)
