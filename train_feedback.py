@@ -18,10 +18,10 @@ from __future__ import annotations
 
 import sys
 
-from vits_trainer.runtime import process_start_time, share_cpus_between_processes
+from vits_trainer.runtime import configure_threads, process_start_time
 
 PROCESS_START = process_start_time()  # before the heavy imports: they count against the budget too
-share_cpus_between_processes()
+configure_threads()  # before torch and numba load: they read the thread settings once
 
 
 def main(argv: list[str] | None = None) -> int:

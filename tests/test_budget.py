@@ -219,11 +219,19 @@ def test_reserve_is_conservative():
     assert b.save_seconds() == 10.0  # measured replaces the estimate
     b.observe_save(20.0)
     assert b.save_seconds() == pytest.approx(20.0)  # max(EMA 15, last 20)
-    # One more step is costed at max(EMA, last): a slow last step makes the stop come earlier.
+    # One more step is costed at the median of the recent steps, plus as much again: one slow step is
+    # not taken as typical (it would end the run early)...
     run_steps(b, clock, 10, seconds=1.0, samples=4)
     run_steps(b, clock, 1, seconds=4.0, samples=4)
-    assert b.step_seconds() < 4.0
-    clock.t = 1000 - b.final_reserve() - 3.5
+    assert b.typical_step_seconds() == pytest.approx(1.0)
+    clock.t = 1000 - b.final_reserve() - 2.0
+    assert not b.should_stop()
+    clock.t += 1e-6
+    assert b.should_stop()
+    # ... but a slow spell is, once it is most of the recent steps: the stop comes earlier.
+    run_steps(b, clock, 2, seconds=4.0, samples=4)
+    assert b.typical_step_seconds() == pytest.approx(4.0)
+    clock.t = 1000 - b.final_reserve() - 7.9
     assert b.should_stop()
 
 
@@ -352,13 +360,21 @@ def test_lr_reaches_min_at_deadline_despite_drift():
     assert lr.factor(b.global_step) == 0.05
 
 
-def test_warmup_is_capped_once_a_plan_exists():
-    b, clock = make_benchmarked()
+def test_warmup_is_capped_from_the_first_estimate_then_by_the_plan():
+    clock = FakeClock(0.0)
+    b = Budget(3600, 0.0, clock=clock, benchmark_samples=64, benchmark_skip_steps=1)
     lr = BudgetLR(b, warmup_steps=5000, max_warmup_fraction=0.1)
+    b.start_training()
+    run_steps(b, clock, 1, seconds=5.0, samples=16)  # a slow warm-up step sets no cap (it would be ~10x low)
     assert lr.effective_warmup_steps == 5000 and not lr.warmup_capped and lr.warmup_message() is None
-    assert lr.factor(b.global_step) == pytest.approx((b.global_step + 1) / 5000)
+    run_steps(b, clock, 1, seconds=0.5, samples=16)  # the first measured step: ~7,000 steps fit
+    first_cap = lr.effective_warmup_steps
+    assert 600 < first_cap < 720 and lr.warmup_capped
+    assert lr.factor(b.global_step) == pytest.approx((b.global_step + 1) / first_cap)
+    run_steps(b, clock, 3, seconds=0.5, samples=16)
+    assert b.benchmark_done()
     plan = b.plan(3200, 16)
-    assert lr.effective_warmup_steps == int(0.1 * plan.optimizer_steps) < 5000
+    assert lr.effective_warmup_steps == int(0.1 * plan.optimizer_steps) <= first_cap
     assert lr.warmup_capped
     msg = lr.warmup_message()
     assert msg is not None and "5,000" in msg and f"{lr.effective_warmup_steps:,}" in msg
@@ -523,3 +539,67 @@ def test_lr_lambda_ignores_lambdalr_counter_and_accepts_broadcast_progress():
     lr = BudgetLR(b, warmup_steps=0)
     fn = lr_lambda_for(lr, step_fn=lambda: 10**6, progress_fn=lambda: 1.0)
     assert fn(0) == fn(123) == 0.05
+
+
+def run_until_stop(b: Budget, clock: FakeClock, durations) -> list[float]:
+    """The loop's order: ask before every step (the first included), then run it; the steps' end times."""
+    ends = []
+    for seconds in durations:
+        if b.should_stop():
+            break
+        clock.advance(seconds)
+        b.observe_step(seconds, 8)
+        ends.append(clock())
+    return ends
+
+
+def test_slow_first_steps_neither_overrun_nor_end_the_run_early():
+    # The issue's busy machine: 40 s of start-up, first steps of 31 and 10 s, then 2 s steps, 120 s budget.
+    clock = FakeClock(0.0)
+    b = Budget(120, 0.0, clock=clock, benchmark_skip_steps=2)
+    b.observe_eval(3.0)
+    b.set_estimates(save_seconds=2.0, export_seconds=2.0)
+    clock.advance(40.0)
+    b.start_training()
+    ends = run_until_stop(b, clock, [31.0, 10.0] + [2.0] * 100)
+    end = ends[-1] + b.final_reserve()
+    assert len(ends) >= 10  # the 31 s step was not taken as typical
+    assert 0.95 * 120 <= end <= 120  # and the run still ends inside its budget
+
+
+def test_a_first_step_that_cannot_finish_is_not_started():
+    # Before any step: the caller's estimate (scaled from the start evaluation) or a previous session's.
+    clock = FakeClock(0.0)
+    b = Budget(120, 0.0, clock=clock)
+    b.observe_eval(5.0)
+    b.set_estimates(save_seconds=2.0, export_seconds=2.0, step_seconds=30.0)
+    clock.advance(40.0)
+    assert not b.should_stop()  # 40 + 60 + 11 <= 120
+    clock.advance(15.0)
+    assert b.should_stop()
+    # Without an estimate the first step is started (nothing says it cannot finish) ...
+    b2 = Budget(120, 0.0, clock=clock)
+    assert not b2.should_stop()
+    # ... and one that took 60 s is not repeated when, as slow again, it would end past the allowed overrun.
+    b2.observe_step(60.0, 8)
+    clock.t = 61.0
+    assert b2.allowed_overrun_seconds() == 10.0
+    assert b2.should_stop()
+
+
+@pytest.mark.parametrize("outlier_at", [5, 40, 100])
+def test_one_outlier_step_does_not_move_the_end(outlier_at):
+    # 1 s steps with one 8 s step somewhere: the run ends where it would have without it (within a step).
+    def end_with(outlier: bool) -> float:
+        clock = FakeClock(0.0)
+        b = Budget(120, 0.0, clock=clock, benchmark_skip_steps=1)
+        b.observe_eval(2.0)
+        b.start_training()
+        steps = [1.0] * 200
+        if outlier:
+            steps[outlier_at] = 8.0
+        ends = run_until_stop(b, clock, steps)
+        return ends[-1] + b.final_reserve()
+
+    assert end_with(True) == pytest.approx(end_with(False), abs=1.5)
+    assert end_with(True) <= 120

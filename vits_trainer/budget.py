@@ -49,6 +49,10 @@ _SAFETY_MIN_CAP_FRACTION = 0.015
 # Sessions end between 97 % and 100 % of their targets, so a total sized as a sum of targets is a few %
 # short of being used up: a remainder below this fraction of the total means "this is the last session".
 _LAST_SESSION_SLACK = 0.03
+# How far past its deadline a run may end: the next step is not started when, as slow as the last one,
+# it would end later than deadline + max(1 %, 10 s) (the final reserve counted).
+_OVERRUN_FRACTION, _OVERRUN_MIN_SECONDS = 0.01, 10.0
+_RECENT_STEPS = 5  # the typical step is the median of this many recent steps
 
 
 @dataclass
@@ -183,7 +187,9 @@ class Budget:
         self.spent_before = 0.0  # seconds spent by earlier sessions
         self._measured_samples = 0  # after the skipped warm-up steps
         self._last_step_seconds: float | None = None
-        self._recent_steps: list[float] = []  # the last few step durations (a slow spell shows here first)
+        self._recent_steps: list[float] = []  # the last few step durations after the warm-up steps
+        self._warmup_step_times: list[float] = []  # this session's first (skipped) steps
+        self._horizon_provisional = False  # planned_horizon_steps is the first estimate's, not a plan's
         self._step = _Stat()
         self._step_samples = _Stat()
         self._events = {"eval": _Stat(), "save": _Stat(), "export": _Stat()}
@@ -247,7 +253,12 @@ class Budget:
         self.session_samples += samples
         self.global_step += 1
         self._last_step_seconds = seconds
-        self._recent_steps = [*self._recent_steps[-4:], seconds]
+        if self.session_steps <= self.benchmark_skip_steps:
+            self._warmup_step_times.append(seconds)
+        else:
+            self._recent_steps = [*self._recent_steps[-(_RECENT_STEPS - 1) :], seconds]
+        if self.planned_horizon_steps is None or self._horizon_provisional:
+            self._provisional_horizon()
         if self.session_steps > self.benchmark_skip_steps:
             self._measured_samples += samples
             self._step.add(seconds, self.ema)
@@ -267,12 +278,19 @@ class Budget:
         eval_seconds: float | None = None,
         save_seconds: float | None = None,
         export_seconds: float | None = None,
+        step_seconds: float | None = None,
     ) -> None:
         """Caller's guesses (e.g. save time from model size), used until the real thing is measured.
 
-        None leaves an estimate unchanged.
+        ``step_seconds``: one optimizer step before any was measured (e.g. scaled from the start
+        evaluation), so the first step is not started blind. None leaves an estimate unchanged.
         """
-        for name, value in (("eval", eval_seconds), ("save", save_seconds), ("export", export_seconds)):
+        for name, value in (
+            ("eval", eval_seconds),
+            ("save", save_seconds),
+            ("export", export_seconds),
+            ("step", step_seconds),
+        ):
             if value is not None:
                 self._estimates[name] = max(0.0, float(value))
 
@@ -306,16 +324,62 @@ class Budget:
             return self._step_samples.ema / self._step.ema
         return self._priors.get("samples_per_second", 0.0)
 
+    def typical_step_seconds(self) -> float:
+        """What the next optimizer step should cost: robust to one outlier, and to slow first steps.
+
+        The median of the last few steps after the session's warm-up steps; while there are none, the
+        fastest warm-up step (they are the slow ones: compilation, allocator), and before any step the
+        last session's step time or the caller's estimate (`set_estimates`), else 0.
+        """
+        if self._recent_steps:
+            ordered = sorted(self._recent_steps)
+            n = len(ordered)
+            return ordered[n // 2] if n % 2 else 0.5 * (ordered[n // 2 - 1] + ordered[n // 2])
+        if self._warmup_step_times:
+            return min(self._warmup_step_times)
+        return max(self._priors.get("step", 0.0), self._estimates.get("step", 0.0))
+
+    def allowed_overrun_seconds(self) -> float:
+        """How far past the deadline a run may end: max(1 %, 10 s)."""
+        return max(_OVERRUN_FRACTION * self.target_seconds, _OVERRUN_MIN_SECONDS)
+
+    def _provisional_horizon(self) -> None:
+        """Planned steps from the first step-time estimate, until the benchmark's plan: caps the warmup
+        from the first step on, so a run shorter than the benchmark still leaves warmup and decays."""
+        if not self._recent_steps or self.training_start is None:
+            return  # the warm-up steps (compilation) would make the horizon, and the warmup, far too short
+        typical = self.typical_step_seconds()
+        if self.total_seconds is None:
+            window = self.training_end() - self.training_start
+        else:
+            window = self.total_seconds - self.spent_before - (self.training_start - self.process_start)
+        steps = self.global_step - self.session_steps + max(1, int(window / typical))
+        if self.planned_horizon_steps is None or steps < self.planned_horizon_steps:
+            self.planned_horizon_steps = steps  # only ever lowered: the warmup ramp stays monotone
+        self._horizon_provisional = True
+
     def benchmark_done(self) -> bool:
         """True once ``benchmark_samples`` samples were measured after the skipped warm-up steps."""
         return self._step.count > 0 and self._measured_samples >= self.benchmark_samples
 
     def _next_step_seconds(self) -> float:
-        # Conservative cost of one more step (the last one may be slower than the average), and as much
-        # again as headroom: on a shared machine a step can take twice its usual time, and that overrun
-        # would otherwise come out of the final evaluation (measured: 0.2-0.4 s left over after a 60 s
-        # run's last step, with 0.4 s steps). One step of a multi-hour run is a negligible price.
-        return 2.0 * max(self.step_seconds(), max(self._recent_steps, default=0.0))
+        # The typical step, and as much again as headroom: on a shared machine a step can take twice its
+        # usual time, and that overrun would otherwise come out of the final evaluation (measured: 0.2-0.4
+        # s left over after a 60 s run's last step, with 0.4 s steps). One step of a multi-hour run is a
+        # negligible price. Typical is a median, not the slowest recent step: one slow step doubled and
+        # taken as the rule ended short runs at 0.4-0.8 of their budgets.
+        if not self._recent_steps and self._warmup_step_times:
+            # Only warm-up steps so far: they are the slow ones (compilation, allocator), so the fastest is
+            # already an upper bound with headroom in it; doubled, one slow first step would end a short
+            # run after it (seen: 1 step at 0.4-0.8 of the budget). The slow-spell check bounds the rest.
+            return self.typical_step_seconds()
+        return 2.0 * self.typical_step_seconds()
+
+    def _slow_spell_overruns(self) -> bool:
+        # A slow spell the median has not caught up with yet: were the next step as slow as the last one,
+        # the run (final reserve included) would end later than the allowed overrun.
+        last = self._last_step_seconds or 0.0
+        return self.clock() + last + self.final_reserve() > self.deadline() + self.allowed_overrun_seconds()
 
     def final_reserve(self) -> float:
         """Final eval + save + export + safety margin (+ whatever the caller does after the loop)."""
@@ -330,11 +394,17 @@ class Budget:
     # ---- decisions --------------------------------------------------------------------------------
 
     def should_stop(self) -> bool:
-        """True when one more optimizer step (plus a step's headroom) would not leave room for the final reserve.
+        """True when one more typical optimizer step (plus as much again as headroom) would not leave room
+        for the final reserve, or when one as slow as the last would end the run past the allowed overrun.
 
-        Pure in (state, clock): in multi-process runs rank 0 calls it and broadcasts the answer.
+        Ask it before the first step too: the estimate (`set_estimates(step_seconds=...)`, a previous
+        session's) keeps a step that cannot finish from starting. Pure in (state, clock): in
+        multi-process runs rank 0 calls it and broadcasts the answer.
         """
-        return self.clock() + self._next_step_seconds() + self.final_reserve() > self.deadline()
+        return (
+            self.clock() + self._next_step_seconds() + self.final_reserve() > self.deadline()
+            or self._slow_spell_overruns()
+        )
 
     def can_afford(self, seconds: float) -> bool:
         """Whether an extra `seconds` (intermediate eval/save) still leaves one step (+ headroom) + the final reserve."""
@@ -359,8 +429,13 @@ class Budget:
         plan = self._make_plan()
         if self.first_plan is None:
             self.first_plan = plan
-        if self.planned_horizon_steps is None:
-            self.planned_horizon_steps = plan.horizon_steps
+        if self.planned_horizon_steps is None or self._horizon_provisional:
+            # the plan replaces the first estimate's horizon, but never raises the warmup cap it set
+            provisional = self.planned_horizon_steps
+            self.planned_horizon_steps = (
+                plan.horizon_steps if provisional is None else min(provisional, plan.horizon_steps)
+            )
+            self._horizon_provisional = False
         self.current_plan = plan
         return plan
 

@@ -41,7 +41,7 @@ from .recovery import (
     switch_precision,
 )
 from .reporting import MetricsLog, Progress, log_audio_to_trackers, plot_losses
-from .runtime import git_revision
+from .runtime import describe_threads, git_revision, thread_report
 from .safety import UnsafeOverwrite, check_replaceable, replace_export, write_export_file, write_marker
 from .session import Session, apply_lr_scale
 from .step import GanStep
@@ -52,6 +52,10 @@ from .vits import export_model
 # it the gradients overflow fp16 even unscaled, which counts toward a recovery (out of fp16)
 MIN_CALIBRATION_SCALE = 2.0**-4
 OVERHEAD_SHARE = 0.1  # epoch-end evals/saves are skipped when they would exceed this share of the time
+# Before the first step the budget needs a step time: one training sample costs about what one validation
+# clip does (the eval decodes whole clips, training a segment but with backward passes and the
+# discriminator: the same order). Crude, but it only decides whether a first step can still fit.
+STEP_SECONDS_PER_EVAL_CLIP_SECONDS = 1.0
 
 
 def gan_step(session: Session) -> GanStep:
@@ -109,6 +113,8 @@ class Trainer:
         self.last_val: dict | None = None
         self.last_val_step: int | None = None
         self.final_eval_skipped: str | None = None  # why the final evaluation did not run
+        self.threads = thread_report()
+        self.warmup_reported: str | None = None
         # what a recovery falls back to before the first checkpoint exists (CPU copies)
         self.initial_weights = (
             {k: v.detach().cpu().clone() for k, v in session.model.state_dict().items()},
@@ -225,6 +231,7 @@ class Trainer:
             "config": s.cfg.to_dict(),
             "model_source": s.model_source,
             "git_revision": git_revision(),
+            "threads": self.threads,
             "versions": {"torch": torch.__version__, "transformers": _version("transformers")},
         }
 
@@ -286,13 +293,21 @@ class Trainer:
         progress = Progress(s.log, s.is_main, s.device)
         if cfg.report_to != "none":
             acc.init_trackers("vits_trainer", config=_flat_config(cfg.to_dict()))
+        s.log(describe_threads(self.threads))
         if s.resumed_from is None and s.val_loaders:
             self.run_eval("start", export_best=False)  # baseline, and a measured eval time for the plan
+            self.estimate_step_from_eval()
         warning = budget.horizon_warning()
         if warning:
             s.log(f"warning: {warning}")
         budget.start_training()
-        stop_reason = None
+        # asked before the first step too: a step that cannot finish before the deadline is not started
+        stop_reason, _ = self.stop_decision(signals)
+        if stop_reason == "budget":
+            s.log(
+                f"budget: no time for a training step ({budget.remaining():.0f} s left, a step takes "
+                f"~{budget.typical_step_seconds():.0f} s, the final reserve ~{budget.final_reserve():.0f} s)"
+            )
         window = self.new_window()
         while stop_reason is None:
             s.sampler.set_epoch(state.epoch)
@@ -346,6 +361,8 @@ class Trainer:
 
                 if budget.current_plan is None and budget.benchmark_done():
                     self.make_plan(progress)
+                if self.warmup_reported is None:
+                    self.report_warmup_cap()
                 if budget.global_step % cfg.log_every == 0:
                     self.log_step(window, progress, n_batches - b)
                     window = self.new_window()
@@ -511,14 +528,29 @@ class Trainer:
             }
         )
 
+    def report_warmup_cap(self) -> None:
+        """The warmup cap's line: when the first estimate sets it, and again if the plan changes it."""
+        message = self.s.budget_lr.warmup_message()
+        if message and message != self.warmup_reported:
+            self.s.log(message)
+            self.warmup_reported = message
+
+    def estimate_step_from_eval(self) -> None:
+        """The budget's step time before the first step: the start evaluation's time per clip, scaled."""
+        s = self.s
+        clips = sum(len(v) for v in s.data.val_sets.values())
+        if clips <= 0:
+            return
+        per_clip = s.budget.eval_seconds() / clips
+        samples = s.cfg.batch_size * self.accumulation * s.accelerator.num_processes
+        s.budget.set_estimates(step_seconds=STEP_SECONDS_PER_EVAL_CLIP_SECONDS * per_clip * samples)
+
     def make_plan(self, progress: Progress) -> None:
         s, cfg = self.s, self.s.cfg
         effective = cfg.batch_size * self.accumulation * s.accelerator.num_processes
         plan = s.budget.plan(s.data.samples_per_epoch, effective)
         s.log(plan.describe())
-        message = s.budget_lr.warmup_message()
-        if message:
-            s.log(message)
+        self.report_warmup_cap()
         progress.set_total(plan.optimizer_steps + (self.resumed_from_step or 0), s.budget.global_step)
         self.metrics.write({"event": "plan", "step": s.budget.global_step, **plan.to_dict()})
 
@@ -617,7 +649,9 @@ class Trainer:
             "epochs_planned": first.epochs if first else None,
             "epochs_completed": state.epochs_completed,
             "epochs_trained": state.samples_seen / max(1, s.data.samples_per_epoch),
-            "samples_per_second": budget.samples_per_second(),
+            # measured over every step of this session (the budget's own figure skips the warm-up steps)
+            "samples_per_second": budget.session_samples / self.train_seconds if self.train_seconds else 0.0,
+            "threads": self.threads,
             "best_val_loss": state.best_val,
             "best_step": state.best_step,
             # the evaluation of the final weights only; never an earlier one standing in for it

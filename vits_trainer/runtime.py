@@ -21,17 +21,77 @@ def process_start_time() -> float:
         return time.time()
 
 
-def share_cpus_between_processes() -> None:
-    """Several processes on one machine (accelerate launch): give each its share of the cores.
+# What `configure_threads` set (or found set by the user), for the run's log line, summary and checkpoint.
+THREAD_SETTINGS: dict[str, str | int | None] = {}
+_THREAD_VARS = ("OMP_WAIT_POLICY", "OMP_NUM_THREADS", "NUMBA_NUM_THREADS")
 
-    Call before torch/numba are imported. numba's OpenMP threads otherwise spin against the other
-    processes' work (seen: two CPU processes on two cores made steps 1.5-23 s instead of 0.6 s).
+
+def available_cpus() -> int:
+    """CPUs this process may run on (its affinity mask: taskset, cgroup cpusets), else the machine's."""
+    try:
+        return len(os.sched_getaffinity(0)) or 1
+    except (AttributeError, OSError):  # pragma: no cover - not Linux
+        return os.cpu_count() or 1
+
+
+def configure_threads() -> dict[str, str | int | None]:
+    """Threads that yield their cores when idle, as many as this process's share of its CPUs.
+
+    Call before torch/numba are imported (they read these once, at load); the CLIs do, at the top, so
+    processes that accelerate launches get it too. A variable the user set is kept (setdefault). Why:
+    the OpenMP threads of torch and numba busy-wait between parallel regions by default, so beside any
+    other CPU-bound process (a second run, a notebook, the DataLoader workers) they spin against it and
+    the step stalls. bench/bench_threads.py, tiny model at batch 8 on 2 shared cores: 10.6 s (72.7 s
+    with two competitors) by default, 2.1 s (3.1 s) with OMP_WAIT_POLICY=PASSIVE; one thread was faster
+    on its own (1.5 s) but slower beside the competitors (5.3 s). The thread count is sized to the CPUs this process may use, split
+    between the processes of a multi-process launch (LOCAL_WORLD_SIZE), not to the load average: the
+    load at start-up says little about the hours after it, and passive threads cost little when their
+    core is taken. DataLoader workers need nothing here: torch sets one thread in each worker itself.
     """
-    local = int(os.environ.get("LOCAL_WORLD_SIZE", "1"))
-    if local > 1:
-        share = str(max(1, (os.cpu_count() or 1) // local))
-        os.environ.setdefault("NUMBA_NUM_THREADS", share)
-        os.environ.setdefault("OMP_NUM_THREADS", share)
+    local = max(1, int(os.environ.get("LOCAL_WORLD_SIZE", "1") or 1))
+    share = str(max(1, available_cpus() // local))
+    user = {name for name in _THREAD_VARS if os.environ.get(name)}
+    os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+    os.environ.setdefault("OMP_NUM_THREADS", share)
+    os.environ.setdefault("NUMBA_NUM_THREADS", share)
+    THREAD_SETTINGS.clear()
+    THREAD_SETTINGS.update({name: os.environ.get(name) for name in _THREAD_VARS})
+    THREAD_SETTINGS["available_cpus"] = available_cpus()
+    THREAD_SETTINGS["set_by_user"] = ",".join(sorted(user)) or None
+    return dict(THREAD_SETTINGS)
+
+
+def share_cpus_between_processes() -> None:
+    """Kept for callers of the old name: `configure_threads` does this and more."""
+    configure_threads()
+
+
+def thread_report() -> dict[str, str | int | None]:
+    """The thread settings in effect (after torch loaded): for the log line, summary and trainer_state."""
+    import torch
+
+    report: dict[str, str | int | None] = {
+        "torch_threads": torch.get_num_threads(),
+        "omp_wait_policy": os.environ.get("OMP_WAIT_POLICY"),
+        "numba_threads": os.environ.get("NUMBA_NUM_THREADS"),
+        "available_cpus": available_cpus(),
+        "configured": bool(THREAD_SETTINGS),
+        "set_by_user": THREAD_SETTINGS.get("set_by_user"),
+    }
+    return report
+
+
+def describe_threads(report: dict) -> str:
+    policy = report.get("omp_wait_policy") or "default (spinning)"
+    line = (
+        f"threads: torch {report['torch_threads']}, numba {report.get('numba_threads') or 'default'}, "
+        f"OpenMP wait policy {policy}, {report['available_cpus']} CPUs available"
+    )
+    if report.get("set_by_user"):
+        line += f" (from the environment: {report['set_by_user']})"
+    elif not report.get("configured"):
+        line += " (not set by the trainer: torch was loaded before train_vits.py could set them)"
+    return line
 
 
 def resolve_precision(requested: str, cpu: bool, log=print) -> str:

@@ -1,0 +1,113 @@
+"""A busy machine: thread settings, the budget with a CPU-bound competitor, short runs that still train.
+
+The fake-clock rules (slow first steps, outliers, a first step that cannot finish) are in test_budget.py;
+here the real CLI and the real Trainer on the tiny model and the tone-language corpus.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+
+import pytest
+
+from tests.helpers import PYTHON, ROOT, cli_args, cli_settings, train_tiny
+
+
+def test_configure_threads_sets_passive_threads_and_keeps_the_users(monkeypatch):
+    from vits_trainer import runtime
+
+    for name in ("OMP_WAIT_POLICY", "OMP_NUM_THREADS", "NUMBA_NUM_THREADS", "LOCAL_WORLD_SIZE"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("OMP_NUM_THREADS", "3")  # the user's choice wins
+    monkeypatch.setenv("LOCAL_WORLD_SIZE", "2")
+    monkeypatch.setattr(runtime, "available_cpus", lambda: 8)
+    settings = runtime.configure_threads()
+    assert os.environ["OMP_WAIT_POLICY"] == "PASSIVE"
+    assert os.environ["OMP_NUM_THREADS"] == "3"
+    assert os.environ["NUMBA_NUM_THREADS"] == "4"  # 8 CPUs shared by 2 local processes
+    assert settings["set_by_user"] == "OMP_NUM_THREADS"
+    line = runtime.describe_threads(runtime.thread_report())
+    assert "PASSIVE" in line and "from the environment: OMP_NUM_THREADS" in line
+
+
+def test_a_run_of_warmup_steps_only_reports_its_throughput_and_threads(tmp_path, tiny_model_dir, tone_corpus):
+    # 3 steps, all of them benchmark warm-up steps: the budget's own throughput is still unmeasured
+    session, summary = train_tiny(
+        tmp_path, tone_corpus, tiny_model_dir, max_steps=3, benchmark_samples=10_000, warmup_steps=500
+    )
+    assert summary["steps"] == 3
+    assert summary["samples_per_second"] > 0  # was 0.0
+    threads = summary["threads"]
+    assert threads["torch_threads"] >= 1 and threads["available_cpus"] >= 1
+    state = json.loads((tmp_path / "checkpoints" / "step_00000003" / "trainer_state.json").read_text())
+    assert state["threads"] == threads
+
+
+@pytest.mark.slow
+def test_budget_holds_beside_a_cpu_bound_process_and_a_short_run_leaves_warmup(
+    tmp_path, tiny_model_dir, tone_corpus
+):
+    """train_vits.py with 40 s, another process spinning on a core the whole time, a benchmark longer
+    than the run and a 500-step warmup. Nothing here depends on how fast a step is: the wall time, the
+    final evaluation (done, or skipped with its line) and the learning rate are checked against the rules."""
+    target = 40.0
+    settings = cli_settings(
+        tmp_path,
+        tone_corpus,
+        tiny_model_dir,
+        target_hours=target / 3600,
+        benchmark_samples=100_000,
+        warmup_steps=500,
+        log_every=1,
+        save_minutes=1000,
+    )
+    env = {k: v for k, v in os.environ.items() if k not in ("OMP_WAIT_POLICY", "OMP_NUM_THREADS")}
+    competitor = subprocess.Popen([sys.executable, "-c", "while True: pass"])
+    try:
+        start, started = time.monotonic(), time.time()
+        proc = subprocess.run(
+            [PYTHON, str(ROOT / "train_vits.py"), *cli_args(settings)],
+            capture_output=True,
+            text=True,
+            timeout=300,
+            env=env,
+        )
+        wall = time.monotonic() - start
+        assert competitor.poll() is None  # it competed for the whole run
+    finally:
+        competitor.kill()
+        competitor.wait()
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    overrun = max(0.01 * target, 10.0)
+    summary = json.loads((tmp_path / "final_model" / "train_summary.json").read_text())
+    metrics = [json.loads(line) for line in (tmp_path / "checkpoints" / "metrics.jsonl").read_text().splitlines()]
+    steps = [m for m in metrics if "loss_g" in m]
+    # No step was started that could not end by the deadline plus the allowed overrun ...
+    assert all(m["time"] <= started + target + overrun for m in steps), proc.stdout[-3000:]
+    if summary["steps"] == 0:
+        # ... and when start-up alone (model load, the start evaluation) used the budget on a machine this
+        # busy, not even the first: the one line says so
+        assert "no time for a training step" in proc.stdout, proc.stdout[-3000:]
+    else:
+        # ... and the whole process, start-up to exit, ends within the allowed overrun
+        assert wall <= target + overrun, (wall, proc.stdout[-3000:])
+    assert summary["stopped_reason"] == "budget"
+    assert summary["threads"]["omp_wait_policy"] == "PASSIVE"
+    assert "threads: torch" in proc.stdout and "OpenMP wait policy PASSIVE" in proc.stdout
+    evals = [m for m in metrics if m.get("event") == "eval"]
+    assert evals[-1]["tag"] == "final" or "final evaluation skipped" in proc.stdout, proc.stdout[-2000:]
+    # No plan (the benchmark never ended), yet the warmup was capped from the first measured step on.
+    assert summary["plan"] is None
+    peak = settings["learning_rate"]
+    assert all(0 < m["lr"] <= peak * (1 + 1e-6) for m in steps)
+    if summary["steps"] >= 3:  # two warm-up steps, then measured ones: the cap is known from the third
+        assert "warmup capped" in proc.stdout
+        assert summary["samples_per_second"] > 0
+        lrs = [m["lr"] for m in steps]
+        top = lrs.index(max(lrs))
+        assert max(lrs) == pytest.approx(peak, rel=1e-3)  # warmup ended inside the run ...
+        assert lrs[-1] < max(lrs) and top < len(lrs) - 1  # ... and the decay began
