@@ -78,6 +78,10 @@ class TrainConfig:
         "alignment search: auto (numba on CPU, triton on CUDA, else torch) | numba | triton | torch",
         choices=["auto", "numba", "triton", "torch"],
     )
+    num_speakers: str = _f(
+        "",
+        "auto | N: a single-speaker model learns one voice per speaker of metadata.csv (default: one voice)",
+    )
     seed: int = _f(42, "random seed (data order, segments, init of new parts)")
     # --- saving, evaluation, logging ---
     save_minutes: float = _f(30.0, "checkpoint at least this often (and at epoch ends, overhead permitting)")
@@ -162,6 +166,9 @@ class TrainConfig:
             raise UserError(f"--min_lr_ratio must be in [0, 1] (got {self.min_lr_ratio})")
         if self.best_metric == "val_mel_dtw" and self.freerun_samples == 0:
             raise UserError("--best_metric val_mel_dtw needs --freerun_samples of 1 or more")
+        from .speakers import parse_num_speakers
+
+        parse_num_speakers(self.num_speakers)
         if self.max_ram_gb < 0:
             raise UserError(f"--max_ram_gb must be 0 or more (got {self.max_ram_gb})")
 

@@ -24,7 +24,6 @@ from .dataset import (
     build_items,
     load_clip_store,
     make_loader,
-    speaker_map,
     split_train_val,
 )
 from .discriminator import (
@@ -37,6 +36,7 @@ from .errors import UserError
 from .hub import resolve_model_dir
 from .metadata import METADATA_NAME, read_metadata
 from .runtime import Logger, make_accelerator, quiet_transformers, resolve_precision
+from .speakers import resolve_speakers
 from .step import make_optimizer
 from .text import TextEncoder, extend_vocabulary
 from .trainstate import LoadedCheckpoint, TrainState, set_rng_state
@@ -343,9 +343,7 @@ def build_session(
             log(f"vocabulary extended by {len(added)} character(s): {''.join(added)!r}")
         elif unknown and "extend_vocab" not in cfg.hidden_flags:
             log("  (pass --extend_vocab to add them to the vocabulary instead)")
-    speakers = trainer_state.get("speakers") or speaker_map(
-        store.speakers, model.config.num_speakers, log=log
-    )
+    model, speakers = resolve_speakers(cfg, model, store.speakers, trainer_state.get("speakers"), log)
 
     generator = VitsGenerator(
         model, segment_frames=max(1, cfg.segment_size // _hop(model)), mas_backend=cfg.mas_backend
