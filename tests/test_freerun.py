@@ -119,3 +119,21 @@ def test_every_evaluation_scores_free_running_speech_and_draws_pictures(tmp_path
     for path in fresh:
         assert np.array_equal(sf.read(path)[0], sf.read(final / path.name)[0])
     assert (ckpt / "loss_curve.png").is_file()
+
+
+def test_pictures_go_to_tensorboard_as_rgb_images(tmp_path):
+    """tensorboard is not installed here: a stand-in tracker records what its SummaryWriter is given."""
+    from types import SimpleNamespace
+
+    from vits_trainer.pictures import alignment_png, log_images_to_trackers
+
+    path = np.zeros((3, 6))
+    path[0, :2] = path[1, 2:4] = path[2, 4:] = 1
+    png = alignment_png(path, tmp_path / "clip_alignment.png")
+    calls = []
+    writer = SimpleNamespace(add_image=lambda tag, image, step, dataformats: calls.append((tag, image, step, dataformats)))
+    accelerator = SimpleNamespace(trackers=[SimpleNamespace(name="tensorboard", writer=writer)])
+    log_images_to_trackers(accelerator, [png], 12)
+    [(tag, image, step, layout)] = calls
+    assert (tag, step, layout) == ("pictures/clip_alignment", 12, "HWC")
+    assert image.ndim == 3 and image.shape[2] == 3 and 0.0 <= image.min() <= image.max() <= 1.0
