@@ -83,13 +83,27 @@ class TrainConfig:
         "alignment search: auto (numba on CPU, triton on CUDA, else torch) | numba | triton | torch",
         choices=["auto", "numba", "triton", "torch"],
     )
+    num_speakers: str = _f(
+        "",
+        "auto | N: a single-speaker model learns one voice per speaker of metadata.csv (default: one voice)",
+    )
     seed: int = _f(42, "random seed (data order, segments, init of new parts)")
     # --- saving, evaluation, logging ---
     save_minutes: float = _f(30.0, "checkpoint at least this often (and at epoch ends, overhead permitting)")
     keep_checkpoints: int = _f(
         2, "complete checkpoints kept (older ones deleted after a newer one is complete)"
     )
-    eval_samples: int = _f(3, "validation sentences synthesised to WAV at each evaluation")
+    eval_samples: int = _f(
+        3, "validation sentences synthesised to WAV, with alignment and mel PNGs, at each evaluation"
+    )
+    freerun_samples: int = _f(
+        8, "validation sentences spoken from text alone and scored (val_mel_dtw, val_mcd) at each evaluation"
+    )
+    best_metric: str = _f(
+        "val_mel",
+        "validation metric that chooses best_model: val_mel (teacher-forced) | val_mel_dtw (free-running)",
+        choices=["val_mel", "val_mel_dtw"],
+    )
     resume: str = _f("auto", "auto (newest complete checkpoint) | none | PATH of a checkpoint folder")
     log_every: int = _f(10, "optimiser steps between metric lines (metrics.jsonl, trackers)")
     report_to: str = _f(
@@ -150,6 +164,7 @@ class TrainConfig:
             "warmup_steps",
             "num_workers",
             "eval_samples",
+            "freerun_samples",
         ):
             if getattr(self, name) < 0:
                 raise UserError(f"--{name} must be 0 or more (got {getattr(self, name)})")
@@ -157,6 +172,11 @@ class TrainConfig:
             raise UserError(f"--val_fraction must be in [0, 0.5) (got {self.val_fraction})")
         if not 0.0 <= self.min_lr_ratio <= 1.0:
             raise UserError(f"--min_lr_ratio must be in [0, 1] (got {self.min_lr_ratio})")
+        if self.best_metric == "val_mel_dtw" and self.freerun_samples == 0:
+            raise UserError("--best_metric val_mel_dtw needs --freerun_samples of 1 or more")
+        from .speakers import parse_num_speakers
+
+        parse_num_speakers(self.num_speakers)
         if self.max_ram_gb < 0:
             raise UserError(f"--max_ram_gb must be 0 or more (got {self.max_ram_gb})")
 

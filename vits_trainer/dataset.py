@@ -487,7 +487,7 @@ def speaker_map(speakers: Sequence[str], num_speakers: int, log: Log = print) ->
         if len(names) > 1:
             log(
                 f"warning: the data has {len(names)} speakers but the model has a single voice; "
-                f"all clips train that one voice"
+                f"all clips train that one voice (--num_speakers auto gives each speaker its own)"
             )
         return dict.fromkeys(names, 0)
     if len(names) > num_speakers:

@@ -895,7 +895,8 @@ def _norm(text: str) -> str:
 
 
 def _losses(record: dict, prefix: str) -> dict[str, float]:
-    keys = ("val_mel", "val_kl", "val_duration", "val_loss")
+    # the free-running scores exist for the primary (feedback) set only: see freerun.free_running_eval
+    keys = ("val_mel", "val_kl", "val_duration", "val_loss", "val_mel_dtw", "val_mcd", "val_duration_ratio")
     return {k: float(record[prefix + k]) for k in keys if prefix + k in record}
 
 

@@ -19,6 +19,7 @@ import signal
 import time
 from pathlib import Path
 
+import numpy as np
 import torch
 
 from .checkpoint import (
@@ -31,7 +32,9 @@ from .checkpoint import (
 from .discriminator import save_discriminator
 from .errors import UserError
 from .evaluate import evaluate, move_batch, synthesize
+from .freerun import free_running_eval, write_wavs
 from .metadata import SPLIT_FILE
+from .pictures import alignment_paths, log_images_to_trackers, write_pictures
 from .recovery import (
     free_memory,
     is_out_of_memory,
@@ -169,9 +172,12 @@ class Trainer:
             )
             prefix = "" if name == "val" else f"{name}_"
             results.update({prefix + k: v for k, v in values.items()})
+        freerun, spoken = free_running_eval(s)  # spoken from text alone, scored against the recordings
+        results.update(freerun)
         step = s.budget.global_step
         primary = next(iter(s.val_loaders))
-        primary_mel = results.get("val_mel" if primary == "val" else f"{primary}_val_mel")
+        metric = s.cfg.best_metric
+        primary_mel = results.get(metric if primary == "val" else f"{primary}_{metric}")
         improved = primary_mel is not None and (s.state.best_val is None or primary_mel < s.state.best_val)
         record = {
             "event": "eval",
@@ -184,7 +190,7 @@ class Trainer:
         s.state.val_history.append({k: v for k, v in record.items() if k != "event"})
         self.metrics.write(record)
         if s.is_main and s.cfg.eval_samples:
-            self.write_samples(step)
+            self.write_samples(step, spoken)
         if improved:
             s.state.best_val, s.state.best_step = primary_mel, step
         s.log(
@@ -208,17 +214,26 @@ class Trainer:
         self.last_val_step = step
         return results
 
-    def write_samples(self, step: int) -> None:
+    def write_samples(self, step: int, spoken=()) -> None:
         s = self.s
         items = next(iter(s.data.val_sets.values()), None)
         if items is None:
             return
+        count = min(s.cfg.eval_samples, len(items))
         sentences = []
-        for k in range(min(s.cfg.eval_samples, len(items))):
+        for k in range(count):
             sentences.append((items.clip_id(k), items.text(k), int(items.speaker_ids[k])))
         folder = s.checkpoint_dir / "samples" / checkpoint_name(step)
-        paths = synthesize(s.model, s.text, sentences, folder, s.device)
+        if len(spoken) >= count:  # the free-running pass already spoke them (same seed, same order)
+            paths = write_wavs(list(spoken[:count]), folder, s.model.config.sampling_rate)
+        else:
+            paths = synthesize(s.model, s.text, sentences, folder, s.device)
         log_audio_to_trackers(s.accelerator, paths, step, s.model.config.sampling_rate)
+        names = [name for name, _, _ in sentences]
+        alignments = alignment_paths(s.generator_raw, items, count, s.device)
+        np.savez_compressed(folder / "alignments.npz", **dict(zip(names, alignments, strict=True)))
+        pngs = write_pictures(folder, names, alignments, list(spoken[:count]))
+        log_images_to_trackers(s.accelerator, pngs, step)
 
     def trainer_state(self) -> dict:
         s = self.s

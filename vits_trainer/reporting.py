@@ -104,7 +104,7 @@ def plot_losses(metrics_path: Path, out_path: Path) -> Path | None:
     """Training mel/total loss and validation mel against steps, from metrics.jsonl."""
     if not metrics_path.is_file():
         return None
-    train, val = [], []
+    train, val, freerun = [], [], []
     for line in metrics_path.read_text(encoding="utf-8").splitlines():
         try:
             record = json.loads(line)
@@ -112,6 +112,10 @@ def plot_losses(metrics_path: Path, out_path: Path) -> Path | None:
             continue
         if record.get("event") == "eval" and "val_mel" in record:
             val.append((record["step"], record["val_mel"]))
+            if "val_mel_dtw" in record:
+                freerun.append(
+                    (record["step"], record["val_mel_dtw"], record["val_mcd"], record["val_duration_ratio"])
+                )
         elif "mel" in record:
             train.append((record["step"], record["mel"], record.get("loss_g")))
     if not train and not val:
@@ -121,12 +125,28 @@ def plot_losses(metrics_path: Path, out_path: Path) -> Path | None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, ax = plt.subplots(figsize=(8, 4.5), dpi=100)
+    if freerun:  # a second panel for the free-running scores in their own units (dB, ratio)
+        fig, (ax, ax_free) = plt.subplots(2, 1, figsize=(8, 7), dpi=100, sharex=True, height_ratios=(3, 2))
+    else:
+        fig, ax = plt.subplots(figsize=(8, 4.5), dpi=100)
     if train:
         ax.plot([t[0] for t in train], [t[1] for t in train], label="train mel L1", alpha=0.8)
     if val:
         ax.plot([v[0] for v in val], [v[1] for v in val], "o-", label="validation mel L1")
-    ax.set_xlabel("optimizer step")
+    if freerun:
+        steps = [v[0] for v in freerun]
+        ax.plot(steps, [v[1] for v in freerun], "s-", label="validation mel L1 after DTW (spoken from text)")
+        ax_free.plot(steps, [v[2] for v in freerun], "o-", color="C3", label="val MCD (dB)")
+        ax_free.set_ylabel("mel-cepstral distortion (dB)")
+        ax_free.grid(alpha=0.3)
+        ratio = ax_free.twinx()
+        ratio.plot(steps, [v[3] for v in freerun], "^--", color="C4", label="duration ratio (spoken / recorded)")
+        ratio.set_ylabel("duration ratio")
+        lines = ax_free.get_lines() + ratio.get_lines()
+        ax_free.legend(lines, [line.get_label() for line in lines], fontsize=8)
+        ax_free.set_xlabel("optimizer step")
+    else:
+        ax.set_xlabel("optimizer step")
     ax.set_ylabel("mel L1 (log-mel)")
     ax.grid(alpha=0.3)
     ax.legend()

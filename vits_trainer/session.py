@@ -24,7 +24,6 @@ from .dataset import (
     build_items,
     load_clip_store,
     make_loader,
-    speaker_map,
     split_train_val,
 )
 from .discriminator import (
@@ -41,6 +40,7 @@ from .resume_settings import restore_settings
 from .runlock import RunLock, is_main_process
 from .runtime import Logger, make_accelerator, quiet_transformers, resolve_precision
 from .safety import remove_created_on_error
+from .speakers import resolve_speakers
 from .step import make_optimizer
 from .text import TextEncoder, extend_vocabulary
 from .trainstate import LoadedCheckpoint, TrainState, set_rng_state
@@ -379,9 +379,7 @@ def _build_session(
             log(f"vocabulary extended by {len(added)} character(s): {''.join(added)!r}")
         elif unknown and "extend_vocab" not in cfg.hidden_flags:
             log("  (pass --extend_vocab to add them to the vocabulary instead)")
-    speakers = trainer_state.get("speakers") or speaker_map(
-        store.speakers, model.config.num_speakers, log=log
-    )
+    model, speakers = resolve_speakers(cfg, model, store.speakers, trainer_state.get("speakers"), log)
 
     generator = VitsGenerator(
         model, segment_frames=max(1, cfg.segment_size // _hop(model)), mas_backend=cfg.mas_backend

@@ -1,0 +1,92 @@
+"""--num_speakers: a single-speaker checkpoint fine-tuned on a multi-speaker corpus."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+from helpers import tiny_config, train_tiny
+from transformers import VitsModel
+
+from vits_trainer.dataset import speaker_map
+from vits_trainer.errors import UserError
+from vits_trainer.speakers import add_speakers
+from vits_trainer.synthetic import make_corpus
+from vits_trainer.vits import apply_decoder_weight_norm, export_model, load_vits_model
+
+
+def _speak(model, speaker_id=None, seed=7):
+    ids = torch.tensor([[3, 5, 8, 2, 9, 4]])
+    kwargs = {} if speaker_id is None else {"speaker_id": speaker_id}
+    torch.manual_seed(seed)
+    with torch.no_grad():
+        return model.eval()(input_ids=ids, **kwargs).waveform
+
+
+@pytest.fixture
+def single(tiny_model_dir):
+    model = load_vits_model(tiny_model_dir)
+    apply_decoder_weight_norm(model)  # as a training session holds it
+    return model
+
+
+def test_new_speakers_start_with_the_original_voice(single):
+    wide = add_speakers(single, 3)
+    assert wide.config.num_speakers == 3 and wide.config.speaker_embedding_size > 0
+    before = _speak(single)
+    for speaker in range(3):
+        assert torch.equal(_speak(wide, speaker), before), speaker
+
+
+def test_exported_multi_speaker_model_loads_with_transformers_and_voices_differ(single, tiny_model_dir, tmp_path):
+    from transformers import VitsTokenizer
+
+    wide = add_speakers(single, 2)
+    torch.manual_seed(0)
+    with torch.no_grad():  # what training does to the zero-initialised projections, in one jump
+        for name, p in wide.named_parameters():
+            if ".cond" in name:
+                p.normal_(0, 0.3)
+    out = export_model(wide, VitsTokenizer.from_pretrained(tiny_model_dir), tmp_path / "out", {"a": 0, "b": 1})
+    loaded = VitsModel.from_pretrained(out)
+    assert loaded.config.num_speakers == 2
+    assert json.loads((out / "speakers.json").read_text()) == {"a": 0, "b": 1}
+    a, b = _speak(loaded, 0), _speak(loaded, 1)
+    assert not torch.allclose(a[..., : min(a.size(-1), b.size(-1))], b[..., : min(a.size(-1), b.size(-1))])
+    assert torch.allclose(_speak(wide, 1), b, atol=1e-4)  # the export is the trained model
+
+
+def test_without_the_flag_one_voice_and_a_warning_that_names_it():
+    lines = []
+    assert speaker_map(["0", "1", "1"], 1, log=lines.append) == {"0": 0, "1": 0}
+    assert "--num_speakers auto" in lines[0]
+
+
+@pytest.mark.parametrize("value", ["0", "two", "-1"])
+def test_bad_num_speakers_is_one_clear_error(value, tmp_path, tone_corpus, tiny_model_dir):
+    with pytest.raises(UserError, match="--num_speakers"):
+        tiny_config(tmp_path, tone_corpus, tiny_model_dir, num_speakers=value)
+
+
+def test_multi_speaker_fine_tune_exports_each_voice_and_resume_keeps_the_map(tmp_path, tiny_model_dir):
+    corpus = tmp_path / "corpus"
+    make_corpus(corpus, num_clips=24, num_speakers=2, seed=3)
+    fast = dict(freerun_samples=0, eval_samples=0, val_fraction=0.2)
+    session, summary = train_tiny(tmp_path, corpus, tiny_model_dir, max_steps=2, num_speakers="auto", **fast)
+    assert session.model.config.num_speakers == 2 and session.speakers == {"0": 0, "1": 1}
+
+    final = tmp_path / "final_model"
+    model = VitsModel.from_pretrained(final)  # plain transformers, no project code
+    assert model.config.num_speakers == 2
+    assert json.loads((final / "speakers.json").read_text()) == {"0": 0, "1": 1}
+    a, b = _speak(model, 0), _speak(model, 1)
+    n = min(a.size(-1), b.size(-1))
+    assert not torch.equal(a[..., :n], b[..., :n])  # two steps already separate the voices
+
+    state = json.loads((tmp_path / "checkpoints" / "step_00000002" / "trainer_state.json").read_text())
+    assert state["speakers"] == {"0": 0, "1": 1}
+    # resumed without the flag: the checkpoint's multi-speaker model and map come back as they were
+    resumed, _ = train_tiny(tmp_path, corpus, tiny_model_dir, max_steps=3, **fast)
+    assert resumed.resumed_from is not None
+    assert resumed.model.config.num_speakers == 2 and resumed.speakers == {"0": 0, "1": 1}

@@ -1,0 +1,92 @@
+"""Multi-speaker fine-tuning from a single-speaker checkpoint (--num_speakers auto | N).
+
+A `VitsConfig` with num_speakers > 1 and speaker_embedding_size > 0 gives the model a speaker
+embedding and a conditioning projection in each part that reads it: the posterior encoder's and the
+flow's WaveNets (`cond_layer`), the duration predictor and the HiFi-GAN decoder (`cond`); the text
+encoder takes no speaker. The single-speaker weights are copied into such a model and every new
+projection starts at zero, so at step 0 each speaker id speaks exactly as the checkpoint did; the
+projections (and with them the voices) separate as training reads the speaker column.
+"""
+
+from __future__ import annotations
+
+import copy
+
+import torch
+from transformers import VitsModel
+
+from .dataset import speaker_map
+from .errors import UserError
+from .vits import apply_decoder_weight_norm, decoder_has_weight_norm
+
+SPEAKER_EMBEDDING_SIZE = 256  # VITS's multi-speaker size (gin_channels); MMS single-speaker has none
+
+
+def parse_num_speakers(value: str) -> int | str | None:
+    """'' -> None (the model's own), 'auto', or a positive integer; anything else is a UserError."""
+    value = str(value).strip()
+    if value in ("", "auto"):
+        return value or None
+    if value.isdigit() and int(value) >= 1:
+        return int(value)
+    raise UserError(f"--num_speakers must be auto or a positive integer (got {value!r})")
+
+
+def _zero_conditioning(model: VitsModel) -> list[str]:
+    """Zero every speaker projection; returns their names. Weight-normed layers get g = 0 (weight 0,
+    and g still receives a gradient, so the layer can grow out of zero)."""
+    names = []
+    for name, module in model.named_modules():
+        if name.rsplit(".", 1)[-1] not in ("cond", "cond_layer"):
+            continue
+        with torch.no_grad():
+            if torch.nn.utils.parametrize.is_parametrized(module, "weight"):
+                module.parametrizations.weight.original0.zero_()
+            else:
+                module.weight.zero_()
+            if module.bias is not None:
+                module.bias.zero_()
+        names.append(name)
+    return names
+
+
+def add_speakers(model: VitsModel, num_speakers: int) -> VitsModel:
+    """A copy of single-speaker `model` with `num_speakers` voices that all start as the original one."""
+    config = copy.deepcopy(model.config)
+    config.num_speakers = num_speakers
+    config.speaker_embedding_size = config.speaker_embedding_size or SPEAKER_EMBEDDING_SIZE
+    wide = VitsModel(config)
+    if decoder_has_weight_norm(model):
+        apply_decoder_weight_norm(wide)
+    missing, unexpected = wide.load_state_dict(model.state_dict(), strict=False)
+    new_parts = set(missing) - {"embed_speaker.weight"}
+    if unexpected or any(".cond" not in name for name in new_parts):  # transformers changed its layout
+        raise RuntimeError(f"unexpected layout adding speakers: missing {missing}, unexpected {unexpected}")
+    _zero_conditioning(wide)
+    return wide.train(model.training)
+
+
+def resolve_speakers(cfg, model: VitsModel, names: list[str], stored: dict | None, log):
+    """(model, speaker name -> id) for this run. A resumed run keeps the checkpoint's map (its model is
+    already built with that many speakers); --num_speakers widens a single-speaker model."""
+    if stored:
+        return model, stored
+    wanted = parse_num_speakers(getattr(cfg, "num_speakers", ""))
+    distinct = len(set(names))
+    if wanted is None or model.config.num_speakers > 1 or (wanted == "auto" and distinct <= 1):
+        if wanted is not None and model.config.num_speakers > 1:
+            log(f"--num_speakers: the model already has {model.config.num_speakers} speakers; kept")
+        return model, speaker_map(names, model.config.num_speakers, log=log)
+    count = distinct if wanted == "auto" else wanted
+    if count < distinct:
+        raise UserError(
+            f"--num_speakers {count}: the data has {distinct} distinct speakers; use --num_speakers auto"
+        )
+    if count == 1:
+        return model, speaker_map(names, 1, log=log)
+    model = add_speakers(model, count)
+    log(
+        f"speakers: the single-speaker model now has {count} speaker embeddings (all starting as its voice); "
+        f"the map is saved as speakers.json beside the exported model"
+    )
+    return model, speaker_map(names, count, log=log)
