@@ -9,6 +9,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
+import shlex
 import signal
 import subprocess
 import time
@@ -383,9 +384,20 @@ def test_interrupted_run_resumes_the_same_version(tmp_path, base, feedback_dir):
     assert stopped >= 4
     before = list((out / "v1" / "samples" / "before").glob("*.wav"))
     mtimes = {p: p.stat().st_mtime_ns for p in before}
+    # read now: the resumed run may rightly prune step_<stopped> (--keep_checkpoints 2) when it saves
+    # at an epoch end before its final save, which happens only when its steps are slow (a loaded
+    # machine); reading it afterwards made this test fail with FileNotFoundError only then
+    first_state = json.loads(
+        (out / "v1" / "checkpoints" / f"step_{stopped:08d}" / "trainer_state.json").read_text()
+    )
+    printed = shlex.split(out1.splitlines()[-1].split("continue with: ", 1)[1])
+    assert printed[:2] == ["python", "train_feedback.py"]
+    # exactly the printed command (no --base_model, --feedback_dir, --data_dir, --learning_rate...),
+    # with a budget for H and a step limit to keep the test short
+    argv = [a if a != "H" else str(300 / 3600) for a in printed[2:]] + ["--max_steps", str(stopped + 4)]
 
     resumed = subprocess.run(
-        feedback_cmd(out, base, feedback_dir, target_hours=300 / 3600, max_steps=stopped + 4),
+        [PYTHON, str(ROOT / "train_feedback.py"), *argv],
         capture_output=True,
         text=True,
         timeout=300,
@@ -399,11 +411,13 @@ def test_interrupted_run_resumes_the_same_version(tmp_path, base, feedback_dir):
     assert report["training"]["steps"] == stopped + 4
     assert sorted(p.name for p in out.iterdir() if p.name.startswith("v")) == ["v1"]
     assert {p: p.stat().st_mtime_ns for p in before} == mtimes  # the "before" samples were kept
-    first_state = json.loads(
-        (out / "v1" / "checkpoints" / f"step_{stopped:08d}" / "trainer_state.json").read_text()
-    )["train_state"]["val_history"][0]
-    assert first_state["tag"] == "start"
-    assert report["feedback"]["before"]["val_mel"] == pytest.approx(first_state["feedback_val_mel"])
+    start = first_state["train_state"]["val_history"][0]
+    assert start["tag"] == "start"
+    assert report["feedback"]["before"]["val_mel"] == pytest.approx(start["feedback_val_mel"])
+    newest = sorted((out / "v1" / "checkpoints").glob("step_*"))[-1]
+    settings = json.loads((newest / "trainer_state.json").read_text())["config"]
+    for name in ("learning_rate", "base_model", "feedback_dir", "data_dir", "batch_size", "warmup_steps"):
+        assert settings[name] == first_state["config"][name], name  # the version's own settings
     assert resumed.stdout.strip().splitlines()[-1].startswith(("promoted v1:", "not promoted: "))
 
 

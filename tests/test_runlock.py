@@ -88,7 +88,7 @@ def test_a_refused_run_leaves_no_folder_behind(tmp_path):
     lock = RunLock.acquire(folder, "--checkpoint_dir")
     assert (folder / LOCK_NAME).is_file()
     lock.release()  # e.g. an input check failed after the lock was taken
-    assert not folder.exists()
+    assert not (tmp_path / "new").exists()  # the parent it created too
 
 
 # ---- pruning ---------------------------------------------------------------------------------------------

@@ -49,8 +49,8 @@ def _describe(holder: dict) -> str:
 
 
 class RunLock:
-    def __init__(self, folder: Path, path: Path, fd: int, created_folder: bool):
-        self.folder, self.path, self.fd, self.created_folder = folder, path, fd, created_folder
+    def __init__(self, folder: Path, path: Path, fd: int, created: list[Path]):
+        self.folder, self.path, self.fd, self.created = folder, path, fd, created
         atexit.register(self.release)
 
     @classmethod
@@ -60,7 +60,8 @@ class RunLock:
         if fcntl is None:  # pragma: no cover
             log(f"warning: no OS file locks on this platform: nothing stops a second run on {folder}")
             return None
-        created = not folder.exists()
+        # the folders this run creates (the missing ancestors too): removed again if left empty
+        created = [p for p in (folder, *folder.parents) if not p.exists()]
         try:
             folder.mkdir(parents=True, exist_ok=True)
         except OSError as err:
@@ -122,11 +123,11 @@ class RunLock:
         os.close(self.fd)
         self.fd = None
         atexit.unregister(self.release)
-        if self.created_folder:
+        for folder in self.created:  # deepest first
             try:
-                self.folder.rmdir()  # only when empty
+                folder.rmdir()  # only when empty
             except OSError:
-                pass
+                break
 
     def __enter__(self):
         return self
