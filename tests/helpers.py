@@ -22,6 +22,7 @@ TINY_SETTINGS = dict(
     benchmark_samples=32,
     val_fraction=0.1,
     eval_samples=0,
+    freerun_samples=0,  # speaking from text costs seconds per evaluation here; test_freerun.py turns it on
     log_every=5,
     cpu=True,
     seed=0,

@@ -81,7 +81,8 @@ def test_every_evaluation_scores_free_running_speech_and_draws_pictures(tmp_path
     from vits_trainer.evaluate import synthesize
 
     session, summary = train_tiny(
-        tmp_path, tone_corpus, tiny_model_dir, max_steps=3, eval_samples=2, best_metric="val_mel_dtw"
+        tmp_path, tone_corpus, tiny_model_dir, max_steps=3, eval_samples=2, freerun_samples=4,
+        best_metric="val_mel_dtw"
     )
     ckpt = tmp_path / "checkpoints"
     evals = [

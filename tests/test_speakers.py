@@ -72,7 +72,7 @@ def test_bad_num_speakers_is_one_clear_error(value, tmp_path, tone_corpus, tiny_
 def test_multi_speaker_fine_tune_exports_each_voice_and_resume_keeps_the_map(tmp_path, tiny_model_dir):
     corpus = tmp_path / "corpus"
     make_corpus(corpus, num_clips=24, num_speakers=2, seed=3)
-    fast = dict(freerun_samples=0, eval_samples=0, val_fraction=0.2)
+    fast = dict(val_fraction=0.2)
     session, summary = train_tiny(tmp_path, corpus, tiny_model_dir, max_steps=2, num_speakers="auto", **fast)
     assert session.model.config.num_speakers == 2 and session.speakers == {"0": 0, "1": 1}
 

@@ -14,13 +14,17 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from .alignment import maximum_path
 from .dataset import ClipDataset, collate_batch
 from .evaluate import move_batch
+from .vits import prior_log_likelihood, sequence_mask
 
 
 @torch.no_grad()
 def alignment_paths(generator, items, count: int, device: torch.device, seed: int = 1234) -> list[np.ndarray]:
-    """[tokens, frames] 0/1 paths of the first `count` items, from the training forward (no decoder)."""
+    """[tokens, frames] 0/1 paths of the first `count` items: the search of the training forward
+    (VitsGenerator.forward) on the same inputs, without the parts the path does not depend on
+    (duration predictor, KL, decoder), which would double the cost of an evaluation."""
     was_training = generator.training
     generator.eval()
     dataset = ClipDataset(items)
@@ -29,19 +33,17 @@ def alignment_paths(generator, items, count: int, device: torch.device, seed: in
     with torch.random.fork_rng(devices=devices):
         torch.manual_seed(seed)
         for k in range(min(count, len(items))):
-            batch = collate_batch([dataset[k]])
-            tokens, frames = int(batch["text_lengths"][0]), int(batch["audio_lengths"][0]) // generator.hop_length
-            batch = move_batch({k: v for k, v in batch.items() if k not in ("indices", "text_lengths")}, device)
-            out = generator(
-                batch["input_ids"],
-                batch["attention_mask"],
-                batch["audio"],
-                batch["audio_lengths"],
-                batch.get("speaker_ids"),
-                decode=False,
-                full_length=True,
-            )
-            paths.append(out.path[0, :tokens, :frames].float().cpu().numpy())
+            batch = move_batch(collate_batch([dataset[k]]), device)
+            spec = generator.frontend.linear(batch["audio"])
+            frames = batch["audio_lengths"] // generator.hop_length
+            y_mask = sequence_mask(frames, spec.size(-1)).unsqueeze(1).to(spec.dtype)
+            g = generator.speaker_embedding(batch["speaker_ids"])
+            _, m_p, logs_p = generator.encode_text(batch["input_ids"], batch["attention_mask"])
+            z, _, _ = generator.model.posterior_encoder(spec, y_mask, g)
+            z_p = generator.model.flow(z, y_mask, g)
+            log_lik = prior_log_likelihood(z_p.float(), m_p.float(), logs_p.float())
+            path = maximum_path(log_lik, batch["text_lengths"], frames, backend=generator.mas_backend)
+            paths.append(path[0].float().cpu().numpy())
     generator.train(was_training)
     return paths
 

@@ -68,7 +68,6 @@ class GeneratorOutput:
     kl: torch.Tensor
     duration: torch.Tensor
     durations: torch.Tensor  # [B, 1, T_text] frames per token from the alignment search
-    path: torch.Tensor | None = None  # [B, T_text, T_frames] the search's path, in full-length (eval) forwards
 
 
 class VitsGenerator(nn.Module):
@@ -175,8 +174,7 @@ class VitsGenerator(nn.Module):
                 mel = mel_reconstruction_loss(self.frontend.mel(fake), self.frontend.mel(real), mel_mask)
             else:
                 mel = torch.zeros((), device=spec.device)
-        # the path is kept only for evaluation (the alignment pictures): training frees it as before
-        return GeneratorOutput(fake, real, mel, kl, duration, durations, path if full_length else None)
+        return GeneratorOutput(fake, real, mel, kl, duration, durations)
 
 
 TRAINABLE_PARTS = (
