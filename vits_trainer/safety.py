@@ -162,7 +162,16 @@ def check_feedback_paths(cfg) -> None:
                 "only <output_dir>/latest or <output_dir>/vN/model of a finished version can be a base",
             )
     elif base == r:
-        _refuse("--base_model", cfg.base_model, base, "is the same folder as", "--output_dir", root, r, "")
+        _refuse(
+            "--base_model",
+            cfg.base_model,
+            base,
+            "is the same folder as",
+            "--output_dir",
+            root,
+            r,
+            "the versions would be written into the model folder",
+        )
     pointer = r / "latest.json"
     if pointer.exists():
         try:
