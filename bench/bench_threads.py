@@ -29,7 +29,13 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 # None: the variable is removed from the child's environment (the library default).
-THREAD_VARS = ("OMP_WAIT_POLICY", "OMP_NUM_THREADS", "NUMBA_NUM_THREADS", "NUMBA_THREADING_LAYER", "MKL_NUM_THREADS")
+THREAD_VARS = (
+    "OMP_WAIT_POLICY",
+    "OMP_NUM_THREADS",
+    "NUMBA_NUM_THREADS",
+    "NUMBA_THREADING_LAYER",
+    "MKL_NUM_THREADS",
+)
 CONFIGURE = "BENCH_THREADS_CONFIGURE"  # the child calls the trainer's configure_threads
 VARIANTS: dict[str, dict[str, str]] = {
     "default": {},
@@ -131,13 +137,17 @@ def machine_load() -> dict:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--rounds", type=int, default=2)
     parser.add_argument("--blocks", type=int, default=3)
     parser.add_argument("--quiet_steps", type=int, default=3)
     parser.add_argument("--loaded_steps", type=int, default=2)
     parser.add_argument("--batch_size", type=int, default=8)
-    parser.add_argument("--variants", default=",".join(VARIANTS), help="comma-separated, of: " + ", ".join(VARIANTS))
+    parser.add_argument(
+        "--variants", default=",".join(VARIANTS), help="comma-separated, of: " + ", ".join(VARIANTS)
+    )
     parser.add_argument("--out", type=Path, default=ROOT / "bench" / "results" / "threads.json")
     parser.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--data_dir", type=Path, help=argparse.SUPPRESS)
@@ -163,17 +173,31 @@ def main(argv: list[str] | None = None) -> int:
         base = {k: v for k, v in os.environ.items() if k not in THREAD_VARS}
         base.setdefault("HF_HUB_OFFLINE", "1")
         for r in range(args.rounds):
-            order = names[r % len(names):] + names[: r % len(names)]  # a different variant first each round
+            order = names[r % len(names) :] + names[: r % len(names)]  # a different variant first each round
             for name in order:
-                cmd = [sys.executable, __file__, "--child", "--data_dir", str(data_dir), "--model_dir",
-                       str(model_dir), "--blocks", str(args.blocks), "--quiet_steps", str(args.quiet_steps),
-                       "--loaded_steps", str(args.loaded_steps), "--batch_size", str(args.batch_size)]
+                cmd = [
+                    sys.executable,
+                    __file__,
+                    "--child",
+                    "--data_dir",
+                    str(data_dir),
+                    "--model_dir",
+                    str(model_dir),
+                    "--blocks",
+                    str(args.blocks),
+                    "--quiet_steps",
+                    str(args.quiet_steps),
+                    "--loaded_steps",
+                    str(args.loaded_steps),
+                    "--batch_size",
+                    str(args.batch_size),
+                ]
                 proc = subprocess.run(cmd, env={**base, **VARIANTS[name]}, capture_output=True, text=True)
                 line = next((x for x in proc.stdout.splitlines() if x.startswith("RESULT ")), None)
                 if proc.returncode != 0 or line is None:
                     print(proc.stdout[-2000:], proc.stderr[-3000:], file=sys.stderr)
                     raise SystemExit(f"variant {name!r} failed (exit {proc.returncode})")
-                record = json.loads(line[len("RESULT "):])
+                record = json.loads(line[len("RESULT ") :])
                 results[name].append(record)
                 print(
                     f"round {r + 1} {name}: quiet {statistics.median(record['quiet']):.2f} s, loaded "
@@ -186,19 +210,23 @@ def main(argv: list[str] | None = None) -> int:
     for name in names:
         quiet = [t for rec in results[name] for t in rec["quiet"]]
         loaded = [t for rec in results[name] for t in rec["loaded"]]
-        rows.append({
-            "variant": name,
-            "env": VARIANTS[name],
-            "quiet_median_s": statistics.median(quiet),
-            "loaded_median_s": statistics.median(loaded),
-            "loaded_max_s": max(loaded),
-            "ratio_loaded_quiet": statistics.median(loaded) / statistics.median(quiet),
-            "settings": results[name][0]["settings"],
-            "steps": {"quiet": quiet, "loaded": loaded},
-        })
+        rows.append(
+            {
+                "variant": name,
+                "env": VARIANTS[name],
+                "quiet_median_s": statistics.median(quiet),
+                "loaded_median_s": statistics.median(loaded),
+                "loaded_max_s": max(loaded),
+                "ratio_loaded_quiet": statistics.median(loaded) / statistics.median(quiet),
+                "settings": results[name][0]["settings"],
+                "steps": {"quiet": quiet, "loaded": loaded},
+            }
+        )
     default_quiet = next((r["quiet_median_s"] for r in rows if r["variant"] == "default"), None)
     print(f"\ntiny model, batch {args.batch_size}, {COMPETITORS} competitors in the loaded blocks; medians")
-    print(f"{'variant':<28} {'quiet s':>8} {'loaded s':>9} {'max s':>7} {'loaded/quiet':>13} {'quiet/default':>14}")
+    print(
+        f"{'variant':<28} {'quiet s':>8} {'loaded s':>9} {'max s':>7} {'loaded/quiet':>13} {'quiet/default':>14}"
+    )
     for r in rows:
         rel = f"{r['quiet_median_s'] / default_quiet:.2f}" if default_quiet else "-"
         print(
@@ -210,7 +238,9 @@ def main(argv: list[str] | None = None) -> int:
     args.out.parent.mkdir(parents=True, exist_ok=True)
     command = "python bench/bench_threads.py " + " ".join(argv if argv is not None else sys.argv[1:])
     args.out.write_text(
-        json.dumps({"command": command, "cpu_count": os.cpu_count(), "rows": rows, "machine_load": loads}, indent=1)
+        json.dumps(
+            {"command": command, "cpu_count": os.cpu_count(), "rows": rows, "machine_load": loads}, indent=1
+        )
         + "\n",
         encoding="utf-8",
     )

@@ -77,12 +77,19 @@ def test_best_metric_dtw_needs_free_running_samples(tmp_path, tone_corpus, tiny_
         tiny_config(tmp_path, tone_corpus, tiny_model_dir, best_metric="val_mel_dtw", freerun_samples=0)
 
 
-def test_every_evaluation_scores_free_running_speech_and_draws_pictures(tmp_path, tone_corpus, tiny_model_dir):
+def test_every_evaluation_scores_free_running_speech_and_draws_pictures(
+    tmp_path, tone_corpus, tiny_model_dir
+):
     from vits_trainer.evaluate import synthesize
 
     session, summary = train_tiny(
-        tmp_path, tone_corpus, tiny_model_dir, max_steps=3, eval_samples=2, freerun_samples=4,
-        best_metric="val_mel_dtw"
+        tmp_path,
+        tone_corpus,
+        tiny_model_dir,
+        max_steps=3,
+        eval_samples=2,
+        freerun_samples=4,
+        best_metric="val_mel_dtw",
     )
     ckpt = tmp_path / "checkpoints"
     evals = [
@@ -105,7 +112,10 @@ def test_every_evaluation_scores_free_running_speech_and_draws_pictures(tmp_path
     for k in range(2):
         name = items.clip_id(k)
         path = alignments[name]
-        assert path.shape == (len(items.token_ids[k]), items.audio_lengths()[k] // session.generator_raw.hop_length)
+        assert path.shape == (
+            len(items.token_ids[k]),
+            items.audio_lengths()[k] // session.generator_raw.hop_length,
+        )
         assert is_monotonic_cover(path), name
         assert (final / f"{name}_alignment.png").stat().st_size > 0
         assert (final / f"{name}_mel.png").stat().st_size > 0
@@ -132,7 +142,9 @@ def test_pictures_go_to_tensorboard_as_rgb_images(tmp_path):
     path[0, :2] = path[1, 2:4] = path[2, 4:] = 1
     png = alignment_png(path, tmp_path / "clip_alignment.png")
     calls = []
-    writer = SimpleNamespace(add_image=lambda tag, image, step, dataformats: calls.append((tag, image, step, dataformats)))
+    writer = SimpleNamespace(
+        add_image=lambda tag, image, step, dataformats: calls.append((tag, image, step, dataformats))
+    )
     accelerator = SimpleNamespace(trackers=[SimpleNamespace(name="tensorboard", writer=writer)])
     log_images_to_trackers(accelerator, [png], 12)
     [(tag, image, step, layout)] = calls

@@ -84,7 +84,9 @@ def test_budget_holds_beside_a_cpu_bound_process_and_a_short_run_leaves_warmup(
     assert proc.returncode == 0, proc.stderr[-3000:]
     overrun = max(0.01 * target, 10.0)
     summary = json.loads((tmp_path / "final_model" / "train_summary.json").read_text())
-    metrics = [json.loads(line) for line in (tmp_path / "checkpoints" / "metrics.jsonl").read_text().splitlines()]
+    metrics = [
+        json.loads(line) for line in (tmp_path / "checkpoints" / "metrics.jsonl").read_text().splitlines()
+    ]
     steps = [m for m in metrics if "loss_g" in m]
     # No step was started that could not end by the deadline plus the allowed overrun ...
     assert all(m["time"] <= started + target + overrun for m in steps), proc.stdout[-3000:]

@@ -85,9 +85,9 @@ def test_printed_resume_command_continues_with_the_same_settings(tmp_path, tiny_
     argv = shlex.split(printed)
     assert argv[:2] == ["python", "train_vits.py"]
     stopped = json.loads((tmp_path / "checkpoints" / "train_summary.json").read_text())["steps"]
-    first = json.loads(
-        (tmp_path / "checkpoints" / f"step_{stopped:08d}" / "trainer_state.json").read_text()
-    )["config"]
+    first = json.loads((tmp_path / "checkpoints" / f"step_{stopped:08d}" / "trainer_state.json").read_text())[
+        "config"
+    ]
 
     argv = [a if a != "H" else str(60 / 3600) for a in argv[2:]]
     resumed = subprocess.run(

@@ -39,7 +39,9 @@ def test_new_speakers_start_with_the_original_voice(single):
         assert torch.equal(_speak(wide, speaker), before), speaker
 
 
-def test_exported_multi_speaker_model_loads_with_transformers_and_voices_differ(single, tiny_model_dir, tmp_path):
+def test_exported_multi_speaker_model_loads_with_transformers_and_voices_differ(
+    single, tiny_model_dir, tmp_path
+):
     from transformers import VitsTokenizer
 
     wide = add_speakers(single, 2)
@@ -48,7 +50,9 @@ def test_exported_multi_speaker_model_loads_with_transformers_and_voices_differ(
         for name, p in wide.named_parameters():
             if ".cond" in name:
                 p.normal_(0, 0.3)
-    out = export_model(wide, VitsTokenizer.from_pretrained(tiny_model_dir), tmp_path / "out", {"a": 0, "b": 1})
+    out = export_model(
+        wide, VitsTokenizer.from_pretrained(tiny_model_dir), tmp_path / "out", {"a": 0, "b": 1}
+    )
     loaded = VitsModel.from_pretrained(out)
     assert loaded.config.num_speakers == 2
     assert json.loads((out / "speakers.json").read_text()) == {"a": 0, "b": 1}

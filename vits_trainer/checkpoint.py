@@ -22,6 +22,7 @@ from safetensors.torch import load as load_safetensors_bytes
 from safetensors.torch import save as save_safetensors_bytes
 
 from .errors import UserError
+from .runlock import pid_alive
 
 try:  # xxhash comes with `datasets`; ~10x faster than sha256 on a GB-sized checkpoint
     import xxhash
@@ -218,14 +219,3 @@ def remove_dead_writers_temp(folder: Path, pattern: str) -> None:
         pid = tmp.name.rsplit("-", 1)[-1]
         if pid.isdigit() and int(pid) != os.getpid() and not pid_alive(int(pid)):
             shutil.rmtree(tmp, ignore_errors=True)  # our temp-name pattern, its writer's pid is dead
-
-
-def pid_alive(pid: int) -> bool:
-    """Whether a process with this id exists (temp folders of dead writers can be removed)."""
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True

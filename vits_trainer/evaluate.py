@@ -22,6 +22,19 @@ def move_batch(batch: dict[str, torch.Tensor], device: torch.device) -> dict[str
     return {k: v.to(device, non_blocking=True) for k, v in batch.items()}
 
 
+def _teacher_forced(generator, batch: dict[str, torch.Tensor], autocast=None):
+    """The generator's full-length training forward on one validation batch (already on the device)."""
+    with autocast() if autocast else contextlib.nullcontext():
+        return generator(
+            batch["input_ids"],
+            batch["attention_mask"],
+            batch["audio"],
+            batch["audio_lengths"],
+            batch.get("speaker_ids"),
+            full_length=True,
+        )
+
+
 @torch.no_grad()
 def evaluate(generator, loader, device: torch.device, autocast=None, seed: int = 1234, weights=None) -> dict:
     """Mean validation losses over `loader`: val_mel (full-length L1 of log-mels), val_kl, val_duration,
@@ -36,15 +49,7 @@ def evaluate(generator, loader, device: torch.device, autocast=None, seed: int =
         torch.manual_seed(seed)
         for batch in loader:
             batch = move_batch(batch, device)
-            with autocast() if autocast else contextlib.nullcontext():
-                out = generator(
-                    batch["input_ids"],
-                    batch["attention_mask"],
-                    batch["audio"],
-                    batch["audio_lengths"],
-                    batch.get("speaker_ids"),
-                    full_length=True,
-                )
+            out = _teacher_forced(generator, batch, autocast)
             n = batch["input_ids"].size(0)
             for key in sums:
                 sums[key] += float(getattr(out, key)) * n
@@ -80,15 +85,7 @@ def evaluate_per_clip(generator, items, device: torch.device, autocast=None, see
             batch = move_batch(
                 {n: v for n, v in batch.items() if n not in ("indices", "text_lengths")}, device
             )
-            with autocast() if autocast else contextlib.nullcontext():
-                out = generator(
-                    batch["input_ids"],
-                    batch["attention_mask"],
-                    batch["audio"],
-                    batch["audio_lengths"],
-                    batch.get("speaker_ids"),
-                    full_length=True,
-                )
+            out = _teacher_forced(generator, batch, autocast)
             values[items.clip_id(k)] = float(out.mel)
     generator.train(was_training)
     return values

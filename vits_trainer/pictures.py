@@ -104,13 +104,17 @@ def write_pictures(folder: Path, names: list[str], paths: list[np.ndarray], spok
     for name, path in zip(names, paths, strict=False):
         written.append(alignment_png(path, folder / f"{name}_alignment.png", name))
     for item in spoken:
-        written.append(mel_png(item.recorded_mel, item.spoken_mel, folder / f"{item.name}_mel.png", item.name))
+        written.append(
+            mel_png(item.recorded_mel, item.spoken_mel, folder / f"{item.name}_mel.png", item.name)
+        )
     return written
 
 
 def log_images_to_trackers(accelerator, pngs: list[Path], step: int) -> None:
     """The PNGs to TensorBoard / W&B (other trackers take no images)."""
-    trackers = [t for t in getattr(accelerator, "trackers", []) if getattr(t, "name", "") in ("tensorboard", "wandb")]
+    trackers = [
+        t for t in getattr(accelerator, "trackers", []) if getattr(t, "name", "") in ("tensorboard", "wandb")
+    ]
     if not trackers:
         return
     import matplotlib.image

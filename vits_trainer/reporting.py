@@ -140,7 +140,9 @@ def plot_losses(metrics_path: Path, out_path: Path) -> Path | None:
         ax_free.set_ylabel("mel-cepstral distortion (dB)")
         ax_free.grid(alpha=0.3)
         ratio = ax_free.twinx()
-        ratio.plot(steps, [v[3] for v in freerun], "^--", color="C4", label="duration ratio (spoken / recorded)")
+        ratio.plot(
+            steps, [v[3] for v in freerun], "^--", color="C4", label="duration ratio (spoken / recorded)"
+        )
         ratio.set_ylabel("duration ratio")
         lines = ax_free.get_lines() + ratio.get_lines()
         ax_free.legend(lines, [line.get_label() for line in lines], fontsize=8)

@@ -60,7 +60,9 @@ def restore_settings(cfg, saved: dict | None, log, source: str, keep: frozenset[
     for line in overridden:
         log(f"resume: {line}")
     if restored:
-        log(f"resume: the run's own settings from {source}: {', '.join(restored)} (give a flag to change one)")
+        log(
+            f"resume: the run's own settings from {source}: {', '.join(restored)} (give a flag to change one)"
+        )
     return dataclasses.replace(cfg, **changes) if changes else cfg
 
 

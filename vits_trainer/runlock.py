@@ -27,12 +27,8 @@ except ImportError:  # pragma: no cover - not POSIX: no OS lock, said once
 LOCK_NAME = ".lock"
 
 
-def is_main_process() -> bool:
-    """The process that holds a run's lock: RANK 0 under accelerate/torchrun, or a plain process."""
-    return int(os.environ.get("RANK", "0")) == 0
-
-
-def _pid_alive(pid: int) -> bool:
+def pid_alive(pid: int) -> bool:
+    """Whether a process with this id exists on this machine (a lock or temp folder of a dead one is stale)."""
     try:
         os.kill(pid, 0)
     except ProcessLookupError:
@@ -40,6 +36,11 @@ def _pid_alive(pid: int) -> bool:
     except PermissionError:
         return True
     return True
+
+
+def is_main_process() -> bool:
+    """The process that holds a run's lock: RANK 0 under accelerate/torchrun, or a plain process."""
+    return int(os.environ.get("RANK", "0")) == 0
 
 
 def _describe(holder: dict) -> str:
@@ -71,7 +72,9 @@ class RunLock:
             try:
                 fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
             except OSError as err:
-                raise UserError(f"{flag} {folder}: cannot create its lock file ({err.strerror or err})") from None
+                raise UserError(
+                    f"{flag} {folder}: cannot create its lock file ({err.strerror or err})"
+                ) from None
             try:
                 fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
             except OSError:  # held by a live process: refuse, touching nothing
@@ -94,11 +97,13 @@ class RunLock:
         if previous.get("pid") and previous.get("pid") != os.getpid():
             gone = (
                 "which is no longer running"
-                if previous.get("host") == socket.gethostname() and not _pid_alive(int(previous["pid"]))
+                if previous.get("host") == socket.gethostname() and not pid_alive(int(previous["pid"]))
                 else "which no longer holds it"
             )
-            log(f"warning: {folder} was locked by a run that ended without releasing it "
-                f"({_describe(previous)}), {gone}; taking it over")
+            log(
+                f"warning: {folder} was locked by a run that ended without releasing it "
+                f"({_describe(previous)}), {gone}; taking it over"
+            )
         record = {
             "pid": os.getpid(),
             "host": socket.gethostname(),
