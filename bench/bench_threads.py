@@ -35,6 +35,7 @@ THREAD_VARS = (
     "NUMBA_NUM_THREADS",
     "NUMBA_THREADING_LAYER",
     "MKL_NUM_THREADS",
+    "GOMP_SPINCOUNT",
 )
 CONFIGURE = "BENCH_THREADS_CONFIGURE"  # the child calls the trainer's configure_threads
 VARIANTS: dict[str, dict[str, str]] = {
@@ -45,13 +46,25 @@ VARIANTS: dict[str, dict[str, str]] = {
         "OMP_WAIT_POLICY": "PASSIVE",
         "NUMBA_THREADING_LAYER": "workqueue",
     },
+    # GNU OpenMP (torch's CPU wheels) spins this many iterations before it sleeps; the default is ~300k
+    "spin 1k": {"GOMP_SPINCOUNT": "1000"},
+    "spin 3k": {"GOMP_SPINCOUNT": "3000"},
+    "spin 10k": {"GOMP_SPINCOUNT": "10000"},
+    "spin 100k": {"GOMP_SPINCOUNT": "100000"},
     "trainer (configure_threads)": {CONFIGURE: "1"},
+}
+# what the loaded blocks run beside the step: plain Python loops, or other torch processes whose own
+# OpenMP threads spin too (a second training run, a notebook)
+COMPETITOR_CODE = {
+    "python": "while True: pass",
+    "torch": "import torch\na = torch.randn(192, 192)\nwhile True: a @ a",
 }
 COMPETITORS = 2
 
 
-def start_competitors(n: int) -> list[subprocess.Popen]:
-    return [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(n)]
+def start_competitors(n: int, kind: str = "python") -> list[subprocess.Popen]:
+    env = {k: v for k, v in os.environ.items() if k not in THREAD_VARS}  # the competitors keep the defaults
+    return [subprocess.Popen([sys.executable, "-c", COMPETITOR_CODE[kind]], env=env) for _ in range(n)]
 
 
 def stop_competitors(procs: list[subprocess.Popen]) -> None:
@@ -99,7 +112,7 @@ def child(args: argparse.Namespace) -> int:
     quiet, loaded = [], []
     for _ in range(args.blocks):
         quiet += [step() for _ in range(args.quiet_steps)]
-        procs = start_competitors(COMPETITORS)
+        procs = start_competitors(COMPETITORS, args.competitor)
         try:
             time.sleep(0.5)
             loaded += [step() for _ in range(args.loaded_steps)]
@@ -146,6 +159,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--loaded_steps", type=int, default=2)
     parser.add_argument("--batch_size", type=int, default=8)
     parser.add_argument(
+        "--competitor", choices=sorted(COMPETITOR_CODE), default="python", help="what the loaded blocks run"
+    )
+    parser.add_argument(
         "--variants", default=",".join(VARIANTS), help="comma-separated, of: " + ", ".join(VARIANTS)
     )
     parser.add_argument("--out", type=Path, default=ROOT / "bench" / "results" / "threads.json")
@@ -191,6 +207,8 @@ def main(argv: list[str] | None = None) -> int:
                     str(args.loaded_steps),
                     "--batch_size",
                     str(args.batch_size),
+                    "--competitor",
+                    args.competitor,
                 ]
                 proc = subprocess.run(cmd, env={**base, **VARIANTS[name]}, capture_output=True, text=True)
                 line = next((x for x in proc.stdout.splitlines() if x.startswith("RESULT ")), None)
@@ -223,7 +241,9 @@ def main(argv: list[str] | None = None) -> int:
             }
         )
     default_quiet = next((r["quiet_median_s"] for r in rows if r["variant"] == "default"), None)
-    print(f"\ntiny model, batch {args.batch_size}, {COMPETITORS} competitors in the loaded blocks; medians")
+    print(
+        f"\ntiny model, batch {args.batch_size}, {COMPETITORS} {args.competitor} competitors in the loaded blocks; medians"
+    )
     print(
         f"{'variant':<28} {'quiet s':>8} {'loaded s':>9} {'max s':>7} {'loaded/quiet':>13} {'quiet/default':>14}"
     )

@@ -17,21 +17,27 @@ import pytest
 from tests.helpers import PYTHON, ROOT, cli_args, cli_settings, train_tiny
 
 
-def test_configure_threads_sets_passive_threads_and_keeps_the_users(monkeypatch):
+def test_configure_threads_sets_a_short_spin_and_keeps_the_users(monkeypatch):
     from vits_trainer import runtime
 
-    for name in ("OMP_WAIT_POLICY", "OMP_NUM_THREADS", "NUMBA_NUM_THREADS", "LOCAL_WORLD_SIZE"):
+    for name in (
+        "OMP_WAIT_POLICY",
+        "GOMP_SPINCOUNT",
+        "OMP_NUM_THREADS",
+        "NUMBA_NUM_THREADS",
+        "LOCAL_WORLD_SIZE",
+    ):
         monkeypatch.delenv(name, raising=False)
     monkeypatch.setenv("OMP_NUM_THREADS", "3")  # the user's choice wins
     monkeypatch.setenv("LOCAL_WORLD_SIZE", "2")
     monkeypatch.setattr(runtime, "available_cpus", lambda: 8)
     settings = runtime.configure_threads()
-    assert os.environ["OMP_WAIT_POLICY"] == "PASSIVE"
+    assert os.environ["GOMP_SPINCOUNT"] == runtime.SPIN_COUNT and "OMP_WAIT_POLICY" not in os.environ
     assert os.environ["OMP_NUM_THREADS"] == "3"
     assert os.environ["NUMBA_NUM_THREADS"] == "4"  # 8 CPUs shared by 2 local processes
     assert settings["set_by_user"] == "OMP_NUM_THREADS"
     line = runtime.describe_threads(runtime.thread_report())
-    assert "PASSIVE" in line and "from the environment: OMP_NUM_THREADS" in line
+    assert f"spin {runtime.SPIN_COUNT} then sleep" in line and "from the environment: OMP_NUM_THREADS" in line
 
 
 def test_a_run_of_warmup_steps_only_reports_its_throughput_and_threads(tmp_path, tiny_model_dir, tone_corpus):
@@ -65,7 +71,11 @@ def test_budget_holds_beside_a_cpu_bound_process_and_a_short_run_leaves_warmup(
         log_every=1,
         save_minutes=1000,
     )
-    env = {k: v for k, v in os.environ.items() if k not in ("OMP_WAIT_POLICY", "OMP_NUM_THREADS")}
+    env = {
+        k: v
+        for k, v in os.environ.items()
+        if k not in ("OMP_WAIT_POLICY", "GOMP_SPINCOUNT", "OMP_NUM_THREADS")
+    }
     competitor = subprocess.Popen([sys.executable, "-c", "while True: pass"])
     try:
         start, started = time.monotonic(), time.time()
@@ -98,8 +108,8 @@ def test_budget_holds_beside_a_cpu_bound_process_and_a_short_run_leaves_warmup(
         # ... and the whole process, start-up to exit, ends within the allowed overrun
         assert wall <= target + overrun, (wall, proc.stdout[-3000:])
     assert summary["stopped_reason"] == "budget"
-    assert summary["threads"]["omp_wait_policy"] == "PASSIVE"
-    assert "threads: torch" in proc.stdout and "OpenMP wait policy PASSIVE" in proc.stdout
+    assert summary["threads"]["gomp_spincount"] == "10000" and summary["threads"]["omp_wait_policy"] is None
+    assert "threads: torch" in proc.stdout and "OpenMP wait policy spin 10000 then sleep" in proc.stdout
     evals = [m for m in metrics if m.get("event") == "eval"]
     assert evals[-1]["tag"] == "final" or "final evaluation skipped" in proc.stdout, proc.stdout[-2000:]
     # No plan (the benchmark never ended), yet the warmup was capped from the first measured step on.

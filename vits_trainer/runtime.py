@@ -23,7 +23,9 @@ def process_start_time() -> float:
 
 # What `configure_threads` set (or found set by the user), for the run's log line, summary and checkpoint.
 THREAD_SETTINGS: dict[str, str | int | None] = {}
-_THREAD_VARS = ("OMP_WAIT_POLICY", "OMP_NUM_THREADS", "NUMBA_NUM_THREADS")
+_THREAD_VARS = ("OMP_WAIT_POLICY", "GOMP_SPINCOUNT", "OMP_NUM_THREADS", "NUMBA_NUM_THREADS")
+# GNU OpenMP (torch's and numba's CPU builds) spins this many iterations before a waiting thread sleeps
+SPIN_COUNT = "10000"
 
 
 def available_cpus() -> int:
@@ -35,23 +37,26 @@ def available_cpus() -> int:
 
 
 def configure_threads() -> dict[str, str | int | None]:
-    """Threads that yield their cores when idle, as many as this process's share of its CPUs.
+    """Threads that stop spinning soon when idle, as many as this process's share of its CPUs.
 
     Call before torch/numba are imported (they read these once, at load); the CLIs do, at the top, so
     processes that accelerate launches get it too. A variable the user set is kept (setdefault). Why:
-    the OpenMP threads of torch and numba busy-wait between parallel regions by default, so beside any
-    other CPU-bound process (a second run, a notebook, the DataLoader workers) they spin against it and
-    the step stalls. bench/bench_threads.py, tiny model at batch 8 on 2 shared cores: 10.6 s (72.7 s
-    with two competitors) by default, 2.1 s (3.1 s) with OMP_WAIT_POLICY=PASSIVE; one thread was faster
-    on its own (1.5 s) but slower beside the competitors (5.3 s). The thread count is sized to the CPUs this process may use, split
-    between the processes of a multi-process launch (LOCAL_WORLD_SIZE), not to the load average: the
-    load at start-up says little about the hours after it, and passive threads cost little when their
-    core is taken. DataLoader workers need nothing here: torch sets one thread in each worker itself.
+    GNU OpenMP threads (torch's and numba's) busy-wait ~300k iterations between parallel regions by
+    default, so beside another CPU-bound process (a second run, a notebook, the DataLoader workers)
+    they spin against it and the step stalls; never spinning (OMP_WAIT_POLICY=PASSIVE) costs the quiet
+    machine dearly, because the step has many small parallel regions. A short spin keeps both.
+    bench/bench_threads.py --competitor torch, tiny model, batch 8, 2 cores (medians, quiet / beside two
+    spinning torch processes): default 0.38 s / 3.4-5.4 s (max 20-31 s); PASSIVE 0.68 s / 1.7 s;
+    GOMP_SPINCOUNT=10000 0.40 s / 1.7-2.0 s (max 2.8 s). The thread count is sized to the CPUs this
+    process may use, split between the processes of a multi-process launch (LOCAL_WORLD_SIZE), not to
+    the load average: the load at start-up says little about the hours after it. DataLoader workers
+    need nothing here: torch sets one thread in each worker itself.
     """
     local = max(1, int(os.environ.get("LOCAL_WORLD_SIZE", "1") or 1))
     share = str(max(1, available_cpus() // local))
     user = {name for name in _THREAD_VARS if os.environ.get(name)}
-    os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+    if not os.environ.get("OMP_WAIT_POLICY"):  # a policy the user chose overrides the spin count anyway
+        os.environ.setdefault("GOMP_SPINCOUNT", SPIN_COUNT)
     os.environ.setdefault("OMP_NUM_THREADS", share)
     os.environ.setdefault("NUMBA_NUM_THREADS", share)
     THREAD_SETTINGS.clear()
@@ -73,6 +78,7 @@ def thread_report() -> dict[str, str | int | None]:
     report: dict[str, str | int | None] = {
         "torch_threads": torch.get_num_threads(),
         "omp_wait_policy": os.environ.get("OMP_WAIT_POLICY"),
+        "gomp_spincount": os.environ.get("GOMP_SPINCOUNT"),
         "numba_threads": os.environ.get("NUMBA_NUM_THREADS"),
         "available_cpus": available_cpus(),
         "configured": bool(THREAD_SETTINGS),
@@ -82,7 +88,11 @@ def thread_report() -> dict[str, str | int | None]:
 
 
 def describe_threads(report: dict) -> str:
-    policy = report.get("omp_wait_policy") or "default (spinning)"
+    policy = report.get("omp_wait_policy") or (
+        f"spin {report['gomp_spincount']} then sleep"
+        if report.get("gomp_spincount")
+        else "default (spinning)"
+    )
     line = (
         f"threads: torch {report['torch_threads']}, numba {report.get('numba_threads') or 'default'}, "
         f"OpenMP wait policy {policy}, {report['available_cpus']} CPUs available"
