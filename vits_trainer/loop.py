@@ -620,8 +620,14 @@ class Trainer:
         exported = None
         try:
             exported = self.export(s.output_dir)
-            if exported and final_is_best:
-                best = s.checkpoint_dir / "best_model"
+        except (OSError, UnsafeOverwrite) as err:
+            s.log(
+                f"error: exporting the final model to {s.output_dir} failed ({getattr(err, 'strerror', None) or err}); "
+                f"the last good checkpoint is {self.last_checkpoint}"
+            )
+        if exported and final_is_best:
+            best = s.checkpoint_dir / "best_model"
+            try:
                 check_replaceable(best)  # our marked export only, nothing the user put in it
                 tmp = best.with_name(f".best_model.tmp-{os.getpid()}")
                 shutil.rmtree(tmp, ignore_errors=True)  # this pid's temp folder
@@ -629,11 +635,8 @@ class Trainer:
                 write_marker(tmp, "best_model", s.checkpoint_dir)
                 replace_export(tmp, best)
                 s.state.best_model_step = budget.global_step
-        except (OSError, UnsafeOverwrite) as err:
-            s.log(
-                f"error: exporting the final model to {s.output_dir} failed ({getattr(err, 'strerror', None) or err}); "
-                f"the last good checkpoint is {self.last_checkpoint}"
-            )
+            except (OSError, UnsafeOverwrite) as err:  # the final model is exported; only this copy failed
+                s.log(f"warning: best model not updated ({getattr(err, 'strerror', None) or err})")
         budget.observe_export(time.perf_counter() - t0)
         summary = self.summary(stop_reason, exported)
         if s.is_main:
