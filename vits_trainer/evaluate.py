@@ -92,6 +92,31 @@ def evaluate_per_clip(generator, items, device: torch.device, autocast=None, see
 
 
 @torch.no_grad()
+def speak_texts(
+    model, text_encoder, sentences: list[tuple[str, int]], device: torch.device, seed: int = 1234
+) -> list[torch.Tensor]:
+    """Waveforms (float, on `device`) of each (text, speaker id), spoken with the plain transformers
+    inference path under a fixed seed: the same sentences in the same order give the same takes."""
+    was_training = model.training
+    model.eval()
+    waveforms = []
+    devices = [device] if device.type == "cuda" else []
+    with torch.random.fork_rng(devices=devices):
+        torch.manual_seed(seed)
+        for text, speaker in sentences:
+            ids = torch.tensor([text_encoder.encode(text)], dtype=torch.long, device=device)
+            kwargs = {"speaker_id": speaker} if model.config.num_speakers > 1 else {}
+            waveforms.append(model(input_ids=ids, **kwargs).waveform[0].float())
+    model.train(was_training)
+    return waveforms
+
+
+def write_wav(path: Path, waveform: np.ndarray, sample_rate: int) -> Path:
+    """A spoken sentence as a 16-bit WAV (clipped to full scale)."""
+    sf.write(path, np.clip(waveform, -1.0, 1.0), sample_rate, subtype="PCM_16")
+    return path
+
+
 def synthesize(
     model,
     text_encoder,
@@ -102,18 +127,11 @@ def synthesize(
 ) -> list[Path]:
     """Speak each (name, text, speaker id) with the plain transformers inference path; write 16-bit WAVs."""
     out_dir.mkdir(parents=True, exist_ok=True)
-    was_training = model.training
-    model.eval()
-    written = []
-    devices = [device] if device.type == "cuda" else []
-    with torch.random.fork_rng(devices=devices):
-        torch.manual_seed(seed)
-        for name, text, speaker in sentences:
-            ids = torch.tensor([text_encoder.encode(text)], dtype=torch.long, device=device)
-            kwargs = {"speaker_id": speaker} if model.config.num_speakers > 1 else {}
-            waveform = model(input_ids=ids, **kwargs).waveform[0].float().cpu().numpy()
-            path = out_dir / f"{name}.wav"
-            sf.write(path, np.clip(waveform, -1.0, 1.0), model.config.sampling_rate, subtype="PCM_16")
-            written.append(path)
-    model.train(was_training)
-    return written
+    waveforms = speak_texts(
+        model, text_encoder, [(text, speaker) for _, text, speaker in sentences], device, seed
+    )
+    rate = model.config.sampling_rate
+    return [
+        write_wav(out_dir / f"{name}.wav", w.cpu().numpy(), rate)
+        for (name, _, _), w in zip(sentences, waveforms, strict=True)
+    ]

@@ -19,6 +19,8 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
+from .evaluate import speak_texts, write_wav
+
 MCD_COEFFICIENTS = 24  # c1..c24, the usual order of mel-cepstral distortion
 MCD_SCALE = 10.0 / math.log(10.0) * math.sqrt(2.0)  # dB from natural-log cepstra
 
@@ -62,29 +64,19 @@ def dtw_scores(recorded_mel: np.ndarray, spoken_mel: np.ndarray) -> dict[str, fl
 
 @torch.no_grad()
 def speak(model, frontend, text_encoder, items, count: int, device: torch.device, seed: int = 1234):
-    """The first `count` items of `items` spoken from text (same seed and order as evaluate.synthesize,
-    so its first WAVs are these waveforms)."""
-    was_training = model.training
-    model.eval()
+    """The first `count` items of `items` spoken from text (evaluate.speak_texts, as synthesize speaks
+    them: same seed and order, so its first WAVs are these waveforms), with both log-mels."""
+    n = min(count, len(items))
+    texts = [(items.text(k), int(items.speaker_ids[k])) for k in range(n)]
     spoken = []
-    devices = [device] if device.type == "cuda" else []
-    with torch.random.fork_rng(devices=devices):
-        torch.manual_seed(seed)
-        for k in range(min(count, len(items))):
-            ids = torch.tensor([text_encoder.encode(items.text(k))], dtype=torch.long, device=device)
-            kwargs = {"speaker_id": int(items.speaker_ids[k])} if model.config.num_speakers > 1 else {}
-            waveform = model(input_ids=ids, **kwargs).waveform[0].float()
-            recording = torch.from_numpy(items.audio(k).astype(np.float32) / 32768.0).to(device)
-            mels = frontend.mel(torch.stack([recording]).unsqueeze(1)), frontend.mel(waveform.view(1, 1, -1))
-            spoken.append(
-                Spoken(
-                    items.clip_id(k),
-                    waveform.cpu().numpy(),
-                    mels[0][0].cpu().numpy(),
-                    mels[1][0].cpu().numpy(),
-                )
+    for k, waveform in enumerate(speak_texts(model, text_encoder, texts, device, seed)):
+        recording = torch.from_numpy(items.audio(k).astype(np.float32) / 32768.0).to(device)
+        mels = frontend.mel(recording.view(1, 1, -1)), frontend.mel(waveform.view(1, 1, -1))
+        spoken.append(
+            Spoken(
+                items.clip_id(k), waveform.cpu().numpy(), mels[0][0].cpu().numpy(), mels[1][0].cpu().numpy()
             )
-    model.train(was_training)
+        )
     return spoken
 
 
@@ -98,15 +90,8 @@ def freerun_metrics(spoken: list[Spoken]) -> dict[str, float]:
 
 def write_wavs(spoken: list[Spoken], folder, sample_rate: int) -> list:
     """16-bit WAVs of spoken sentences, as evaluate.synthesize writes them."""
-    import soundfile as sf
-
     folder.mkdir(parents=True, exist_ok=True)
-    written = []
-    for item in spoken:
-        path = folder / f"{item.name}.wav"
-        sf.write(path, np.clip(item.waveform, -1.0, 1.0), sample_rate, subtype="PCM_16")
-        written.append(path)
-    return written
+    return [write_wav(folder / f"{item.name}.wav", item.waveform, sample_rate) for item in spoken]
 
 
 def free_running_eval(session) -> tuple[dict[str, float], list[Spoken]]:
