@@ -52,6 +52,7 @@ VARIANTS: dict[str, dict[str, str]] = {
     "spin 10k": {"GOMP_SPINCOUNT": "10000"},
     "spin 100k": {"GOMP_SPINCOUNT": "100000"},
     "trainer (configure_threads)": {CONFIGURE: "1"},
+    "1 thread spin 10k": {"OMP_NUM_THREADS": "1", "NUMBA_NUM_THREADS": "1", "GOMP_SPINCOUNT": "10000"},
 }
 # what the loaded blocks run beside the step: plain Python loops, or other torch processes whose own
 # OpenMP threads spin too (a second training run, a notebook)

@@ -285,6 +285,8 @@ def budget_run(tmp: Path, data: Path, model: Path, minutes: float) -> dict:
     proc = subprocess.run(cmd, capture_output=True, text=True)
     wall = time.monotonic() - start
     summary = json.loads((out / "final" / "train_summary.json").read_text()) if proc.returncode == 0 else {}
+    RESULTS.mkdir(parents=True, exist_ok=True)  # the run's log, to see why it ended where it did
+    (RESULTS / f"budget_{minutes:g}min.log").write_text(proc.stdout + proc.stderr, encoding="utf-8")
     return {
         "target_seconds": minutes * 60,
         "process_wall_seconds": wall,

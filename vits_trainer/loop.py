@@ -29,6 +29,7 @@ from .checkpoint import (
     verify_checkpoint,
     write_checkpoint,
 )
+from .cpushare import cpu_share
 from .discriminator import save_discriminator
 from .errors import UserError
 from .evaluate import evaluate, move_batch, synthesize
@@ -117,6 +118,9 @@ class Trainer:
         self.last_val_step: int | None = None
         self.final_eval_skipped: str | None = None  # why the final evaluation did not run
         self.threads = thread_report()
+        pinned = "OMP_NUM_THREADS" in (self.threads.get("set_by_user") or "")
+        self.cpu_share = cpu_share(self.threads["torch_threads"], pinned)  # follows the machine's load
+        self.threads["adaptive"] = self.cpu_share is not None
         self.warmup_reported: str | None = None
         # what a recovery falls back to before the first checkpoint exists (CPU copies)
         self.initial_weights = (
@@ -373,6 +377,7 @@ class Trainer:
                 state.batch_in_epoch = b
                 self.after_step(result, pending)
                 pending = []
+                self.follow_load()
 
                 if budget.current_plan is None and budget.benchmark_done():
                     self.make_plan(progress)
@@ -398,10 +403,31 @@ class Trainer:
             stop_reason, _ = self.stop_decision(signals)
         progress.close()
         signals.restore()
+        if self.cpu_share is not None:
+            self.threads["thread_changes"] = self.cpu_share.changes
+            self.threads["torch_threads_at_end"] = self.cpu_share.threads
         summary = self.finish(stop_reason)
+        if self.cpu_share is not None and self.cpu_share.changes:  # the process's own setting again
+            self.cpu_share.apply(self.cpu_share.max_threads)  # (a notebook goes on using it)
         if s.run_lock is not None:  # the run has ended: the next one may use the folder
             s.run_lock.release()
         return summary
+
+    def follow_load(self) -> None:
+        """Fewer threads while other processes keep this run's CPUs busy, all of them again once they stop."""
+        if self.cpu_share is None:
+            return
+        message = self.cpu_share.poll()
+        if message:
+            self.s.log(message)
+            self.metrics.write(
+                {
+                    "event": "threads",
+                    "step": self.s.budget.global_step,
+                    "threads": self.cpu_share.threads,
+                    "others_cpus": self.cpu_share.others,
+                }
+            )
 
     @staticmethod
     def new_window() -> dict:
