@@ -25,36 +25,49 @@ def t(values) -> torch.Tensor:
 
 
 def test_discriminator_loss_by_hand() -> None:
-    real = [t([[0.5, 1.0]]), t([[0.0]])]
-    fake = [t([[0.25]]), t([[1.0, -1.0]])]
-    total, real_terms, fake_terms = discriminator_loss(real, fake)
-    # disc 0: real ((1-0.5)^2 + (1-1)^2) / 2 = 0.125; fake 0.25^2 = 0.0625
-    # disc 1: real (1-0)^2 = 1.0; fake (1 + 1) / 2 = 1.0
-    assert [x.item() for x in real_terms] == [0.125, 1.0]
-    assert [x.item() for x in fake_terms] == [0.0625, 1.0]
-    assert total.item() == pytest.approx(0.125 + 0.0625 + 1.0 + 1.0)
-    assert not real_terms[0].requires_grad
+    # n = 1: the real item first, then the fake one, per sub-discriminator
+    logits = [t([[0.5, 1.0], [0.25, 0.0]]), t([[0.0], [-1.0]])]
+    # disc 0: real ((1-0.5)^2 + (1-1)^2) / 2 = 0.125; fake (0.25^2 + 0) / 2 = 0.03125
+    # disc 1: real (1-0)^2 = 1.0; fake (-1)^2 = 1.0
+    assert discriminator_loss(logits, 1).item() == pytest.approx(0.125 + 0.03125 + 1.0 + 1.0)
 
 
 def test_generator_adversarial_loss_by_hand() -> None:
-    fake = [t([[0.5, 1.0]]), t([[-1.0]])]
+    logits = [t([[9.0, 9.0], [0.5, 1.0]]), t([[9.0], [-1.0]])]  # real rows are ignored
     # (0.25 + 0) / 2 + (1 - -1)^2 = 0.125 + 4
-    assert generator_adversarial_loss(fake).item() == pytest.approx(4.125)
+    assert generator_adversarial_loss(logits, 1).item() == pytest.approx(4.125)
 
 
 def test_feature_matching_loss_by_hand() -> None:
-    real = [[t([1.0, 2.0]), t([[0.0]])], [t([3.0])]]
-    fake = [[t([0.0, 4.0]), t([[-0.5]])], [t([3.0])]]
+    features = [[t([[1.0, 2.0], [0.0, 4.0]]), t([[[0.0]], [[-0.5]]])], [t([[3.0], [3.0]])]]
     # (|1-0| + |2-4|) / 2 = 1.5; |0 - -0.5| = 0.5; 0 -> 2.0 (no factor 2: that lives in LossWeights)
-    assert feature_matching_loss(real, fake).item() == pytest.approx(2.0)
+    assert feature_matching_loss(features, 1).item() == pytest.approx(2.0)
 
 
 def test_feature_matching_detaches_real() -> None:
-    real = t([1.0, 2.0]).requires_grad_()
-    fake = t([0.0, 0.0]).requires_grad_()
-    feature_matching_loss([[real]], [[fake]]).backward()
-    assert real.grad is None
-    assert fake.grad.tolist() == [-0.5, -0.5]
+    real = t([[1.0, 2.0]]).requires_grad_()
+    fake = t([[0.0, 0.0]]).requires_grad_()
+    feature_matching_loss([[torch.cat([real, fake])]], 1).backward()
+    assert real.grad.tolist() == [[0.0, 0.0]]  # nothing flows into the real features
+    assert fake.grad.tolist() == [[-0.5, -0.5]]
+
+
+def test_paired_losses_equal_the_per_map_definitions() -> None:
+    """The concatenated forms give the VITS sums of per-map means (maps of a VITS-like layout)."""
+    torch.manual_seed(0)
+    n = 3
+    shapes = [(16, 40), (64, 10), (1, 10), (8, 7, 2), (1, 7, 2), (8, 5, 3), (1, 5, 3)]
+    maps = [torch.randn(2 * n, *s) for s in shapes]
+    logits = [maps[2].flatten(1), maps[4].flatten(1), maps[6].flatten(1)]
+    features = [maps[:3], maps[3:5], maps[5:]]
+    want_d = sum(torch.mean((1 - x[:n]) ** 2) + torch.mean(x[n:] ** 2) for x in logits)
+    want_g = sum(torch.mean((1 - x[n:]) ** 2) for x in logits)
+    want_fm = sum(torch.mean(torch.abs(m[:n] - m[n:])) for fs in features for m in fs)
+    torch.testing.assert_close(discriminator_loss(logits, n), want_d)
+    torch.testing.assert_close(generator_adversarial_loss(logits, n), want_g)
+    torch.testing.assert_close(feature_matching_loss(features, n), want_fm)
+    with pytest.raises(ValueError):
+        discriminator_loss(logits, 2)  # 6 items are not 2 real + 2 fake
 
 
 def _kl_inputs():
@@ -115,8 +128,8 @@ def test_normalise_by_mask() -> None:
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
 def test_low_precision_inputs_give_float32(dtype: torch.dtype) -> None:
     # Values exactly representable in both half formats, so the float32 results match exactly.
-    real, fake = [t([[0.5, 1.0]])], [t([[0.25]])]
-    maps_r, maps_f = [[t([1.0, 2.0])]], [[t([0.0, 4.0])]]
+    logits = t([[0.5, 1.0], [0.25, 0.0]])
+    fmap = t([[1.0, 2.0], [0.0, 4.0]])
     kl_in, mel = _kl_inputs(), (t([[1.0, 2.0]]), t([[0.0, 2.5]]))
     dur = (t([[[1.0, 0.5]]]), t([[[1.0, 2.0]]]), t([[[1.0, 1.0]]]))
     kl_in = tuple(x.to(dtype).float() for x in kl_in)  # round once so both runs see the same numbers
@@ -125,12 +138,9 @@ def test_low_precision_inputs_give_float32(dtype: torch.dtype) -> None:
         return x.to(dtype)
 
     results = [
-        (discriminator_loss(real, fake)[0], discriminator_loss([cast(real[0])], [cast(fake[0])])[0]),
-        (generator_adversarial_loss(fake), generator_adversarial_loss([cast(fake[0])])),
-        (
-            feature_matching_loss(maps_r, maps_f),
-            feature_matching_loss([[cast(maps_r[0][0])]], [[cast(maps_f[0][0])]]),
-        ),
+        (discriminator_loss([logits], 1), discriminator_loss([cast(logits)], 1)),
+        (generator_adversarial_loss([logits], 1), generator_adversarial_loss([cast(logits)], 1)),
+        (feature_matching_loss([[fmap]], 1), feature_matching_loss([[cast(fmap)]], 1)),
         (kl_loss(*kl_in), kl_loss(*(cast(x) for x in kl_in))),
         (mel_reconstruction_loss(*mel), mel_reconstruction_loss(*(cast(x) for x in mel))),
         (duration_loss_deterministic(*dur), duration_loss_deterministic(*(cast(x) for x in dur))),

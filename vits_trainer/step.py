@@ -36,10 +36,41 @@ from .profiling import NO_TIMER
 
 
 def make_optimizer(params, lr: float, weight_decay: float = 0.01) -> torch.optim.AdamW:
-    """AdamW as VITS trains it: betas (0.8, 0.99), eps 1e-9."""
+    """AdamW as VITS trains it: betas (0.8, 0.99), eps 1e-9.
+
+    Fused (one kernel for every parameter) where torch has the fused kernel for the parameters'
+    device and dtype, as on CPU and CUDA in float32; else the foreach path. The default per-tensor
+    loop on CPU dispatches ~11 operators per parameter tensor (4625 per step on the tiny model).
+    """
+    params = [p for p in params if p.requires_grad]
+    try:  # a private helper: should a torch release drop it, the foreach path is the fallback
+        from torch.optim.optimizer import _get_fused_kernels_supported_devices
+
+        devices = _get_fused_kernels_supported_devices()
+    except ImportError:
+        devices = []
+    fused = bool(params) and all(p.device.type in devices and p.is_floating_point() for p in params)
     return torch.optim.AdamW(
-        [p for p in params if p.requires_grad], lr=lr, betas=(0.8, 0.99), eps=1e-9, weight_decay=weight_decay
+        params,
+        lr=lr,
+        betas=(0.8, 0.99),
+        eps=1e-9,
+        weight_decay=weight_decay,
+        fused=True if fused else None,
+        foreach=None if fused else True,
     )
+
+
+def clip_grad_norm(params: list[torch.Tensor], max_norm: float) -> torch.Tensor:
+    """`torch.nn.utils.clip_grad_norm_` (L2, same formula) for parameters on one device, in a fixed
+    handful of operators: torch's own moves each tensor's norm to the first device one by one, one
+    operator per parameter tensor (~950 per step at MMS size) even when they are all on one device."""
+    grads = [p.grad for p in params if p.grad is not None]
+    if not grads:
+        return torch.zeros(())
+    total = torch.linalg.vector_norm(torch.stack(torch._foreach_norm(grads)))
+    torch._foreach_mul_(grads, torch.clamp(max_norm / (total + 1e-6), max=1.0))
+    return total
 
 
 @dataclass
@@ -114,7 +145,7 @@ class GanStep:
             with timer("discriminator"), acc.autocast():
                 logits, _ = self.discriminator(torch.cat([real, fake.detach()], dim=0))
             n = real.size(0)
-            loss_d, _, _ = discriminator_loss([x[:n] for x in logits], [x[n:] for x in logits])
+            loss_d = discriminator_loss(logits, n)
             if first:
                 self.d_optimizer.zero_grad(set_to_none=True)
             with timer("backward"):
@@ -131,10 +162,8 @@ class GanStep:
                 "mel": out.mel,
                 "kl": out.kl,
                 "duration": out.duration,
-                "adversarial": generator_adversarial_loss([x[n:] for x in logits]),
-                "feature_matching": feature_matching_loss(
-                    [[f[:n] for f in fs] for fs in features], [[f[n:] for f in fs] for fs in features]
-                ),
+                "adversarial": generator_adversarial_loss(logits, n),
+                "feature_matching": feature_matching_loss(features, n),
             }
             loss_g = generator_total(losses, self.weights)
             if first:
@@ -156,9 +185,9 @@ class GanStep:
             scaler.unscale_(self.d_optimizer)
             scaler.unscale_(self.g_optimizer)
         # clipping before the finiteness check is harmless (a non-finite step's gradients are dropped) and
-        # its total norm is the one the check needs: one foreach pass, not one norm kernel per tensor
-        norm_d = torch.nn.utils.clip_grad_norm_(self.d_params, self.max_grad_norm)
-        norm_g = torch.nn.utils.clip_grad_norm_(self.g_params, self.max_grad_norm)
+        # its total norm is the one the check needs
+        norm_d = clip_grad_norm(self.d_params, self.max_grad_norm)
+        norm_g = clip_grad_norm(self.g_params, self.max_grad_norm)
         metrics["grad_norm_d"], metrics["grad_norm_g"] = norm_d, norm_g
         checks = torch.stack(
             [

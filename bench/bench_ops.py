@@ -1,0 +1,306 @@
+"""Operators dispatched per training step: a launch-overhead figure any machine can measure (not a test).
+
+    python bench/bench_ops.py [--models tiny,mms] [--batch_size 8] [--label before|after] [--top 25]
+
+On a GPU every operator is at least one kernel launch, so the number of operators the host dispatches
+per step bounds how launch-bound a step is; on any machine it is exact and repeatable, where times
+are noisy. For each model ("tiny": `vits_trainer.tiny` with a 0.125-wide discriminator; "mms":
+transformers' default `VitsConfig`, the MMS size, with a full-width discriminator, as in
+bench/bench_step.py) a session is built as train_vits.py builds it (fp32, CPU), and one micro-step of
+the trainer's `GanStep` on a fixed batch of `--batch_size` generated clips (~3 s) is profiled with
+`torch.profiler`, after one unprofiled step on the same batch (so AdamW's state exists and the
+profiled step is a steady-state one).
+
+Counted: "top-level" aten operators, i.e. aten events with no aten event above them. These are what
+Python and the autograd engine dispatch; an operator's own sub-operators (aten::linear -> addmm) are
+not counted again. Forward+backward (the two passes of the discriminator and generator blocks, losses
+included) and the optimiser step (clipping, finiteness check, both AdamW steps) are reported apart.
+Also reported: all aten events (nested ones included) and the number of distinct operator names.
+
+Where the operators are: the forward ones are attributed to the innermost labelled region (the
+generator's parts, the step's sections and its loss functions); each backward operator to the region
+whose forward operator created its autograd node (matched by sequence number).
+
+The counts are exact: two runs on the same code give the same numbers. Results go to
+bench/results/ops.json under `--label` (the other labels' results are kept), with the step's losses,
+so an "after" run can be checked against "before" (same losses within float tolerance).
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import contextlib
+import json
+import math
+import sys
+import tempfile
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+import torch  # noqa: E402
+from torch.profiler import ProfilerActivity, profile, record_function  # noqa: E402
+
+import vits_trainer.step as step_module  # noqa: E402
+from bench.bench_step import (  # noqa: E402
+    CORPUS_WORDS,
+    batches_of,
+    make_model_dir,
+    quiet_session,
+    train_config,
+)
+from vits_trainer.dataset import ClipDataset, collate_batch  # noqa: E402
+from vits_trainer.evaluate import move_batch  # noqa: E402
+from vits_trainer.loop import gan_step  # noqa: E402
+from vits_trainer.runtime import quiet_transformers  # noqa: E402
+from vits_trainer.synthetic import make_corpus  # noqa: E402
+
+RESULTS = ROOT / "bench" / "results" / "ops.json"
+PREFIX = "ops:"  # marks this benchmark's own labelled regions among the profiler's events
+GENERATOR_PARTS = ("text_encoder", "posterior_encoder", "flow", "duration_predictor", "decoder", "embed_speaker")
+# the loss functions the step calls, labelled where step.py looks them up
+STEP_LOSSES = ("discriminator_loss", "generator_adversarial_loss", "feature_matching_loss", "generator_total")
+
+
+class RegionTimer:
+    """Stands in for the step's SectionTimer: each section becomes a labelled profiler region."""
+
+    def __call__(self, name: str):
+        return record_function(f"{PREFIX}{name}")
+
+
+def label_modules(modules: dict[str, torch.nn.Module]) -> list:
+    """Forward hooks that open a labelled region around each module's forward; returns the handles."""
+    handles, stack = [], []
+
+    def pre(name):
+        def hook(module, args):
+            region = record_function(f"{PREFIX}{name}")
+            region.__enter__()
+            stack.append(region)
+
+        return hook
+
+    def post(module, args, output):
+        stack.pop().__exit__(None, None, None)
+
+    for name, module in modules.items():
+        handles.append(module.register_forward_pre_hook(pre(name)))
+        handles.append(module.register_forward_hook(post))
+    return handles
+
+
+@contextlib.contextmanager
+def labelled_losses():
+    """The step's loss functions wrapped in labelled regions (same functions, same results)."""
+    originals = {name: getattr(step_module, name) for name in STEP_LOSSES}
+
+    def wrap(name, fn):
+        def wrapped(*args, **kwargs):
+            with record_function(f"{PREFIX}loss.{name}"):
+                return fn(*args, **kwargs)
+
+        return wrapped
+
+    for name, fn in originals.items():
+        setattr(step_module, name, wrap(name, fn))
+    try:
+        yield
+    finally:
+        for name, fn in originals.items():
+            setattr(step_module, name, fn)
+
+
+def ancestor(event, prefix: str):
+    """The innermost profiler event around `event` whose name starts with `prefix` (None if none)."""
+    parent = event.cpu_parent
+    while parent is not None and not parent.name.startswith(prefix):
+        parent = parent.cpu_parent
+    return parent
+
+
+def region_of(event) -> str | None:
+    """The innermost labelled region around a profiler event (None outside every region)."""
+    parent = ancestor(event, PREFIX)
+    return None if parent is None else parent.name[len(PREFIX) :]
+
+
+def has_aten_ancestor(event) -> bool:
+    return ancestor(event, "aten::") is not None
+
+
+def backward_node_of(event):
+    """The autograd engine's `evaluate_function` event an operator runs under (None in a forward)."""
+    return ancestor(event, "autograd::engine::evaluate_function")
+
+
+def count_ops(events) -> dict:
+    """Top-level aten operators of one profiled step, split into step / optimizer and by region."""
+    events = list(events)
+    aten = [e for e in events if e.name.startswith("aten::")]
+    top = [e for e in aten if not has_aten_ancestor(e)]
+    # sequence number -> region of the forward operator that recorded that autograd node
+    forward_region: dict[int, str] = {}
+    for e in aten:  # nested ones too: aten::linear's aten::t records its own node
+        if e.sequence_nr >= 0 and backward_node_of(e) is None:
+            forward_region.setdefault(e.sequence_nr, region_of(e) or "other")
+    by_region: collections.Counter = collections.Counter()
+    by_name: collections.Counter = collections.Counter()
+    optimizer = 0
+    for e in top:
+        region = region_of(e) or "other"
+        if region == "optimizer":
+            optimizer += 1
+            continue
+        node = backward_node_of(e)
+        if node is not None:
+            if "AccumulateGrad" in node.name:
+                region = "backward: accumulate grad"
+            else:
+                region = "backward of " + forward_region.get(node.sequence_nr, "?")
+        by_region[region] += 1
+        by_name[e.name] += 1
+    opt_names = collections.Counter(e.name for e in top if region_of(e) == "optimizer")
+    return {
+        "forward_backward_ops": sum(by_region.values()),
+        "optimizer_ops": optimizer,
+        "all_aten_events": len(aten),
+        "distinct_ops_forward_backward": len(by_name),
+        "by_region": dict(by_region.most_common()),
+        "by_op": dict(by_name.most_common()),
+        "optimizer_by_op": dict(opt_names.most_common()),
+    }
+
+
+def profile_step(kind: str, batch_size: int, tmp: Path, data_dir: Path) -> dict:
+    model_dir = make_model_dir(kind, tmp / f"model-{kind}")
+    cfg = train_config(tmp / f"run-{kind}", data_dir, model_dir, kind, batch_size, "cpu", "no")
+    session = quiet_session(cfg)
+    step = gan_step(session)
+    generator = session.generator_raw
+    indices = batches_of(session)[0]
+    dataset = ClipDataset(session.data.train)
+    batch = collate_batch([dataset[j] for j in indices])
+    batch.pop("indices")
+    batch.pop("text_lengths")
+    batch = move_batch(batch, session.device)
+
+    torch.manual_seed(1)
+    step(batch, 0, 1)  # AdamW creates its state on its first step: profile a steady-state step
+    modules = {f"generator.{name}": getattr(generator.model, name, None) for name in GENERATOR_PARTS}
+    modules = {name: m for name, m in modules.items() if m is not None}
+    handles = label_modules(modules)
+    step.timer = generator.timer = RegionTimer()
+    torch.manual_seed(2)
+    try:
+        with labelled_losses(), profile(activities=[ProfilerActivity.CPU]) as prof:
+            result = step(batch, 0, 1)
+    finally:
+        for h in handles:
+            h.remove()
+    if not result.synced or result.skipped:
+        raise RuntimeError(f"{kind}: the profiled step did not update the networks")
+    counts = count_ops(prof.events())
+    losses = {k: float(v) for k, v in result.metrics.items()}
+    return {
+        "model": kind,
+        "batch_size": batch_size,
+        "audio_samples": int(batch["audio"].shape[-1]),
+        "tokens": int(batch["input_ids"].shape[-1]),
+        "params_generator_m": sum(p.numel() for p in generator.parameters()) / 1e6,
+        "params_discriminator_m": sum(p.numel() for p in session.discriminator_raw.parameters()) / 1e6,
+        "losses": losses,
+        **counts,
+    }
+
+
+def compare_losses(before: dict, after: dict, rtol: float) -> list[str]:
+    """Loss keys whose values differ by more than rtol (relative) between two runs."""
+    bad = []
+    for key, b in before.items():
+        a = after.get(key)
+        if a is None or not math.isclose(a, b, rel_tol=rtol, abs_tol=1e-6):
+            bad.append(f"{key}: before {b:.6g}, now {a}")
+    return bad
+
+
+def print_run(run: dict, top: int) -> None:
+    print(
+        f"\n{run['model']} (batch {run['batch_size']}, {run['audio_samples']} samples, "
+        f"{run['tokens']} tokens): {run['forward_backward_ops']} operators per forward+backward, "
+        f"{run['optimizer_ops']} in the optimiser step; {run['all_aten_events']} aten events in all, "
+        f"{run['distinct_ops_forward_backward']} distinct operators"
+    )
+    print("  by region:")
+    for region, n in list(run["by_region"].items())[:top]:
+        print(f"    {n:>6}  {region}")
+    print("  most frequent operators:")
+    for name, n in list(run["by_op"].items())[:top]:
+        print(f"    {n:>6}  {name}")
+    print("  optimiser step: " + ", ".join(f"{n} {name}" for name, n in list(run["optimizer_by_op"].items())[:8]))
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--models", default="tiny,mms", help="comma-separated: tiny, mms")
+    parser.add_argument("--batch_size", type=int, default=8, help="the fixed micro-batch")
+    parser.add_argument("--label", default="after", help="key under which ops.json keeps these results")
+    parser.add_argument("--top", type=int, default=25, help="rows shown per breakdown")
+    parser.add_argument("--rtol", type=float, default=1e-4, help="loss tolerance against the 'before' run")
+    parser.add_argument("--out", type=Path, default=RESULTS)
+    args = parser.parse_args(argv)
+    models = [m.strip() for m in args.models.split(",") if m.strip()]
+    if not set(models) <= {"tiny", "mms"}:
+        parser.error(f"--models: {args.models!r} (tiny, mms)")
+
+    quiet_transformers()
+    torch.manual_seed(0)
+    runs = []
+    with tempfile.TemporaryDirectory(prefix="bench_ops-") as tmp_name:
+        tmp = Path(tmp_name)
+        data_dir = tmp / "data"
+        make_corpus(data_dir, num_clips=24, seed=0, min_words=CORPUS_WORDS[0], max_words=CORPUS_WORDS[1])
+        for kind in models:
+            print(f"{kind}: profiling one micro-step of batch {args.batch_size} ...", flush=True)
+            runs.append(profile_step(kind, args.batch_size, tmp, data_dir))
+            print_run(runs[-1], args.top)
+
+    results = json.loads(args.out.read_text(encoding="utf-8")) if args.out.is_file() else {}
+    command = "python bench/bench_ops.py " + " ".join(argv if argv is not None else sys.argv[1:])
+    entry = results.setdefault(args.label, {})
+    entry.update({"command": command, "torch": torch.__version__})
+    entry.setdefault("runs", {})
+    for run in runs:
+        entry["runs"][run["model"]] = run
+    status = 0
+    before = results.get("before", {}).get("runs", {})
+    if args.label != "before" and before:
+        print("\nagainst 'before':")
+        for run in runs:
+            ref = before.get(run["model"])
+            if ref is None or ref["batch_size"] != run["batch_size"]:
+                continue
+            fb, opt = ref["forward_backward_ops"], ref["optimizer_ops"]
+            print(
+                f"  {run['model']}: forward+backward {fb} -> {run['forward_backward_ops']} "
+                f"({fb / run['forward_backward_ops']:.2f}x fewer), optimiser {opt} -> {run['optimizer_ops']} "
+                f"({opt / max(run['optimizer_ops'], 1):.2f}x fewer), whole step {fb + opt} -> "
+                f"{run['forward_backward_ops'] + run['optimizer_ops']} "
+                f"({(fb + opt) / (run['forward_backward_ops'] + run['optimizer_ops']):.2f}x fewer)"
+            )
+            bad = compare_losses(ref["losses"], run["losses"], args.rtol)
+            if bad:
+                status = 1
+                print("  LOSSES DIFFER: " + "; ".join(bad))
+            else:
+                print(f"  losses match 'before' within rtol {args.rtol:g}")
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps(results, indent=2) + "\n", encoding="utf-8")
+    print(f"\nwrote {args.out.relative_to(ROOT) if args.out.is_relative_to(ROOT) else args.out}")
+    return status
+
+
+if __name__ == "__main__":
+    sys.exit(main())
