@@ -167,3 +167,23 @@ def test_multi_speaker_and_deterministic_duration_predictor_train(tmp_path):
         out = model(**tok("abc", return_tensors="pt"), speaker_id=1)
     assert torch.isfinite(out.waveform).all()
     assert json.loads((tmp_path / "final_model" / "speakers.json").read_text()) == {"0": 0, "1": 1}
+
+
+def test_duration_spline_passes_values_beyond_its_bound_unchanged():
+    # a diverged model puts every value outside the spline's tail bound; transformers' spline then got
+    # an empty tensor and raised, crashing the evaluation that should have judged the model
+    from transformers.models.vits import modeling_vits
+
+    import vits_trainer.vits  # noqa: F401  (installs the guard)
+
+    inputs = torch.tensor([[[-7.0, 9.0, float("nan")]]])
+    bins = 10
+    out, logdet = modeling_vits._unconstrained_rational_quadratic_spline(
+        inputs,
+        torch.zeros(1, 1, 3, bins),
+        torch.zeros(1, 1, 3, bins),
+        torch.zeros(1, 1, 3, bins - 1),
+        tail_bound=5.0,
+    )
+    torch.testing.assert_close(out, inputs, equal_nan=True)
+    assert torch.equal(logdet, torch.zeros_like(inputs))
