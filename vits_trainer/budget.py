@@ -406,6 +406,15 @@ class Budget:
             or self._slow_spell_overruns()
         )
 
+    def stop_state(self) -> dict:
+        """What `should_stop` weighed, for the summary: why a run ended where it did."""
+        return {
+            "seconds_left": round(self.deadline() - self.clock(), 2),
+            "next_step_seconds": round(self._next_step_seconds(), 2),  # typical step + headroom
+            "last_step_seconds": round(self._last_step_seconds or 0.0, 2),
+            "final_reserve_seconds": round(self.final_reserve(), 2),
+        }
+
     def can_afford(self, seconds: float) -> bool:
         """Whether an extra `seconds` (intermediate eval/save) still leaves one step (+ headroom) + the final reserve."""
         return self.clock() + seconds + self._next_step_seconds() + self.final_reserve() <= self.deadline()

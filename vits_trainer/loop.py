@@ -117,6 +117,7 @@ class Trainer:
         self.last_val: dict | None = None
         self.last_val_step: int | None = None
         self.final_eval_skipped: str | None = None  # why the final evaluation did not run
+        self.budget_stop: dict | None = None  # what the budget weighed when it ended the run
         self.threads = thread_report()
         pinned = "OMP_NUM_THREADS" in (self.threads.get("set_by_user") or "")
         self.cpu_share = cpu_share(self.threads["torch_threads"], pinned)  # follows the machine's load
@@ -140,6 +141,7 @@ class Trainer:
                 code = 2
             elif s.budget.should_stop():
                 code = 1
+                self.budget_stop = s.budget.stop_state()
             elif s.cfg.max_steps and s.budget.global_step >= s.cfg.max_steps:
                 code = 3
         if s.accelerator.num_processes > 1:
@@ -704,6 +706,7 @@ class Trainer:
                 None if self.last_val_step == budget.global_step else self.final_eval_skipped or "not run"
             ),
             "stopped_reason": stop_reason or "end",
+            "budget_stop": self.budget_stop,
             "resumed_from_step": self.resumed_from_step,
             "data_wait_fraction": self.data_wait / max(self.train_seconds, 1e-9),
             "preload_seconds": s.preload_seconds,

@@ -142,4 +142,3 @@ def generator_total(losses: dict[str, Tensor], weights: LossWeights) -> Tensor:
         term = getattr(weights, key) * losses[key].float()
         total = term if total is None else total + term
     return total
-
