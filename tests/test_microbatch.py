@@ -104,7 +104,6 @@ def test_the_choice_keeps_every_steps_clips(tmp_path, tiny_model_dir, tone_corpu
     assert [s["indices"] for s in steps] == expected[:10]
     for s in steps:
         assert sum(s["parts"]) == len(s["indices"]) and max(s["parts"]) <= s["micro"]
-    assert all(len(s["indices"]) == 16 for s in steps if len(s["parts"]) * s["micro"] >= 16)
     state = json.loads((tmp_path / "checkpoints" / "step_00000010" / "trainer_state.json").read_text())
     assert state["micro_batch_size"] == chosen and state["gradient_accumulation_steps"] == 16 // chosen
     assert state["train_state"]["micro_batch_size"] == chosen
