@@ -611,7 +611,10 @@ class Trainer:
                 continue
             if steps_left is not None and sizes * steps > steps_left:
                 continue
-            return steps, "" if steps == TRIAL_STEPS else "shortened: the budget is short"
+            if steps == TRIAL_STEPS:
+                return steps, ""
+            short_by_steps = steps_left is not None and sizes * TRIAL_STEPS > steps_left
+            return steps, f"shortened: {'--max_steps' if short_by_steps else 'the budget'} is short"
         if steps_left is not None and sizes * TRIAL_STEPS_SHORT > steps_left:
             return 0, f"--max_steps leaves {steps_left} steps, it needs {sizes * TRIAL_STEPS_SHORT}"
         return 0, (
