@@ -4,6 +4,7 @@
     python bench/bench_train.py baseline --models tiny --batch_sizes 8
     python bench/bench_train.py budget --minutes 2,5,10
     python bench/bench_train.py loader --batch_sizes 16
+    python bench/bench_train.py micro --steps 14 --rounds 2
 
 throughput: the real Trainer (train_vits.py's loop, no evaluation) for a fixed number of steps on a
     generated tone-language corpus; samples/s is the budget's steady-state estimate (warm-up steps
@@ -13,6 +14,9 @@ baseline: what the seeds started from, on the same clips and model: every sample
     (no length bucketing), constant LR. Same GAN step. The ratio runner / baseline is printed.
 loader: the data paths alone (no model): batches/s the runner's in-RAM loader and the naive per-sample
     WAV + CPU-spectrogram loader can deliver, i.e. the ceiling each puts on a fast GPU.
+micro: the real Trainer with the default --batch_size 8 --gradient_accumulation_steps 4, the automatic
+    micro-batch choice (its trial's steps included) against a forced --micro_batch_size 8, interleaved
+    over --rounds; samples/s over every step of each run, medians and their ratio.
 budget: train_vits.py as a subprocess with --target_hours set to N minutes; wall time / target.
 Writes bench/results/train_<what>.json. CUDA is used when present (fp16 and bf16 rows added).
 """
@@ -78,7 +82,15 @@ def precisions() -> list[str]:
 
 
 def runner_throughput(
-    tmp: Path, data: Path, model: Path, width: float, batch: int, precision: str, steps: int
+    tmp: Path,
+    data: Path,
+    model: Path,
+    width: float,
+    batch: int,
+    precision: str,
+    steps: int,
+    accumulation: int = 1,
+    micro: str = "auto",
 ):
     from vits_trainer.loop import Trainer
     from vits_trainer.session import build_session
@@ -91,7 +103,8 @@ def runner_throughput(
         checkpoint_dir=str(out / "ckpt"),
         output_dir=str(out / "final"),
         batch_size=batch,
-        gradient_accumulation_steps=1,
+        gradient_accumulation_steps=accumulation,
+        micro_batch_size=micro,
         learning_rate=1e-4,
         warmup_steps=0,
         discriminator_width=width,
@@ -114,7 +127,45 @@ def runner_throughput(
         "step_seconds": session.budget.step_seconds(),
         "data_wait_fraction": summary["data_wait_fraction"],
         "peak_vram_gb": vram or None,
+        "micro_batch_size": summary["micro_batch_size"],
+        "steps": summary["steps"],
     }
+
+
+def micro_comparison(tmp: Path, data: Path, steps: int, rounds: int) -> list[dict]:
+    """Default flags (8 x 4), automatic micro-batch vs forced 8, interleaved: a busy spell hits both."""
+    model, width = make_model("tiny", tmp / "tiny")
+    rows = []
+    for r in range(rounds):
+        for micro in ("auto", "8"):
+            result = runner_throughput(tmp, data, model, width, 8, "no", steps, accumulation=4, micro=micro)
+            # steady state: the budget's step time after the trial (the chosen size's steps only)
+            result["steady_samples_per_second"] = 32 / result["step_seconds"]
+            row = {"round": r, "micro": micro, **result}
+            print(json.dumps(row), flush=True)
+            rows.append(row)
+    med = {
+        m: statistics.median(x["samples_per_second"] for x in rows if x["micro"] == m) for m in ("auto", "8")
+    }
+    steady = {
+        m: statistics.median(x["steady_samples_per_second"] for x in rows if x["micro"] == m)
+        for m in ("auto", "8")
+    }
+    ratio, steady_ratio = med["auto"] / med["8"], steady["auto"] / steady["8"]
+    print(
+        f"median samples/s over every step: auto {med['auto']:.2f}, forced 8 {med['8']:.2f} -> x{ratio:.2f}; "
+        f"after the trial: auto {steady['auto']:.2f}, forced 8 {steady['8']:.2f} -> x{steady_ratio:.2f}",
+        flush=True,
+    )
+    rows.append(
+        {
+            "median_auto": med["auto"],
+            "median_forced_8": med["8"],
+            "ratio": ratio,
+            "steady_ratio": steady_ratio,
+        }
+    )
+    return rows
 
 
 # ---- the naive baseline --------------------------------------------------------------------------
@@ -300,19 +351,22 @@ def budget_run(tmp: Path, data: Path, model: Path, minutes: float) -> dict:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("what", choices=["throughput", "baseline", "budget", "loader"])
+    parser.add_argument("what", choices=["throughput", "baseline", "budget", "loader", "micro"])
     parser.add_argument("--models", default="tiny")
     parser.add_argument("--batch_sizes", default="8")
     parser.add_argument("--steps", type=int, default=12)
     parser.add_argument("--clips", type=int, default=160)
     parser.add_argument("--minutes", default="2,5,10")
+    parser.add_argument("--rounds", type=int, default=3)
     args = parser.parse_args()
     RESULTS.mkdir(parents=True, exist_ok=True)
     rows = []
     with tempfile.TemporaryDirectory() as tmp_name:
         tmp = Path(tmp_name)
         data = corpus(tmp, args.clips)
-        if args.what == "loader":
+        if args.what == "micro":
+            rows = micro_comparison(tmp, data, args.steps, args.rounds)
+        elif args.what == "loader":
             model, _ = make_model("tiny", tmp / "tiny")
             for batch in [int(b) for b in args.batch_sizes.split(",")]:
                 for row in loader_throughput(data, model, batch):

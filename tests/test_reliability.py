@@ -177,7 +177,12 @@ def test_out_of_memory_halves_the_micro_batch_and_retries(
 
     monkeypatch.setattr(GanStep, "micro_step", flaky)
     session, summary = train_tiny(
-        tmp_path, tone_corpus, tiny_model_dir, max_steps=8, gradient_accumulation_steps=2
+        tmp_path,
+        tone_corpus,
+        tiny_model_dir,
+        max_steps=8,
+        gradient_accumulation_steps=2,
+        micro_batch_size="8",  # pinned: the OOM counted here must hit the requested split, not a trial
     )
     out = capsys.readouterr().out
     assert "out of memory at step 3: micro-batch 8 -> 4 clips, gradient accumulation 2 -> 4" in out

@@ -239,11 +239,12 @@ class Budget:
         if self.training_start is None:
             self.training_start = self.clock()
 
-    def observe_step(self, seconds: float, samples: int) -> None:
+    def observe_step(self, seconds: float, samples: int, measured: bool = True) -> None:
         """Record one *optimizer* step: all its gradient-accumulation micro-steps and data waiting.
 
         ``samples``: training samples the step consumed. The first ``benchmark_skip_steps`` steps of the
-        session count as steps but not towards throughput.
+        session count as steps but not towards throughput, nor do steps with ``measured=False`` (a
+        micro-batch trial's: they ran at settings the run may not keep; see `add_measurements`).
         """
         if seconds < 0 or samples < 0:
             raise ValueError(f"negative step measurement: {seconds} s, {samples} samples")
@@ -253,16 +254,26 @@ class Budget:
         self.session_samples += samples
         self.global_step += 1
         self._last_step_seconds = seconds
-        if self.session_steps <= self.benchmark_skip_steps:
+        if self.session_steps <= self.benchmark_skip_steps or not measured:
             self._warmup_step_times.append(seconds)
-        else:
-            self._recent_steps = [*self._recent_steps[-(_RECENT_STEPS - 1) :], seconds]
+            if self.planned_horizon_steps is None or self._horizon_provisional:
+                self._provisional_horizon()
+            return
+        self._measure(seconds, samples)
+
+    def add_measurements(self, steps: list[tuple[float, int]]) -> None:
+        """(seconds, samples) of steps already observed unmeasured that do represent the run from here
+        on (the micro-batch trial's steps at the size it chose, after that size's warm-up step)."""
+        for seconds, samples in steps:
+            self._measure(seconds, samples)
+
+    def _measure(self, seconds: float, samples: int) -> None:
+        self._recent_steps = [*self._recent_steps[-(_RECENT_STEPS - 1) :], seconds]
         if self.planned_horizon_steps is None or self._horizon_provisional:
             self._provisional_horizon()
-        if self.session_steps > self.benchmark_skip_steps:
-            self._measured_samples += samples
-            self._step.add(seconds, self.ema)
-            self._step_samples.add(float(samples), self.ema)
+        self._measured_samples += samples
+        self._step.add(seconds, self.ema)
+        self._step_samples.add(float(samples), self.ema)
 
     def observe_eval(self, seconds: float) -> None:
         self._events["eval"].add(seconds, self.ema)

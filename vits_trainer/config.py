@@ -50,7 +50,15 @@ class TrainConfig:
     max_steps: int = _f(0, "stop after this many optimiser steps in total (0 = the budget decides)")
     # --- optimisation ---
     batch_size: int = _f(8, "clips per micro-batch (per process)")
-    gradient_accumulation_steps: int = _f(4, "micro-batches per optimiser step")
+    gradient_accumulation_steps: int = _f(
+        4,
+        "loader batches per optimiser step: batch_size x this (x processes) clips make the effective batch",
+    )
+    micro_batch_size: str = _f(
+        "auto",
+        "clips per forward/backward pass: auto (a trial of real steps at the start picks the fastest that "
+        "divides batch_size x gradient_accumulation_steps) | N (one such divisor); the effective batch is kept",
+    )
     learning_rate: float = _f(2e-5, "peak learning rate of both generator and discriminator")
     warmup_steps: int = _f(500, "linear warmup in optimiser steps (capped at 10%% of the planned steps)")
     min_lr_ratio: float = _f(0.05, "the LR decays (cosine, by budget spent) to this fraction of the peak")
@@ -179,6 +187,29 @@ class TrainConfig:
         parse_num_speakers(self.num_speakers)
         if self.max_ram_gb < 0:
             raise UserError(f"--max_ram_gb must be 0 or more (got {self.max_ram_gb})")
+        self.forced_micro_batch()
+
+    def forced_micro_batch(self) -> int | None:
+        """--micro_batch_size N as an int (None for auto); it must divide the clips of an optimiser step
+        per process (a size that does not would change the effective batch: an error, not a rounding)."""
+        value = str(self.micro_batch_size).strip().lower()
+        if value == "auto":
+            return None
+        try:
+            size = int(value)
+        except ValueError:
+            raise UserError(
+                f"--micro_batch_size must be auto or a number of clips (got {self.micro_batch_size})"
+            ) from None
+        batch = self.batch_size * self.gradient_accumulation_steps
+        if size < 1 or size > batch or batch % size:
+            divisors = ", ".join(str(d) for d in range(1, batch + 1) if batch % d == 0)
+            raise UserError(
+                f"--micro_batch_size {size} must divide the {batch} clips of an optimiser step per process "
+                f"(--batch_size {self.batch_size} x --gradient_accumulation_steps "
+                f"{self.gradient_accumulation_steps}): one of {divisors}, or auto"
+            )
+        return size
 
 
 def add_arguments(parser: argparse.ArgumentParser, cls=TrainConfig, skip: tuple[str, ...] = ()) -> None:

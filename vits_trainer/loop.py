@@ -1,6 +1,8 @@
 """The training loop shared by train_vits.py and train_feedback.py.
 
-One optimiser step = `gradient_accumulation_steps` micro-batches (fewer at the end of an epoch).
+One optimiser step = `gradient_accumulation_steps` loader batches (fewer at the end of an epoch), run as
+micro-batches of the size the micro-batch trial chose (microbatch.py): the same clips per step whatever
+the size.
 After each step the budget is told how long it took; once the benchmark samples are measured the
 run is planned, and from then on it re-plans each epoch and stops at the last step boundary after
 which the final evaluation, checkpoint and export still fit before the deadline. Evaluations and
@@ -35,13 +37,22 @@ from .errors import UserError
 from .evaluate import evaluate, move_batch, synthesize
 from .freerun import free_running_eval, write_wavs
 from .metadata import SPLIT_FILE
+from .microbatch import (
+    TRIAL_SHARE,
+    TRIAL_STEPS,
+    TRIAL_STEPS_SHORT,
+    MicroBatchTrial,
+    accumulation_for,
+    candidates,
+    hardware_id,
+    micro_batches,
+)
 from .pictures import alignment_paths, log_images_to_trackers, write_pictures
 from .recovery import (
     free_memory,
     is_out_of_memory,
     next_precision,
     restore_weights,
-    split_batch,
     switch_precision,
 )
 from .reporting import MetricsLog, Progress, log_audio_to_trackers, plot_losses
@@ -108,7 +119,11 @@ class Trainer:
         cfg = session.cfg
         self.metrics = MetricsLog(session.checkpoint_dir / "metrics.jsonl", session.is_main)
         self.step_fn = gan_step(session)
-        self.accumulation = cfg.gradient_accumulation_steps
+        self.accumulation = cfg.gradient_accumulation_steps  # loader batches per optimiser step
+        self.step_clips = cfg.batch_size * cfg.gradient_accumulation_steps  # per process
+        self.trial: MicroBatchTrial | None = None  # the micro-batch trial while it runs
+        self.trial_steps: list[tuple[int, float, int, bool]] = []  # (size, seconds, samples, clean)
+        self.last_micro: int | None = None  # the micro-batch size the last step ran at
         self.last_eval = self.last_save = time.time()
         self.data_wait = 0.0
         self.train_seconds = 0.0
@@ -161,6 +176,15 @@ class Trainer:
         from accelerate.utils import broadcast
 
         return bool(broadcast(torch.tensor([float(flag)], device=s.device), from_process=0).item())
+
+    def shared_int(self, value: int) -> int:
+        """The main process's integer on every rank."""
+        s = self.s
+        if s.accelerator.num_processes == 1:
+            return value
+        from accelerate.utils import broadcast
+
+        return int(broadcast(torch.tensor([float(value)], device=s.device), from_process=0).item())
 
     def clip_ids(self, indices: list[torch.Tensor]) -> list[str]:
         train = self.s.data.train
@@ -253,6 +277,7 @@ class Trainer:
             "model_source": s.model_source,
             "git_revision": git_revision(),
             "threads": self.threads,
+            **self.micro_batch_used(),
             "versions": {"torch": torch.__version__, "transformers": _version("transformers")},
         }
 
@@ -322,6 +347,7 @@ class Trainer:
         if warning:
             s.log(f"warning: {warning}")
         budget.start_training()
+        self.start_micro_batch()
         # asked before the first step too: a step that cannot finish before the deadline is not started
         stop_reason, _ = self.stop_decision(signals)
         if stop_reason == "budget":
@@ -351,20 +377,32 @@ class Trainer:
                 cycle_length = min(self.accumulation, n_batches - cycle_start)
                 pending.append(batch)
                 b += 1
+                if b - cycle_start < cycle_length:
+                    continue  # the step's clips are gathered first, then cut into micro-batches
+                size = self.trial.current() if self.trial is not None else None
+                micro, clean = self.micro_size(), True
                 try:
-                    result = self.run_batch(batch, b - 1 - cycle_start, cycle_length, window)
+                    result = self.run_cycle(pending, micro, window)
                 except Exception as err:
                     if not is_out_of_memory(err):
                         raise
-                    result = self.retry_after_oom(pending, cycle_length, window)
-                if not result.synced:
-                    continue
+                    result, micro = self.retry_after_oom(pending, window, micro)
+                    clean = False
+                self.last_micro = micro
 
                 # ---- an optimiser step ended --------------------------------------------------
                 now = time.perf_counter()
                 seconds, t_step = now - t_step, now
                 samples = sum(x["indices"].numel() for x in pending) * acc.num_processes
-                budget.observe_step(seconds, samples)
+                # a trial's steps count, but measure the run only once its size is chosen
+                budget.observe_step(seconds, samples, measured=size is None)
+                if size is not None and self.trial is not None:
+                    # an epoch's short last step (fewer clips) would skew the time per sample: not measured
+                    full = samples == self.step_clips * acc.num_processes
+                    self.trial.observe(size, seconds, samples, clean and full)
+                    self.trial_steps.append((size, seconds, samples, clean))
+                    if self.trial.done:
+                        self.finish_trial()
                 save_due = time.time() - self.last_save >= cfg.save_minutes * 60
                 stop_reason, save_now = self.stop_decision(
                     signals, save_due and budget.can_afford(budget.save_seconds())
@@ -435,57 +473,181 @@ class Trainer:
     def new_window() -> dict:
         return {"samples": 0, "seconds": 0.0, "wait": 0.0, "steps": 0, "micro": 0, "sums": {}}
 
-    def run_batch(self, batch: dict, micro: int, cycle_length: int, window: dict):
-        """One loader batch: `split` micro-batches of it (more than one after an out-of-memory error)."""
+    def micro_size(self) -> int:
+        """Clips per micro-batch for the next step: the trial's size while it runs, else the chosen one,
+        divided by the out-of-memory split."""
         s = self.s
-        parts = split_batch(batch, s.state.split) if s.state.split > 1 else [batch]
-        total = cycle_length * s.state.split
+        base = self.trial.current() if self.trial is not None else s.state.micro_batch_size
+        return max(1, math.ceil((base or s.cfg.batch_size) / s.state.split))
+
+    def run_cycle(self, pending: list[dict], micro: int, window: dict):
+        """One optimiser step: this cycle's loader batches as micro-batches of at most `micro` clips."""
+        s = self.s
+        parts = micro_batches(pending, micro)
         result = None
         for j, part in enumerate(parts):
             part = {k: v for k, v in part.items() if k not in ("indices", "text_lengths")}
             part = move_batch(part, s.device)
-            first = micro == 0 and j == 0
-            last = micro == cycle_length - 1 and j == len(parts) - 1
-            result = self.step_fn.micro_step(part, first, last, 1.0 / total)
+            result = self.step_fn.micro_step(part, j == 0, j == len(parts) - 1, 1.0 / len(parts))
             window["micro"] += 1
             for k, v in result.metrics.items():
                 window["sums"][k] = window["sums"].get(k, 0.0) + v.float()
         return result
 
-    def retry_after_oom(self, pending: list[dict], cycle_length: int, window: dict):
-        """Free memory, halve the micro-batch (same effective batch), redo this cycle from its start."""
+    def retry_after_oom(self, pending: list[dict], window: dict, failed: int):
+        """Free memory and redo this cycle from its start with a smaller micro-batch (same clips): during
+        the trial the size that failed (and every larger one) is ruled out and the fastest measured one
+        is used; otherwise, or when none is left, the micro-batch is halved. (result, micro size)."""
         s = self.s
         if s.accelerator.num_processes > 1:
             raise UserError(
                 f"out of GPU memory on process {s.accelerator.process_index}; with several processes the "
-                f"automatic retry is off (the others would wait forever): lower --batch_size and resume"
+                f"automatic retry is off (the others would wait forever): lower --micro_batch_size (or "
+                f"--batch_size) and resume"
             )
         while True:
             self.step_fn.abandon_cycle()
             window["sums"], window["micro"] = {}, 0
             free_memory()
-            micro_batch = math.ceil(s.cfg.batch_size / s.state.split)
-            if micro_batch <= 1:
-                raise UserError(
-                    "out of GPU memory even with a micro-batch of 1 clip: lower --segment_size, prepare "
-                    "shorter clips (prepare_data.py --max_seconds), use --bf16/--fp16, or a smaller model"
+            micro = None
+            if self.trial is not None:
+                larger = [m for m in self.trial.sizes if m > failed]
+                s.log(
+                    f"micro-batch trial: {failed} clips ran out of memory at step {s.budget.global_step + 1}: "
+                    f"ruled out{' with ' + ', '.join(map(str, larger)) if larger else ''}"
                 )
-            s.state.split *= 2
-            s.log(
-                f"out of memory at step {s.budget.global_step + 1}: micro-batch {micro_batch} -> "
-                f"{math.ceil(s.cfg.batch_size / s.state.split)} clips, gradient accumulation "
-                f"{self.accumulation * s.state.split // 2} -> {self.accumulation * s.state.split} "
-                f"(same effective batch); retrying the step"
-            )
-            self.metrics.write({"event": "oom", "step": s.budget.global_step, "split": s.state.split})
+                self.metrics.write(
+                    {"event": "oom", "step": s.budget.global_step, "micro_batch_size": failed, "trial": True}
+                )
+                self.trial.exclude(failed)
+                if not self.trial.done:
+                    micro = self.micro_size()
+                else:
+                    self.finish_trial()
+                    if s.state.micro_batch_size < failed:  # a smaller size was measured: it fits
+                        micro = self.micro_size()
+            if micro is None:
+                before = failed
+                if before <= 1:
+                    raise UserError(
+                        "out of GPU memory even with a micro-batch of 1 clip: lower --segment_size, prepare "
+                        "shorter clips (prepare_data.py --max_seconds), use --bf16/--fp16, or a smaller model"
+                    )
+                s.state.split *= 2
+                micro = self.micro_size()
+                s.log(
+                    f"out of memory at step {s.budget.global_step + 1}: micro-batch {before} -> {micro} "
+                    f"clips, gradient accumulation {accumulation_for(self.step_clips, before)} -> "
+                    f"{accumulation_for(self.step_clips, micro)} (same effective batch); retrying the step"
+                )
+                self.metrics.write({"event": "oom", "step": s.budget.global_step, "split": s.state.split})
             try:
-                result = None
-                for m, batch in enumerate(pending):
-                    result = self.run_batch(batch, m, cycle_length, window)
-                return result
+                return self.run_cycle(pending, micro, window), micro
             except Exception as err:
                 if not is_out_of_memory(err):
                     raise
+                failed = micro
+
+    # ---- the micro-batch choice (microbatch.py) -------------------------------------------------------
+
+    def describe_micro(self, micro: int) -> str:
+        per = " per process" if self.s.accelerator.num_processes > 1 else ""
+        return (
+            f"{micro} clips x {accumulation_for(self.step_clips, micro)} (gradient accumulation) = "
+            f"{self.step_clips} clips per optimiser step{per}"
+        )
+
+    def start_micro_batch(self) -> None:
+        """Before the first step: a forced size, a resumed run's choice, or a trial (or no choice to make)."""
+        s, cfg, state = self.s, self.s.cfg, self.s.state
+        forced = cfg.forced_micro_batch()
+        here = hardware_id(s.device)
+        if forced is not None:
+            if state.micro_batch_size != forced:
+                state.split = 1  # the user's size: an earlier run's out-of-memory division no longer applies
+            state.micro_batch_size, state.micro_batch_hardware = forced, here
+            s.log(f"micro-batch: {self.describe_micro(forced)} (--micro_batch_size {forced})")
+            return
+        options = candidates(cfg)
+        chosen = state.micro_batch_size
+        keep = chosen is not None and state.micro_batch_hardware == here and self.step_clips % chosen == 0
+        if self.agree(keep):  # rank 0's view: every rank must trial, or not, together
+            s.log(f"micro-batch: {self.describe_micro(self.micro_size())} (chosen earlier on this hardware)")
+            return
+        if chosen is not None:  # (a checkpoint of an older version chose nothing: its split stays)
+            changed = state.micro_batch_hardware != here
+            reason = f"the hardware changed (was {state.micro_batch_hardware})" if changed else "a new batch"
+            s.log(f"micro-batch: {reason}: a new trial")
+            state.split = 1
+        state.micro_batch_hardware, state.micro_batch_trial = here, None
+        if len(options) == 1:
+            state.micro_batch_size = options[0]
+            return
+        steps, why = self.trial_length(len(options))
+        steps = self.shared_int(steps)
+        if steps == 0:
+            state.micro_batch_size = cfg.batch_size
+            if s.is_main:
+                s.log(
+                    f"micro-batch trial skipped ({why}): {self.describe_micro(cfg.batch_size)} (--batch_size)"
+                )
+            return
+        state.micro_batch_size = None
+        self.trial, self.trial_steps = MicroBatchTrial(options, steps), []
+        if s.is_main:
+            s.log(
+                f"micro-batch trial: {', '.join(map(str, options))} clips per pass, {steps} training steps each "
+                f"(the first a warm-up){' (' + why + ')' if why else ''}; the fastest is kept"
+            )
+
+    def trial_length(self, sizes: int) -> tuple[int, str]:
+        """Steps per size the trial can afford (rank 0's clock), and why it is short or skipped."""
+        s, budget = self.s, self.s.budget
+        step = budget.typical_step_seconds()  # an estimate before the first step (0 if none)
+        left = budget.training_end() - budget.clock()
+        steps_left = s.cfg.max_steps - budget.global_step if s.cfg.max_steps else None
+        for steps in (TRIAL_STEPS, TRIAL_STEPS_SHORT):
+            if sizes * steps * step > TRIAL_SHARE * left:
+                continue
+            if steps_left is not None and sizes * steps > steps_left:
+                continue
+            if steps == TRIAL_STEPS:
+                return steps, ""
+            short_by_steps = steps_left is not None and sizes * TRIAL_STEPS > steps_left
+            return steps, f"shortened: {'--max_steps' if short_by_steps else 'the budget'} is short"
+        if steps_left is not None and sizes * TRIAL_STEPS_SHORT > steps_left:
+            return 0, f"--max_steps leaves {steps_left} steps, it needs {sizes * TRIAL_STEPS_SHORT}"
+        return 0, (
+            f"the budget cannot afford it: ~{sizes * TRIAL_STEPS_SHORT * step:.0f} s of "
+            f"{max(0.0, left):.0f} s of training"
+        )
+
+    def finish_trial(self) -> None:
+        """The trial is over (or cut short by an out-of-memory error): rank 0's fastest size for all."""
+        s, trial = self.s, self.trial
+        assert trial is not None
+        self.trial = None
+        fastest = trial.fastest()
+        chosen = self.shared_int(fastest if fastest is not None else (trial.sizes or [s.cfg.batch_size])[0])
+        s.state.micro_batch_size, s.state.micro_batch_trial = chosen, trial.table()
+        # the chosen size's steps after its warm-up measured the run from here on: the benchmark keeps them
+        ran = [(sec, n, clean) for size, sec, n, clean in self.trial_steps if size == chosen][1:]
+        s.budget.add_measurements([(sec, n) for sec, n, clean in ran if clean])
+        requested, rate = trial.seconds_per_sample(s.cfg.batch_size), trial.seconds_per_sample(chosen)
+        ratio = f", {requested / rate:.2f}x the requested {s.cfg.batch_size}" if requested and rate else ""
+        s.log(trial.describe())
+        s.log(f"micro-batch: {self.describe_micro(chosen)}: the fastest in the trial{ratio}")
+        self.metrics.write(
+            {"event": "micro_batch", "step": s.budget.global_step, "chosen": chosen, "trial": trial.table()}
+        )
+
+    def micro_batch_used(self) -> dict:
+        """The micro-batch size and gradient accumulation the run trains with (the last step's)."""
+        micro = self.last_micro or self.micro_size()
+        return {
+            "micro_batch_size": micro,
+            "gradient_accumulation_steps": accumulation_for(self.step_clips, micro),
+        }
 
     def after_step(self, result, pending: list[dict]) -> None:
         """Count skipped (non-finite) steps; after too many in a row, recover."""
@@ -712,6 +874,8 @@ class Trainer:
             "preload_seconds": s.preload_seconds,
             "skipped_steps": state.skipped_steps,
             "plan": first.to_dict() if first else None,
+            **self.micro_batch_used(),
+            "micro_batch_trial": state.micro_batch_trial,
             "final_model": str(exported) if exported else None,
             "last_checkpoint": str(self.last_checkpoint) if self.last_checkpoint else None,
             "best_model": str(best) if best is not None else None,

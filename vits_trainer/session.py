@@ -273,6 +273,7 @@ def check_inputs(cfg: TrainConfig) -> None:
     ):
         if folder.exists() and not folder.is_dir():
             raise UserError(f"{flag} {folder}: exists and is not a folder")
+    cfg.forced_micro_batch()  # a resumed run's --micro_batch_size must still divide its step's batch
 
 
 def check_disk_space(folders: list[Path], needed: int) -> None:
@@ -479,7 +480,7 @@ def _build_session(
     )
     apply_lr_scale(session)  # the peak is always this session's --learning_rate (x recoveries' scale)
     if state.split > 1:
-        log(f"micro-batch: each batch runs in {state.split} parts (an earlier out-of-memory retry)")
+        log(f"micro-batch: divided by {state.split} (an earlier out-of-memory retry)")
     return session
 
 

@@ -45,7 +45,12 @@ class TrainState:
     recoveries: int = 0  # reloads after too many consecutive skipped steps
     lr_scale: float = 1.0  # halved by each recovery
     precision: str | None = None  # set when a recovery left fp16/bf16; a resumed session keeps it
-    split: int = 1  # each batch runs as this many micro-batches (doubled by each out-of-memory retry)
+    split: int = 1  # the micro-batch is divided by this (doubled by each out-of-memory retry)
+    # clips per micro-batch (microbatch.py): chosen by the trial or --micro_batch_size, before any
+    # out-of-memory split; None until chosen. A resumed run on the same hardware keeps it.
+    micro_batch_size: int | None = None
+    micro_batch_hardware: str | None = None  # microbatch.hardware_id of the machine that chose it
+    micro_batch_trial: list[dict] | None = None  # the trial's table (microbatch.MicroBatchTrial.table)
     sessions: int = 0
     val_history: list[dict] = field(default_factory=list)
     best_model_step: int | None = None  # the step whose weights <checkpoint_dir>/best_model/ holds

@@ -1,0 +1,200 @@
+"""The micro-batch choice (--micro_batch_size auto|N, vits_trainer/microbatch.py): the trial trains, keeps
+the clips of every optimiser step, survives an out-of-memory size, is kept on resume, and is the same
+on every process. Timing-free: which size wins is never asserted, only that the rules hold."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+
+import pytest
+import torch
+
+from tests.helpers import PYTHON, ROOT, cli_args, cli_settings, tiny_config, train_tiny
+from vits_trainer import loop as loop_module
+from vits_trainer.errors import UserError
+from vits_trainer.microbatch import MicroBatchTrial, candidates, merge_batches, micro_batches
+from vits_trainer.step import GanStep
+
+pytestmark = pytest.mark.slow
+
+
+def record_steps(monkeypatch) -> list[dict]:
+    """Each optimiser step's loader batches (clip indices) and the micro-batches they ran as."""
+    steps = []
+    real = loop_module.micro_batches
+
+    def recording(pending, micro):
+        parts = real(pending, micro)
+        steps.append(
+            {
+                "indices": sorted(i for b in pending for i in b["indices"].tolist()),
+                "parts": [p["input_ids"].size(0) for p in parts],
+                "micro": micro,
+            }
+        )
+        return parts
+
+    monkeypatch.setattr(loop_module, "micro_batches", recording)
+    return steps
+
+
+def test_sizes_and_flag_errors(tmp_path, tiny_model_dir, tone_corpus):
+    cfg = tiny_config(tmp_path, tone_corpus, tiny_model_dir, batch_size=6, gradient_accumulation_steps=4)
+    assert candidates(cfg) == [6, 8, 12, 24] and cfg.forced_micro_batch() is None
+    assert tiny_config(tmp_path, tone_corpus, tiny_model_dir, micro_batch_size="4").forced_micro_batch() == 4
+    for bad in ("12", "32", "0", "many"):  # 12 does not divide 16, 32 exceeds it: an error, never a rounding
+        with pytest.raises(UserError, match="--micro_batch_size"):
+            tiny_config(
+                tmp_path, tone_corpus, tiny_model_dir, gradient_accumulation_steps=2, micro_batch_size=bad
+            )
+    # merging and re-cutting keeps every clip, each part trimmed to its own longest clip
+    a = {
+        "input_ids": torch.ones(2, 3),
+        "attention_mask": torch.ones(2, 3),
+        "audio": torch.ones(2, 1, 5),
+        "audio_lengths": torch.tensor([5, 5]),
+    }
+    b = {
+        "input_ids": torch.ones(2, 1),
+        "attention_mask": torch.ones(2, 1),
+        "audio": torch.ones(2, 1, 2),
+        "audio_lengths": torch.tensor([2, 2]),
+    }
+    merged = merge_batches([a, b])
+    assert merged["audio"].shape == (4, 1, 5) and merged["audio"][2:, :, 2:].abs().sum() == 0
+    parts = micro_batches([a, b], 2)
+    assert [p["audio"].shape[-1] for p in parts] == [5, 2] and micro_batches([a, b], 2)[0][
+        "input_ids"
+    ].shape == (2, 3)
+    # an OOM rules out the size and every larger one
+    trial = MicroBatchTrial([8, 16, 32], 2)
+    for t in (1.0, 0.5, 1.0, 0.4):
+        trial.observe(trial.current(), t * 16, 16)
+    trial.exclude(32)
+    assert trial.done and trial.fastest() == 16 and trial.excluded == [32]
+
+
+def test_the_choice_keeps_every_steps_clips(tmp_path, tiny_model_dir, tone_corpus, monkeypatch, capsys):
+    steps = record_steps(monkeypatch)
+    session, summary = train_tiny(
+        tmp_path, tone_corpus, tiny_model_dir, gradient_accumulation_steps=2, max_steps=10
+    )
+    out = capsys.readouterr().out
+    assert "micro-batch trial: 8, 16 clips per pass, 4 training steps each" in out
+    assert "micro-batch: " in out and "the fastest in the trial" in out
+    assert summary["steps"] == 10 and len(steps) == 10
+    assert [s["micro"] for s in steps[:8]] == [8] * 4 + [16] * 4  # the trial's steps train
+    chosen = summary["micro_batch_size"]
+    assert chosen in (8, 16) and summary["gradient_accumulation_steps"] == 16 // chosen
+    assert {s["micro"] for s in steps[8:]} == {chosen}
+    assert [row["micro_batch_size"] for row in summary["micro_batch_trial"]] == [8, 16]
+    # every step trained on exactly the clips of its two loader batches, in the sampler's order: the
+    # same clips per optimiser step whatever the micro-batch
+    sampler, expected = session.sampler, []
+    for epoch in range(4):
+        sampler.set_epoch(epoch)
+        sampler.set_start(0)
+        batches = list(iter(sampler))
+        expected += [
+            sorted(batches[k] + (batches[k + 1] if k + 1 < len(batches) else []))
+            for k in range(0, len(batches), 2)
+        ]
+    assert [s["indices"] for s in steps] == expected[:10]
+    for s in steps:
+        assert sum(s["parts"]) == len(s["indices"]) and max(s["parts"]) <= s["micro"]
+    state = json.loads((tmp_path / "checkpoints" / "step_00000010" / "trainer_state.json").read_text())
+    assert state["micro_batch_size"] == chosen and state["gradient_accumulation_steps"] == 16 // chosen
+    assert state["train_state"]["micro_batch_size"] == chosen
+
+
+def test_simulated_out_of_memory_rules_a_size_out(tmp_path, tiny_model_dir, tone_corpus, monkeypatch, capsys):
+    real = GanStep.micro_step
+
+    def small_only(self, batch, first, last, scale):
+        if batch["input_ids"].size(0) > 8:  # simulated: no GPU here, so a real OOM cannot happen
+            raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB")
+        return real(self, batch, first, last, scale)
+
+    monkeypatch.setattr(GanStep, "micro_step", small_only)
+    session, summary = train_tiny(
+        tmp_path, tone_corpus, tiny_model_dir, gradient_accumulation_steps=2, max_steps=10
+    )
+    out = capsys.readouterr().out
+    # steps 1-4 at 8 clips, then 16 clips at step 5
+    assert "micro-batch trial: 16 clips ran out of memory at step 5: ruled out" in out
+    assert "16 clips: out of memory" in out
+    assert summary["steps"] == 10 and summary["skipped_steps"] == 0  # training went on
+    assert summary["micro_batch_size"] == 8 and summary["gradient_accumulation_steps"] == 2
+    assert session.state.split == 1  # the trial's OOM did not halve the chosen size
+    rows = {r["micro_batch_size"]: r for r in summary["micro_batch_trial"]}
+    assert rows[16]["out_of_memory"] and not rows[8]["out_of_memory"]
+
+
+def test_resume_keeps_the_choice_unless_the_hardware_changed(
+    tmp_path, tiny_model_dir, tone_corpus, monkeypatch, capsys
+):
+    _, first = train_tiny(tmp_path, tone_corpus, tiny_model_dir, gradient_accumulation_steps=2, max_steps=9)
+    chosen = first["micro_batch_size"]
+    capsys.readouterr()
+    steps = record_steps(monkeypatch)
+    _, second = train_tiny(tmp_path, tone_corpus, tiny_model_dir, gradient_accumulation_steps=2, max_steps=11)
+    out = capsys.readouterr().out
+    assert "chosen earlier on this hardware" in out and "micro-batch trial" not in out
+    assert second["micro_batch_size"] == chosen and {s["micro"] for s in steps} == {chosen}
+    assert second["micro_batch_trial"] == first["micro_batch_trial"]
+    # --micro_batch_size N wins on resume
+    _, forced = train_tiny(
+        tmp_path,
+        tone_corpus,
+        tiny_model_dir,
+        gradient_accumulation_steps=2,
+        max_steps=12,
+        micro_batch_size="4",
+    )
+    assert "(--micro_batch_size 4)" in capsys.readouterr().out and forced["micro_batch_size"] == 4
+    # other hardware: a new trial
+    monkeypatch.setattr(loop_module, "hardware_id", lambda device: "cuda: another machine; 64 CPUs")
+    _, moved = train_tiny(tmp_path, tone_corpus, tiny_model_dir, gradient_accumulation_steps=2, max_steps=20)
+    out = capsys.readouterr().out
+    assert "the hardware changed" in out and "micro-batch trial: 8, 16 clips per pass" in out
+    assert moved["steps"] == 20 and moved["micro_batch_size"] in (8, 16)
+
+
+def test_a_short_run_skips_the_trial(tmp_path, tiny_model_dir, tone_corpus, capsys):
+    _, summary = train_tiny(tmp_path, tone_corpus, tiny_model_dir, gradient_accumulation_steps=2, max_steps=3)
+    out = capsys.readouterr().out
+    assert "micro-batch trial skipped (--max_steps leaves 3 steps, it needs 4)" in out
+    assert summary["micro_batch_size"] == 8 and summary["micro_batch_trial"] is None
+
+
+def test_two_processes_agree_on_one_choice(tmp_path, tiny_model_dir, tone_corpus):
+    settings = cli_settings(
+        tmp_path, tone_corpus, tiny_model_dir, gradient_accumulation_steps=2, max_steps=10, target_hours=0.15
+    )
+    cmd = [
+        PYTHON,
+        "-m",
+        "accelerate.commands.launch",
+        "--multi_gpu",
+        "--num_processes",
+        "2",
+        "--num_machines",
+        "1",
+        "--mixed_precision",
+        "no",
+        "--dynamo_backend",
+        "no",
+        "--main_process_port",
+        "29547",
+        str(ROOT / "tests" / "mp_microbatch.py"),
+        *cli_args(settings),
+    ]
+    env = dict(os.environ, MICRO_OUT=str(tmp_path))
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=600, env=env)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    assert "cpu:0 ×2" in proc.stdout and "micro-batch trial: 8, 16 clips per pass" in proc.stdout
+    ranks = [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in (0, 1)]
+    # rank 1's own timings favour 16; rank 0 decides (8) and both train with it
+    assert ranks[0] == ranks[1] == {"chosen": 8, "last": 8}
