@@ -53,6 +53,7 @@ import torch  # noqa: E402
 from vits_trainer.config import TrainConfig  # noqa: E402
 from vits_trainer.dataset import ClipDataset, collate_batch  # noqa: E402
 from vits_trainer.evaluate import move_batch  # noqa: E402
+from vits_trainer.fresh_init import init_like_vits  # noqa: E402
 from vits_trainer.loop import gan_step  # noqa: E402
 from vits_trainer.profiling import NO_TIMER, SectionTimer  # noqa: E402
 from vits_trainer.runtime import quiet_transformers  # noqa: E402
@@ -79,7 +80,9 @@ def make_model_dir(kind: str, folder: Path) -> Path:
 
     tokenizer = make_tokenizer(folder, MMS_CHARACTERS)
     torch.manual_seed(0)
-    VitsModel(VitsConfig(vocab_size=len(tokenizer))).save_pretrained(folder)
+    model = VitsModel(VitsConfig(vocab_size=len(tokenizer)))
+    init_like_vits(model)  # VITS's own initialisation: transformers' overflows fp16 (fresh_init.py)
+    model.save_pretrained(folder)
     return folder
 
 

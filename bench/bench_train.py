@@ -41,6 +41,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from vits_trainer.config import TrainConfig  # noqa: E402
+from vits_trainer.fresh_init import init_like_vits  # noqa: E402
 from vits_trainer.synthetic import make_corpus  # noqa: E402
 from vits_trainer.tiny import make_tiny_model, make_tokenizer  # noqa: E402
 
@@ -66,7 +67,9 @@ def make_model(kind: str, folder: Path) -> tuple[Path, float]:
 
     tokenizer = make_tokenizer(folder)
     torch.manual_seed(0)
-    VitsModel(VitsConfig(vocab_size=len(tokenizer), pad_token_id=0)).save_pretrained(folder)
+    model = VitsModel(VitsConfig(vocab_size=len(tokenizer), pad_token_id=0))
+    init_like_vits(model)  # VITS's own initialisation: transformers' overflows fp16 (fresh_init.py)
+    model.save_pretrained(folder)
     return folder, 1.0
 
 

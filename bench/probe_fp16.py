@@ -1,6 +1,7 @@
 """Which module's output or gradient leaves fp16's range on a fresh VITS, forward AND backward (CPU autocast).
 
-    python bench/probe_fp16.py mms fp16 1024     # model size (mms|tiny), dtype (fp16|bf16), loss scale
+    python bench/probe_fp16.py mms fp16 1024 vits  # model size (mms|tiny), dtype (fp16|bf16), loss scale,
+                                                   # init: transformers (its _init_weights) | vits (fresh_init)
 
 One GAN step (D pass, G pass) on 2 synthetic clips under torch.autocast("cpu"); hooks on every module
 record the max |output| and max |gradient w.r.t. the output|; prints the tensors out of fp16 range
@@ -19,6 +20,7 @@ import torch
 from transformers import VitsConfig, VitsModel
 
 from vits_trainer.discriminator import DiscriminatorConfig, VitsDiscriminator
+from vits_trainer.fresh_init import init_like_vits
 from vits_trainer.losses import (
     LossWeights,
     discriminator_loss,
@@ -33,6 +35,7 @@ from vits_trainer.vits import VitsGenerator, apply_decoder_weight_norm
 size = sys.argv[1] if len(sys.argv) > 1 else "mms"
 dtype = {"fp16": torch.float16, "bf16": torch.bfloat16}[sys.argv[2] if len(sys.argv) > 2 else "fp16"]
 scale = float(sys.argv[3]) if len(sys.argv) > 3 else 1.0
+init = sys.argv[4] if len(sys.argv) > 4 else "transformers"
 FP16_MAX = 65504.0
 tok = make_tokenizer("/tmp/h13c/tok")
 torch.manual_seed(0)
@@ -42,6 +45,8 @@ if size == "mms":
 else:
     model = VitsModel(tiny_config(len(tok)))
     width = 0.125
+if init == "vits":
+    init_like_vits(model)
 apply_decoder_weight_norm(model)
 gen = VitsGenerator(model, segment_frames=32, mas_backend="auto")
 disc = VitsDiscriminator(DiscriminatorConfig(width=width))
@@ -112,7 +117,7 @@ events.append(("mark", "--- D pass", "", 0, True))
 with torch.autocast("cpu", dtype=dtype):
     logits, _ = disc(torch.cat([real, fake.detach()], 0))
 n = 2
-loss_d, _, _ = discriminator_loss([x[:n] for x in logits], [x[n:] for x in logits])
+loss_d = discriminator_loss(logits, n)
 (loss_d * scale).backward()
 events.append(("mark", "--- G pass", "", 0, True))
 disc.requires_grad_(False)
@@ -123,10 +128,8 @@ losses = {
     "mel": out.mel,
     "kl": out.kl,
     "duration": out.duration,
-    "adversarial": generator_adversarial_loss([x[n:] for x in logits]),
-    "feature_matching": feature_matching_loss(
-        [[f[:n] for f in fs] for fs in feats], [[f[n:] for f in fs] for fs in feats]
-    ),
+    "adversarial": generator_adversarial_loss(logits, n),
+    "feature_matching": feature_matching_loss(feats, n),
 }
 loss_g = generator_total(losses, LossWeights())
 print("losses", {k: float(v) for k, v in losses.items()}, "loss_d", float(loss_d))

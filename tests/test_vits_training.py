@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 import time
 
 import numpy as np
@@ -105,7 +106,14 @@ def test_every_generator_and_discriminator_parameter_gets_a_gradient(fresh_sessi
         assert p.grad is not None, f"{name} got no gradient"
         assert torch.isfinite(p.grad).all(), name
     no_signal = [n for n, p in s.generator_raw.named_parameters() if p.grad.abs().sum() == 0]
-    assert not no_signal, no_signal
+    # a fresh model starts its flows as identities (fresh_init.py: zero output convolutions), so on the
+    # first step the layers whose only way to the loss is through such an output see no gradient (the
+    # coupling layers' networks, the duration predictor's conditioning); the zero outputs themselves do
+    behind_zero_output = re.compile(
+        r"model\.(flow\.flows\.\d+\.(?!conv_post)|duration_predictor\.(?!(post_)?flows\.\d+\.conv_proj))"
+    )
+    unexpected = [n for n in no_signal if not behind_zero_output.match(n)]
+    assert not unexpected, "\n".join(unexpected)
 
 
 def test_generator_step_leaves_no_gradient_in_the_discriminator(fresh_session):

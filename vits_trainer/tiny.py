@@ -67,12 +67,16 @@ def make_tokenizer(out_dir: str | Path, characters: str = ALPHABET + " ") -> Vit
 def make_tiny_model(
     out_dir: str | Path, characters: str = ALPHABET + " ", num_speakers: int = 1, seed: int = 0, **overrides
 ) -> Path:
-    """Save a freshly initialised tiny VitsModel and its tokenizer to `out_dir`; return the path."""
+    """Save a freshly initialised tiny VitsModel (VITS's own initialisation, fresh_init.py) and its
+    tokenizer to `out_dir`; return the path."""
     import torch
+
+    from .fresh_init import init_like_vits
 
     out_dir = Path(out_dir)
     tokenizer = make_tokenizer(out_dir, characters)
     torch.manual_seed(seed)
     model = VitsModel(tiny_config(len(tokenizer), num_speakers=num_speakers, **overrides))
+    init_like_vits(model)
     model.save_pretrained(out_dir)
     return out_dir
