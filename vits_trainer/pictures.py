@@ -67,6 +67,14 @@ def _pyplot():
     return plt
 
 
+def warm_up_pictures() -> None:
+    """matplotlib's import and first drawing (fonts, backend): a one-time cost, paid before timing."""
+    plt = _pyplot()
+    fig = plt.figure(figsize=(1, 1))
+    fig.canvas.draw()
+    plt.close(fig)
+
+
 def _save(fig, out: Path) -> Path:
     plt = _pyplot()
     fig.tight_layout()
