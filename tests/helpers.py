@@ -109,3 +109,25 @@ def ended_near_the_budget(summary: dict, target: float, fraction: float) -> bool
         return True
     stop = summary.get("budget_stop")
     return bool(stop) and stop["seconds_left"] < stop["next_step_seconds"] + stop["final_reserve_seconds"]
+
+
+def two_cpu_processes(script: Path, port: int) -> list[str]:
+    """`accelerate launch` of `script` as two CPU processes (gloo; --multi_gpu is how accelerate's
+    torchrun launcher starts them on a machine without GPUs), fp32, no dynamo."""
+    return [
+        PYTHON,
+        "-m",
+        "accelerate.commands.launch",
+        "--multi_gpu",
+        "--num_processes",
+        "2",
+        "--num_machines",
+        "1",
+        "--mixed_precision",
+        "no",
+        "--dynamo_backend",
+        "no",
+        "--main_process_port",
+        str(port),
+        str(script),
+    ]

@@ -11,7 +11,7 @@ import subprocess
 import pytest
 import torch
 
-from tests.helpers import PYTHON, ROOT, cli_args, cli_settings, tiny_config, train_tiny
+from tests.helpers import ROOT, cli_args, cli_settings, tiny_config, train_tiny, two_cpu_processes
 from vits_trainer import loop as loop_module
 from vits_trainer.errors import UserError
 from vits_trainer.microbatch import MicroBatchTrial, candidates, merge_batches, micro_batches
@@ -173,24 +173,7 @@ def test_two_processes_agree_on_one_choice(tmp_path, tiny_model_dir, tone_corpus
     settings = cli_settings(
         tmp_path, tone_corpus, tiny_model_dir, gradient_accumulation_steps=2, max_steps=10, target_hours=0.15
     )
-    cmd = [
-        PYTHON,
-        "-m",
-        "accelerate.commands.launch",
-        "--multi_gpu",
-        "--num_processes",
-        "2",
-        "--num_machines",
-        "1",
-        "--mixed_precision",
-        "no",
-        "--dynamo_backend",
-        "no",
-        "--main_process_port",
-        "29547",
-        str(ROOT / "tests" / "mp_microbatch.py"),
-        *cli_args(settings),
-    ]
+    cmd = [*two_cpu_processes(ROOT / "tests" / "mp_microbatch.py", 29547), *cli_args(settings)]
     env = dict(os.environ, MICRO_OUT=str(tmp_path))
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=600, env=env)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]

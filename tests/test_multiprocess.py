@@ -11,33 +11,15 @@ from pathlib import Path
 import pytest
 from transformers import VitsModel
 
-from tests.helpers import PYTHON, ROOT, cli_args, cli_settings, ended_near_the_budget
+from tests.helpers import ROOT, cli_args, cli_settings, ended_near_the_budget, two_cpu_processes
 
 pytestmark = pytest.mark.slow
 
+
 # `accelerate launch`, run with this interpreter (its console script may not be on PATH in CI)
-ACCELERATE = [PYTHON, "-m", "accelerate.commands.launch"]
-
-
 def launch(tmp: Path, data: Path, model: Path, seconds: float) -> tuple[subprocess.CompletedProcess, float]:
     settings = cli_settings(tmp, data, model, target_hours=seconds / 3600, save_minutes=0.25)
-    # on a CPU-only machine accelerate's torchrun launcher (--multi_gpu) starts gloo processes
-    cmd = [
-        *ACCELERATE,
-        "--multi_gpu",
-        "--num_processes",
-        "2",
-        "--num_machines",
-        "1",
-        "--mixed_precision",
-        "no",
-        "--dynamo_backend",
-        "no",
-        "--main_process_port",
-        "29533",
-        str(ROOT / "train_vits.py"),
-        *cli_args(settings),
-    ]
+    cmd = [*two_cpu_processes(ROOT / "train_vits.py", 29533), *cli_args(settings)]
     start = time.monotonic()
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=seconds * 3 + 120)
     return proc, time.monotonic() - start
