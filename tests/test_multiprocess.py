@@ -16,7 +16,7 @@ from tests.helpers import ROOT, cli_args, cli_settings, ended_near_the_budget, t
 pytestmark = pytest.mark.slow
 
 
-# `accelerate launch`, run with this interpreter (its console script may not be on PATH in CI)
+# `accelerate launch` with this interpreter (its console script may not be on PATH in CI): helpers.two_cpu_processes
 def launch(tmp: Path, data: Path, model: Path, seconds: float) -> tuple[subprocess.CompletedProcess, float]:
     settings = cli_settings(tmp, data, model, target_hours=seconds / 3600, save_minutes=0.25)
     cmd = [*two_cpu_processes(ROOT / "train_vits.py", 29533), *cli_args(settings)]
