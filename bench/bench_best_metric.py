@@ -53,8 +53,10 @@ from vits_trainer.checkpoint import list_checkpoints, verify_checkpoint  # noqa:
 from vits_trainer.config import TrainConfig  # noqa: E402
 from vits_trainer.dataset import BucketBatchSampler, build_items, load_clip_store, make_loader  # noqa: E402
 from vits_trainer.demo import DEMO_SETTINGS  # noqa: E402
+from vits_trainer.errors import UserError  # noqa: E402
 from vits_trainer.evaluate import evaluate, evaluate_per_clip  # noqa: E402
 from vits_trainer.freerun import dtw_scores, free_running_eval, speak  # noqa: E402
+from vits_trainer.runlock import RunLock  # noqa: E402
 from vits_trainer.synthetic import make_corpus  # noqa: E402
 from vits_trainer.tiny import make_tiny_model  # noqa: E402
 from vits_trainer.trainstate import LoadedCheckpoint  # noqa: E402
@@ -544,7 +546,16 @@ def main() -> None:
     grd.add_argument("--work", default=str(RESULTS / "best_metric_work"))
     args = parser.parse_args()
     torch.set_num_threads(max(1, min(2, os.cpu_count() or 1)))
-    {"select": cmd_select, "guard": cmd_guard}[args.what](args)
+    # one bench per --work: a second one would remove the first's (marked) scratch folders under it
+    try:
+        lock = RunLock.acquire(Path(args.work), "--work")
+    except UserError as err:
+        sys.exit(f"error: {err}")
+    try:
+        {"select": cmd_select, "guard": cmd_guard}[args.what](args)
+    finally:
+        if lock is not None:
+            lock.release()
 
 
 if __name__ == "__main__":
