@@ -47,6 +47,7 @@ from .microbatch import (
     candidates,
     hardware_id,
     micro_batches,
+    per_process_batch,
 )
 from .pictures import alignment_paths, log_images_to_trackers, warm_up_pictures, write_pictures
 from .recovery import (
@@ -121,7 +122,7 @@ class Trainer:
         self.metrics = MetricsLog(session.checkpoint_dir / "metrics.jsonl", session.is_main)
         self.step_fn = gan_step(session)
         self.accumulation = cfg.gradient_accumulation_steps  # loader batches per optimiser step
-        self.step_clips = cfg.batch_size * cfg.gradient_accumulation_steps  # per process
+        self.step_clips = per_process_batch(cfg)  # clips per optimiser step, per process
         self.trial: MicroBatchTrial | None = None  # the micro-batch trial while it runs
         self.trial_steps: list[tuple[int, float, int, bool]] = []  # (size, seconds, samples, clean)
         self.last_micro: int | None = None  # the micro-batch size the last step ran at
@@ -171,12 +172,7 @@ class Trainer:
 
     def agree(self, flag: bool) -> bool:
         """The main process's yes/no on every rank (decisions that lead to collective operations)."""
-        s = self.s
-        if s.accelerator.num_processes == 1:
-            return flag
-        from accelerate.utils import broadcast
-
-        return bool(broadcast(torch.tensor([float(flag)], device=s.device), from_process=0).item())
+        return bool(self.shared_int(int(flag)))
 
     def shared_int(self, value: int) -> int:
         """The main process's integer on every rank."""
@@ -770,12 +766,12 @@ class Trainer:
         if clips <= 0:
             return
         per_clip = s.budget.eval_seconds() / clips
-        samples = s.cfg.batch_size * self.accumulation * s.accelerator.num_processes
+        samples = self.step_clips * s.accelerator.num_processes
         s.budget.set_estimates(step_seconds=STEP_SECONDS_PER_EVAL_CLIP_SECONDS * per_clip * samples)
 
     def make_plan(self, progress: Progress) -> None:
-        s, cfg = self.s, self.s.cfg
-        effective = cfg.batch_size * self.accumulation * s.accelerator.num_processes
+        s = self.s
+        effective = self.step_clips * s.accelerator.num_processes
         plan = s.budget.plan(s.data.samples_per_epoch, effective)
         s.log(plan.describe())
         self.report_warmup_cap()

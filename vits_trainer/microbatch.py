@@ -36,11 +36,6 @@ def per_process_batch(cfg) -> int:
     return cfg.batch_size * cfg.gradient_accumulation_steps
 
 
-def forced_size(cfg) -> int | None:
-    """`--micro_batch_size N` as an int; None for auto. A bad value is a UserError."""
-    return cfg.forced_micro_batch()
-
-
 def candidates(cfg) -> list[int]:
     """The sizes a trial tries: from --batch_size up to the whole step's batch, those that divide it."""
     batch = per_process_batch(cfg)
