@@ -13,9 +13,9 @@ import argparse
 import sys
 from pathlib import Path
 
-from vits_trainer.corpus import FORMATS
+from vits_trainer.data.corpus import FORMATS
+from vits_trainer.data.prepare import PrepareSettings, default_workers, prepare
 from vits_trainer.errors import ArgumentParser, run_cli
-from vits_trainer.prepare import PrepareSettings, default_workers, prepare
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -18,16 +18,16 @@ from __future__ import annotations
 
 import sys
 
-from vits_trainer.runtime import configure_threads, process_start_time
+from vits_trainer.training.runtime import configure_threads, process_start_time
 
 PROCESS_START = process_start_time()  # before the heavy imports: they count against the budget too
 configure_threads()  # before torch and numba load: they read the thread settings once
 
 
 def main(argv: list[str] | None = None) -> int:
-    from vits_trainer.config import add_arguments, parse_config
     from vits_trainer.errors import ArgumentParser
-    from vits_trainer.feedback import HIDDEN_FLAGS, FeedbackConfig, run_feedback
+    from vits_trainer.training.config import add_arguments, parse_config
+    from vits_trainer.training.feedback import HIDDEN_FLAGS, FeedbackConfig, run_feedback
 
     parser = ArgumentParser(description=__doc__.split("\n\n")[0])
     add_arguments(parser, FeedbackConfig, skip=HIDDEN_FLAGS)

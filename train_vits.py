@@ -14,16 +14,16 @@ from __future__ import annotations
 
 import sys
 
-from vits_trainer.runtime import configure_threads, process_start_time
+from vits_trainer.training.runtime import configure_threads, process_start_time
 
 PROCESS_START = process_start_time()  # before the heavy imports: they count against the budget too
 configure_threads()  # before torch and numba load: they read the thread settings once
 
 
 def main(argv: list[str] | None = None) -> int:
-    from vits_trainer.config import TrainConfig, add_arguments, parse_config
-    from vits_trainer.demo import apply_demo_settings
     from vits_trainer.errors import ArgumentParser
+    from vits_trainer.training.config import TrainConfig, add_arguments, parse_config
+    from vits_trainer.training.demo import apply_demo_settings
 
     parser = ArgumentParser(description=__doc__.split("\n\n")[0])
     add_arguments(parser, TrainConfig)
@@ -35,9 +35,9 @@ def main(argv: list[str] | None = None) -> int:
 
     check_train_paths(cfg)  # overlapping folders, a folder the export would wrongly replace: before any work
 
-    from vits_trainer.loop import Trainer
-    from vits_trainer.resume_settings import resume_command
-    from vits_trainer.session import build_session
+    from vits_trainer.training.loop import Trainer
+    from vits_trainer.training.resume_settings import resume_command
+    from vits_trainer.training.session import build_session
 
     session = build_session(cfg, PROCESS_START)
     cfg = session.cfg  # a resumed run's settings come from its checkpoint

@@ -19,7 +19,7 @@ guard: the per-clip noise of val_mel_dtw next to the teacher-forced per-clip mel
     uses (judgement.py): the same weights scored with seeds 1234 and 1235, and the changes a real
     feedback round (train_feedback.py) makes to the held-out feedback clips, judged with both.
 
-Corpora: "tone" is the built-in tone language (vits_trainer/synthetic.py, as --demo); "espeak" is
+Corpora: "tone" is the built-in tone language (vits_trainer/data/synthetic.py, as --demo); "espeak" is
 Kurdish (Kurmanji) sentences spoken by espeak-ng (`apt-get install espeak-ng`; the bench needs it,
 the tests do not), resampled to 16 kHz. Neither is a listening test: with no listeners and no
 speech recogniser offline, "sounds better" is approximated by distances to the real recordings of
@@ -49,17 +49,17 @@ sys.path.insert(0, str(ROOT))
 
 import torch  # noqa: E402
 
-from vits_trainer.checkpoint import list_checkpoints, verify_checkpoint  # noqa: E402
-from vits_trainer.config import TrainConfig  # noqa: E402
-from vits_trainer.dataset import BucketBatchSampler, build_items, load_clip_store, make_loader  # noqa: E402
-from vits_trainer.demo import DEMO_SETTINGS  # noqa: E402
+from vits_trainer.data.dataset import BucketBatchSampler, build_items, load_clip_store, make_loader  # noqa: E402
+from vits_trainer.data.synthetic import make_corpus  # noqa: E402
 from vits_trainer.errors import UserError  # noqa: E402
-from vits_trainer.evaluate import evaluate, evaluate_per_clip  # noqa: E402
-from vits_trainer.freerun import dtw_scores, free_running_eval, speak  # noqa: E402
+from vits_trainer.model.tiny import make_tiny_model  # noqa: E402
 from vits_trainer.runlock import RunLock  # noqa: E402
-from vits_trainer.synthetic import make_corpus  # noqa: E402
-from vits_trainer.tiny import make_tiny_model  # noqa: E402
-from vits_trainer.trainstate import LoadedCheckpoint  # noqa: E402
+from vits_trainer.training.checkpoint import list_checkpoints, verify_checkpoint  # noqa: E402
+from vits_trainer.training.config import TrainConfig  # noqa: E402
+from vits_trainer.training.demo import DEMO_SETTINGS  # noqa: E402
+from vits_trainer.training.evaluate import evaluate, evaluate_per_clip  # noqa: E402
+from vits_trainer.training.freerun import dtw_scores, free_running_eval, speak  # noqa: E402
+from vits_trainer.training.trainstate import LoadedCheckpoint  # noqa: E402
 
 RESULTS = ROOT / "bench" / "results"
 SAMPLE_RATE = 16000
@@ -90,7 +90,7 @@ def write_metadata(folder: Path, rows: list[dict]) -> None:
 
 def espeak_corpus(folder: Path, num_clips: int, seed: int, id_prefix: str) -> list[dict]:
     """Random Kurmanji sentences (3-7 words) spoken by espeak-ng, 16 kHz 16-bit WAVs + metadata.csv."""
-    from vits_trainer.audio import read_audio, resample, write_wav
+    from vits_trainer.data.audio import read_audio, resample, write_wav
 
     if shutil.which("espeak-ng") is None:
         raise SystemExit("error: espeak-ng is not installed (apt-get install -y espeak-ng)")
@@ -173,7 +173,7 @@ class Scorer:
     """The trained run's validation split and a test set, scored for any of its checkpoints."""
 
     def __init__(self, data: Path, test: Path, run: Path):
-        from vits_trainer.session import build_session
+        from vits_trainer.training.session import build_session
 
         last = list_checkpoints(run / "checkpoints")[-1]
         cfg = dataclasses.replace(
@@ -385,8 +385,8 @@ def clip_items(data: Path, text, hop: int, ids: list[str] | None = None):
 def per_clip_scores(model_dir: Path, items, seed: int) -> dict[str, dict[str, float]]:
     """{clip: {"mel": teacher-forced mel, "mel_dtw", "mcd", "duration_ratio"}} of one model, one seed:
     each clip's mel evaluated alone (as the guard does), the free-running ones spoken in order."""
-    from vits_trainer.text import TextEncoder
-    from vits_trainer.vits import VitsGenerator, apply_decoder_weight_norm, load_vits_model
+    from vits_trainer.data.text import TextEncoder
+    from vits_trainer.model.vits import VitsGenerator, apply_decoder_weight_norm, load_vits_model
 
     model = load_vits_model(model_dir)
     apply_decoder_weight_norm(model)  # as the trainer holds it (same function, VITS training layout)
@@ -425,7 +425,7 @@ def noise_summary(a: dict, b: dict) -> dict:
 
 def judge(before: dict, after: dict) -> dict:
     """The guard's paired test on each score, and the mean relative change."""
-    from vits_trainer.judgement import paired_judgement
+    from vits_trainer.training.judgement import paired_judgement
 
     out = {}
     for key in ("mel", "mel_dtw", "mcd"):
@@ -444,9 +444,9 @@ def judge(before: dict, after: dict) -> dict:
 
 
 def cmd_guard(args) -> None:
-    from vits_trainer.feedback import read_split_file
-    from vits_trainer.judgement import SEED_AFTER, SEED_BEFORE
-    from vits_trainer.text import TextEncoder
+    from vits_trainer.data.text import TextEncoder
+    from vits_trainer.training.feedback import read_split_file
+    from vits_trainer.training.judgement import SEED_AFTER, SEED_BEFORE
 
     work = fresh_scratch(Path(args.work) / "guard")
     results = {"command": " ".join(["python", "bench/bench_best_metric.py", *sys.argv[1:]])}

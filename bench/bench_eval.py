@@ -29,13 +29,13 @@ sys.path.insert(0, str(ROOT))
 
 import torch  # noqa: E402
 
-from vits_trainer.config import TrainConfig  # noqa: E402
-from vits_trainer.evaluate import evaluate, synthesize  # noqa: E402
-from vits_trainer.freerun import free_running_eval, write_wavs  # noqa: E402
-from vits_trainer.pictures import alignment_paths, write_pictures  # noqa: E402
-from vits_trainer.session import build_session  # noqa: E402
-from vits_trainer.synthetic import make_corpus  # noqa: E402
-from vits_trainer.tiny import make_tiny_model  # noqa: E402
+from vits_trainer.data.synthetic import make_corpus  # noqa: E402
+from vits_trainer.model.tiny import make_tiny_model  # noqa: E402
+from vits_trainer.training.config import TrainConfig  # noqa: E402
+from vits_trainer.training.evaluate import evaluate, synthesize  # noqa: E402
+from vits_trainer.training.freerun import free_running_eval, write_wavs  # noqa: E402
+from vits_trainer.training.pictures import alignment_paths, write_pictures  # noqa: E402
+from vits_trainer.training.session import build_session  # noqa: E402
 
 
 def main() -> None:

@@ -36,9 +36,9 @@ def one(model_kind: str, batch: int, steps: int, settings: dict) -> dict:
     import torch
 
     from bench.bench_train import corpus, make_model
-    from vits_trainer.config import TrainConfig
-    from vits_trainer.loop import Trainer
-    from vits_trainer.session import build_session
+    from vits_trainer.training.config import TrainConfig
+    from vits_trainer.training.loop import Trainer
+    from vits_trainer.training.session import build_session
 
     tmp = Path(tempfile.mkdtemp())
     data = corpus(tmp, 64)

@@ -30,12 +30,12 @@ sys.path.insert(0, str(ROOT))
 import numba  # noqa: E402
 import torch  # noqa: E402
 
-from vits_trainer.alignment import maximum_path, reference_maximum_path  # noqa: E402
+from vits_trainer.model.alignment import maximum_path, reference_maximum_path  # noqa: E402
 
 # Run in a subprocess: import + first call on a tiny batch, so the time is dominated by compile / cache load.
 _COMPILE_SNIPPET = """
 import time, torch
-from vits_trainer.alignment import maximum_path
+from vits_trainer.model.alignment import maximum_path
 ll = torch.zeros(2, 3, 7)
 lengths = torch.tensor([3, 2]), torch.tensor([7, 5])
 start = time.perf_counter()

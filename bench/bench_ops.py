@@ -4,7 +4,7 @@
 
 On a GPU every operator is at least one kernel launch, so the number of operators the host dispatches
 per step bounds how launch-bound a step is; on any machine it is exact and repeatable, where times
-are noisy. For each model ("tiny": `vits_trainer.tiny` with a 0.125-wide discriminator; "mms":
+are noisy. For each model ("tiny": `vits_trainer.model.tiny` with a 0.125-wide discriminator; "mms":
 transformers' default `VitsConfig`, the MMS size, with a full-width discriminator, as in
 bench/bench_step.py) a session is built as train_vits.py builds it (fp32, CPU), and one micro-step of
 the trainer's `GanStep` on a fixed batch of `--batch_size` generated clips (~3 s) is profiled with
@@ -43,7 +43,7 @@ sys.path.insert(0, str(ROOT))
 import torch  # noqa: E402
 from torch.profiler import ProfilerActivity, profile, record_function  # noqa: E402
 
-import vits_trainer.step as step_module  # noqa: E402
+import vits_trainer.training.step as step_module  # noqa: E402
 from bench.bench_step import (  # noqa: E402
     CORPUS_WORDS,
     batches_of,
@@ -51,11 +51,11 @@ from bench.bench_step import (  # noqa: E402
     quiet_session,
     train_config,
 )
-from vits_trainer.dataset import ClipDataset, collate_batch  # noqa: E402
-from vits_trainer.evaluate import move_batch  # noqa: E402
-from vits_trainer.loop import gan_step  # noqa: E402
-from vits_trainer.runtime import quiet_transformers  # noqa: E402
-from vits_trainer.synthetic import make_corpus  # noqa: E402
+from vits_trainer.data.dataset import ClipDataset, collate_batch  # noqa: E402
+from vits_trainer.data.synthetic import make_corpus  # noqa: E402
+from vits_trainer.training.evaluate import move_batch  # noqa: E402
+from vits_trainer.training.loop import gan_step  # noqa: E402
+from vits_trainer.training.runtime import quiet_transformers  # noqa: E402
 
 RESULTS = ROOT / "bench" / "results" / "ops.json"
 PREFIX = "ops:"  # marks this benchmark's own labelled regions among the profiler's events

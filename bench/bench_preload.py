@@ -26,8 +26,8 @@ import numpy as np
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from vits_trainer.metadata import MetaRow, write_metadata  # noqa: E402
-from vits_trainer.synthetic import ALPHABET, random_sentence  # noqa: E402
+from vits_trainer.data.metadata import MetaRow, write_metadata  # noqa: E402
+from vits_trainer.data.synthetic import ALPHABET, random_sentence  # noqa: E402
 
 DISTINCT_WAVEFORMS = 16
 
@@ -76,7 +76,7 @@ def child(data_dir: Path, sample_rate: int, max_ram_gb: float, loader_epoch: boo
     """One load in this (fresh) process; prints nothing but the JSON result."""
     import psutil
 
-    from vits_trainer.dataset import BucketBatchSampler, build_items, load_clip_store, make_loader
+    from vits_trainer.data.dataset import BucketBatchSampler, build_items, load_clip_store, make_loader
 
     proc = psutil.Process()
     rss0 = proc.memory_info().rss

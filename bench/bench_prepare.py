@@ -24,8 +24,8 @@ import soundfile as sf
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from vits_trainer.prepare import PrepareSettings, default_workers, prepare  # noqa: E402
-from vits_trainer.synthetic import random_sentence, synth_text  # noqa: E402
+from vits_trainer.data.prepare import PrepareSettings, default_workers, prepare  # noqa: E402
+from vits_trainer.data.synthetic import random_sentence, synth_text  # noqa: E402
 
 
 def make_clips(root: Path, clips: int, seconds: float, rate: int) -> None:

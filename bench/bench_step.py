@@ -16,7 +16,7 @@ the same number of steps is run again without it, and samples/s comes from those
 On a shared machine a step during which other processes used more than --contention_limit of the
 CPUs (read from /proc/stat) is discarded and run again, up to --max_attempts x --steps attempts.
 
-Models: "tiny" is `vits_trainer.tiny.tiny_config` with a discriminator of width 0.125; "mms" is
+Models: "tiny" is `vits_trainer.model.tiny.tiny_config` with a discriminator of width 0.125; "mms" is
 transformers' default `VitsConfig()` (the MMS architecture, 36 M parameters) with a 39-entry
 vocabulary and a full-width (1.0, 47 M parameters) discriminator.
 
@@ -50,17 +50,17 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")  # the model folders are local: nev
 import numpy as np  # noqa: E402
 import torch  # noqa: E402
 
-from vits_trainer.config import TrainConfig  # noqa: E402
-from vits_trainer.dataset import ClipDataset, collate_batch  # noqa: E402
-from vits_trainer.evaluate import move_batch  # noqa: E402
-from vits_trainer.fresh_init import init_like_vits  # noqa: E402
-from vits_trainer.loop import gan_step  # noqa: E402
+from vits_trainer.data.dataset import ClipDataset, collate_batch  # noqa: E402
+from vits_trainer.data.synthetic import make_corpus  # noqa: E402
+from vits_trainer.model.fresh_init import init_like_vits  # noqa: E402
+from vits_trainer.model.spectrogram import SpectrogramFrontEnd  # noqa: E402
+from vits_trainer.model.tiny import make_tiny_model, make_tokenizer  # noqa: E402
 from vits_trainer.profiling import NO_TIMER, SectionTimer  # noqa: E402
-from vits_trainer.runtime import quiet_transformers  # noqa: E402
-from vits_trainer.session import Session, build_session  # noqa: E402
-from vits_trainer.spectrogram import SpectrogramFrontEnd  # noqa: E402
-from vits_trainer.synthetic import make_corpus  # noqa: E402
-from vits_trainer.tiny import make_tiny_model, make_tokenizer  # noqa: E402
+from vits_trainer.training.config import TrainConfig  # noqa: E402
+from vits_trainer.training.evaluate import move_batch  # noqa: E402
+from vits_trainer.training.loop import gan_step  # noqa: E402
+from vits_trainer.training.runtime import quiet_transformers  # noqa: E402
+from vits_trainer.training.session import Session, build_session  # noqa: E402
 
 SECTIONS = ("spectrogram", "mas", "generator", "discriminator", "backward", "optimizer")
 # 6-8 words of the tone language: 3.1 s on average (1.9-4.0 s), like a typical TTS utterance

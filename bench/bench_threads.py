@@ -77,15 +77,15 @@ def stop_competitors(procs: list[subprocess.Popen]) -> None:
 
 def child(args: argparse.Namespace) -> int:
     """One variant: the environment is already set; the trainer's own setting runs as the CLIs run it."""
-    from vits_trainer.runtime import configure_threads
+    from vits_trainer.training.runtime import configure_threads
 
     settings = configure_threads() if os.environ.get(CONFIGURE) else None
     # a killed benchmark must not leave its competitors spinning: SIGTERM runs the finally below
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(1))
     from bench.bench_step import batches_of, quiet_session, train_config
-    from vits_trainer.dataset import ClipDataset, collate_batch
-    from vits_trainer.evaluate import move_batch
-    from vits_trainer.loop import gan_step
+    from vits_trainer.data.dataset import ClipDataset, collate_batch
+    from vits_trainer.training.evaluate import move_batch
+    from vits_trainer.training.loop import gan_step
 
     tmp = Path(tempfile.mkdtemp(prefix="bench_threads-"))
     cfg = train_config(tmp, args.data_dir, args.model_dir, "tiny", args.batch_size, "cpu", "no")
@@ -177,8 +177,8 @@ def main(argv: list[str] | None = None) -> int:
         if name not in VARIANTS:
             parser.error(f"--variants: unknown variant {name!r}")
 
-    from vits_trainer.synthetic import make_corpus
-    from vits_trainer.tiny import make_tiny_model
+    from vits_trainer.data.synthetic import make_corpus
+    from vits_trainer.model.tiny import make_tiny_model
 
     results: dict[str, list[dict]] = {n: [] for n in names}
     loads = [machine_load()]

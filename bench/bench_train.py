@@ -40,10 +40,10 @@ import torch
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from vits_trainer.config import TrainConfig  # noqa: E402
-from vits_trainer.fresh_init import init_like_vits  # noqa: E402
-from vits_trainer.synthetic import make_corpus  # noqa: E402
-from vits_trainer.tiny import make_tiny_model, make_tokenizer  # noqa: E402
+from vits_trainer.data.synthetic import make_corpus  # noqa: E402
+from vits_trainer.model.fresh_init import init_like_vits  # noqa: E402
+from vits_trainer.model.tiny import make_tiny_model, make_tokenizer  # noqa: E402
+from vits_trainer.training.config import TrainConfig  # noqa: E402
 
 RESULTS = ROOT / "bench" / "results"
 
@@ -95,8 +95,8 @@ def runner_throughput(
     accumulation: int = 1,
     micro: str = "auto",
 ):
-    from vits_trainer.loop import Trainer
-    from vits_trainer.session import build_session
+    from vits_trainer.training.loop import Trainer
+    from vits_trainer.training.session import build_session
 
     out = Path(tempfile.mkdtemp(dir=tmp))
     cfg = dataclasses.replace(
@@ -209,11 +209,11 @@ def naive_collate(items):
 def baseline_throughput(data: Path, model_dir: Path, width: float, batch: int, steps: int) -> dict:
     from accelerate import Accelerator
 
-    from vits_trainer.discriminator import DiscriminatorConfig, VitsDiscriminator
-    from vits_trainer.spectrogram import SpectrogramFrontEnd
-    from vits_trainer.step import GanStep, make_optimizer
-    from vits_trainer.text import TextEncoder
-    from vits_trainer.vits import VitsGenerator, load_vits_model
+    from vits_trainer.data.text import TextEncoder
+    from vits_trainer.model.discriminator import DiscriminatorConfig, VitsDiscriminator
+    from vits_trainer.model.spectrogram import SpectrogramFrontEnd
+    from vits_trainer.model.vits import VitsGenerator, load_vits_model
+    from vits_trainer.training.step import GanStep, make_optimizer
 
     acc = Accelerator(cpu=not torch.cuda.is_available())
     model = load_vits_model(model_dir)
@@ -258,10 +258,10 @@ def baseline_throughput(data: Path, model_dir: Path, width: float, batch: int, s
 
 
 def loader_throughput(data: Path, model_dir: Path, batch: int, batches: int = 60) -> list[dict]:
-    from vits_trainer.dataset import BucketBatchSampler, build_items, load_clip_store, make_loader
-    from vits_trainer.spectrogram import SpectrogramFrontEnd
-    from vits_trainer.text import TextEncoder
-    from vits_trainer.vits import load_vits_model
+    from vits_trainer.data.dataset import BucketBatchSampler, build_items, load_clip_store, make_loader
+    from vits_trainer.data.text import TextEncoder
+    from vits_trainer.model.spectrogram import SpectrogramFrontEnd
+    from vits_trainer.model.vits import load_vits_model
 
     model = load_vits_model(model_dir)
     text = TextEncoder.from_pretrained(model_dir)

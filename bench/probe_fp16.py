@@ -19,18 +19,18 @@ import numpy as np
 import torch
 from transformers import VitsConfig, VitsModel
 
-from vits_trainer.discriminator import DiscriminatorConfig, VitsDiscriminator
-from vits_trainer.fresh_init import init_like_vits
-from vits_trainer.losses import (
+from vits_trainer.data.synthetic import random_sentence, synth_text
+from vits_trainer.model.discriminator import DiscriminatorConfig, VitsDiscriminator
+from vits_trainer.model.fresh_init import init_like_vits
+from vits_trainer.model.losses import (
     LossWeights,
     discriminator_loss,
     feature_matching_loss,
     generator_adversarial_loss,
     generator_total,
 )
-from vits_trainer.synthetic import random_sentence, synth_text
-from vits_trainer.tiny import make_tokenizer, tiny_config
-from vits_trainer.vits import VitsGenerator, apply_decoder_weight_norm
+from vits_trainer.model.tiny import make_tokenizer, tiny_config
+from vits_trainer.model.vits import VitsGenerator, apply_decoder_weight_norm
 
 size = sys.argv[1] if len(sys.argv) > 1 else "mms"
 dtype = {"fp16": torch.float16, "bf16": torch.bfloat16}[sys.argv[2] if len(sys.argv) > 2 else "fp16"]

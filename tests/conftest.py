@@ -18,7 +18,7 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 @pytest.fixture(scope="session")
 def tiny_model_dir(tmp_path_factory) -> Path:
     """A freshly initialised tiny single-speaker VitsModel + tokenizer for the tone language."""
-    from vits_trainer.tiny import make_tiny_model
+    from vits_trainer.model.tiny import make_tiny_model
 
     return make_tiny_model(tmp_path_factory.mktemp("tiny_model"))
 
@@ -26,7 +26,7 @@ def tiny_model_dir(tmp_path_factory) -> Path:
 @pytest.fixture(scope="session")
 def tone_corpus(tmp_path_factory) -> Path:
     """A prepared training folder (wavs/ + metadata.csv) of 40 tone-language clips at 16 kHz."""
-    from vits_trainer.synthetic import make_corpus
+    from vits_trainer.data.synthetic import make_corpus
 
     out = tmp_path_factory.mktemp("tone_corpus")
     make_corpus(out, num_clips=40, sample_rate=16000, seed=0)

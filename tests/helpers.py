@@ -6,7 +6,7 @@ import dataclasses
 import sys
 from pathlib import Path
 
-from vits_trainer.config import TrainConfig
+from vits_trainer.training.config import TrainConfig
 
 ROOT = Path(__file__).resolve().parent.parent
 PYTHON = sys.executable
@@ -49,8 +49,8 @@ def train_tiny(tmp: Path, data_dir: Path, model_dir: Path, **overrides):
 
     import torch
 
-    from vits_trainer.loop import Trainer
-    from vits_trainer.session import build_session
+    from vits_trainer.training.loop import Trainer
+    from vits_trainer.training.session import build_session
 
     cfg = tiny_config(tmp, data_dir, model_dir, **overrides)
     torch.manual_seed(0)
@@ -84,7 +84,7 @@ def cli_args(cfg_overrides: dict) -> list[str]:
 
 def make_kl_infinite(monkeypatch, first: int, last: int) -> None:
     """Patch the generator so its KL term is Inf in training forwards number `first`..`last` (1-based)."""
-    from vits_trainer.vits import VitsGenerator
+    from vits_trainer.model.vits import VitsGenerator
 
     calls = {"n": 0}
     real_forward = VitsGenerator.forward

@@ -12,7 +12,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 import train_vits  # noqa: E402  (first: it sets the threads before torch loads)
-from vits_trainer import loop, microbatch  # noqa: E402
+from vits_trainer.training import loop, microbatch  # noqa: E402
 
 RANK = int(os.environ.get("RANK", "0"))
 PREFERRED = 8 if RANK == 0 else 16  # rank 1 alone would choose 16

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from vits_trainer.alignment import maximum_path, reference_maximum_path
+from vits_trainer.model.alignment import maximum_path, reference_maximum_path
 
 BACKENDS = ("numba", "torch")
 GARBAGE = torch.tensor([float("nan"), float("inf"), float("-inf"), 1e30, -1e30, 0.0])
@@ -202,8 +202,8 @@ def test_cuda_backends_match_reference(backend: str) -> None:
 TRITON_INTERPRETER_CHECK = """
 import torch
 from tests.test_alignment import _random_batch
-from vits_trainer.alignment import reference_maximum_path
-from vits_trainer.alignment_triton import maximum_path_triton
+from vits_trainer.model.alignment import reference_maximum_path
+from vits_trainer.model.alignment_triton import maximum_path_triton
 gen = torch.Generator().manual_seed(7)
 for ties in (False, True):
     for _ in range(10):

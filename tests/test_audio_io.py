@@ -1,4 +1,4 @@
-"""vits_trainer.audio: decoding every supported format, downmix, resampling accuracy, atomic 16-bit writes."""
+"""vits_trainer.data.audio: decoding every supported format, downmix, resampling accuracy, atomic 16-bit writes."""
 
 from __future__ import annotations
 
@@ -6,7 +6,14 @@ import numpy as np
 import pytest
 import soundfile as sf
 
-from vits_trainer.audio import AudioReadError, audio_duration, is_temp_wav, read_audio, resample, write_wav
+from vits_trainer.data.audio import (
+    AudioReadError,
+    audio_duration,
+    is_temp_wav,
+    read_audio,
+    resample,
+    write_wav,
+)
 
 
 def sine(freq: float, seconds: float, rate: int, amp: float = 0.5) -> np.ndarray:

@@ -7,7 +7,7 @@ import random
 
 import pytest
 
-from vits_trainer.budget import Budget, BudgetLR, lr_lambda_for, make_scheduler
+from vits_trainer.training.budget import Budget, BudgetLR, lr_lambda_for, make_scheduler
 
 
 class FakeClock:

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from tests.helpers import PYTHON, ROOT
-from vits_trainer.runtime import resolve_precision
+from vits_trainer.training.runtime import resolve_precision
 
 
 def make_cases(tmp: Path, corpus: Path, model: Path) -> dict[str, tuple[list[str], str]]:

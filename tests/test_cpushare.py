@@ -1,4 +1,4 @@
-"""The thread count follows the CPUs other processes leave free (vits_trainer/cpushare.py).
+"""The thread count follows the CPUs other processes leave free (vits_trainer/training/cpushare.py).
 
 The load is simulated with fake /proc readings (a real competitor's share of a loaded CI machine is not
 predictable); one test reads this machine's real /proc files.
@@ -10,7 +10,7 @@ import sys
 
 import pytest
 
-from vits_trainer.cpushare import CpuShare, cpu_share, read_busy_ticks, read_own_ticks
+from vits_trainer.training.cpushare import CpuShare, cpu_share, read_busy_ticks, read_own_ticks
 
 HZ = 100
 

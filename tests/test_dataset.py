@@ -13,7 +13,7 @@ import pytest
 import soundfile as sf
 import torch
 
-from vits_trainer.dataset import (
+from vits_trainer.data.dataset import (
     AUDIO_NAME,
     INDEX_NAME,
     BucketBatchSampler,
@@ -26,8 +26,8 @@ from vits_trainer.dataset import (
     speaker_map,
     split_train_val,
 )
+from vits_trainer.data.synthetic import ALPHABET, make_corpus
 from vits_trainer.errors import UserError
-from vits_trainer.synthetic import ALPHABET, make_corpus
 
 SR = 16000
 
@@ -408,7 +408,7 @@ def test_copy_of_cache_elsewhere_is_a_hit(corpus: Path, tmp_path: Path) -> None:
 
 
 def test_disk_full_while_writing_cache_falls_back_to_ram(corpus: Path, monkeypatch) -> None:
-    import vits_trainer.dataset as dataset
+    import vits_trainer.data.dataset as dataset
 
     def no_space(_fd: int) -> None:
         raise OSError(28, "No space left on device")

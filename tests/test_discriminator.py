@@ -7,7 +7,8 @@ import json
 import pytest
 import torch
 
-from vits_trainer.discriminator import (
+from vits_trainer.errors import UserError
+from vits_trainer.model.discriminator import (
     CONFIG_NAME,
     WEIGHTS_NAME,
     DiscriminatorConfig,
@@ -19,7 +20,6 @@ from vits_trainer.discriminator import (
     load_discriminator,
     save_discriminator,
 )
-from vits_trainer.errors import UserError
 
 TINY = DiscriminatorConfig(width=0.125)
 # 8192 samples: scale disc 8192 -> /4 four times -> 32 frames; a period disc folds to ceil(8192 / p) rows,

@@ -20,10 +20,11 @@ import pytest
 import torch
 
 from tests.helpers import PYTHON, ROOT, TINY_SETTINGS, cli_args, train_tiny
-from vits_trainer.checkpoint import write_checkpoint
-from vits_trainer.dataset import load_clip_store
+from vits_trainer.data.dataset import load_clip_store
+from vits_trainer.data.synthetic import make_corpus
 from vits_trainer.errors import UserError
-from vits_trainer.feedback import (
+from vits_trainer.training.checkpoint import write_checkpoint
+from vits_trainer.training.feedback import (
     HIDDEN_FLAGS,
     REPORT_NAME,
     FeedbackConfig,
@@ -36,8 +37,7 @@ from vits_trainer.feedback import (
     run_feedback,
     write_latest,
 )
-from vits_trainer.judgement import paired_judgement
-from vits_trainer.synthetic import make_corpus
+from vits_trainer.training.judgement import paired_judgement
 
 UNKNOWN_TEXT_ID = "fb00011"  # its sentence gets characters the tiny vocabulary (a-o) lacks
 
@@ -132,7 +132,7 @@ def feedback_cfg(out: Path, base: dict, feedback: Path, **overrides) -> Feedback
 def test_command_line_hides_derived_settings_and_has_feedback_defaults():
     import argparse
 
-    from vits_trainer.config import add_arguments, config_from_args
+    from vits_trainer.training.config import add_arguments, config_from_args
 
     parser = argparse.ArgumentParser()
     add_arguments(parser, FeedbackConfig, skip=HIDDEN_FLAGS)
@@ -498,8 +498,8 @@ def test_a_rerecorded_validation_sentence_is_evaluated_never_trained(tmp_path, l
 
 
 def test_combined_items_and_replay_sampler_across_ranks(light_base, feedback_dir):
-    from vits_trainer.dataset import BucketBatchSampler, CombinedItems, ReplayBatchSampler, build_items
-    from vits_trainer.text import TextEncoder
+    from vits_trainer.data.dataset import BucketBatchSampler, CombinedItems, ReplayBatchSampler, build_items
+    from vits_trainer.data.text import TextEncoder
 
     text = TextEncoder.from_pretrained(light_base["model"])
     parts = []
@@ -545,7 +545,7 @@ def test_skipped_final_evaluation_is_not_measured_and_not_promoted(
 ):
     """The final evaluation is made to not fit: the loop's own skip path runs (its cost estimate is set
     huge when finish() decides, in-process), so there is nothing measured after training."""
-    from vits_trainer.loop import Trainer
+    from vits_trainer.training.loop import Trainer
 
     real_finish = Trainer.finish
 

@@ -12,8 +12,8 @@ from helpers import tiny_config, train_tiny
 from scipy.fft import idct
 
 from vits_trainer.errors import UserError
-from vits_trainer.freerun import MCD_SCALE, dtw_scores, mel_cepstrum
-from vits_trainer.pictures import is_monotonic_cover
+from vits_trainer.training.freerun import MCD_SCALE, dtw_scores, mel_cepstrum
+from vits_trainer.training.pictures import is_monotonic_cover
 
 FREERUN_KEYS = ("val_mel_dtw", "val_mcd", "val_duration_ratio")
 
@@ -80,7 +80,7 @@ def test_best_metric_dtw_needs_free_running_samples(tmp_path, tone_corpus, tiny_
 def test_every_evaluation_scores_free_running_speech_and_draws_pictures(
     tmp_path, tone_corpus, tiny_model_dir
 ):
-    from vits_trainer.evaluate import synthesize
+    from vits_trainer.training.evaluate import synthesize
 
     session, summary = train_tiny(
         tmp_path,
@@ -136,7 +136,7 @@ def test_pictures_go_to_tensorboard_as_rgb_images(tmp_path):
     """tensorboard is not installed here: a stand-in tracker records what its SummaryWriter is given."""
     from types import SimpleNamespace
 
-    from vits_trainer.pictures import alignment_png, log_images_to_trackers
+    from vits_trainer.training.pictures import alignment_png, log_images_to_trackers
 
     path = np.zeros((3, 6))
     path[0, :2] = path[1, 2:4] = path[2, 4:] = 1

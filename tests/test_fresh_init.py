@@ -1,4 +1,4 @@
-"""Fresh models start the VITS way (vits_trainer/fresh_init.py): identity flows, a small decoder, and
+"""Fresh models start the VITS way (vits_trainer/model/fresh_init.py): identity flows, a small decoder, and
 a first step whose fp16 gradients stay finite. With transformers' own initialisation the tiny model's
 KL started at ~2,200 and its fp16 backward overflowed at a loss scale of 64 (bench/probe_fp16.py)."""
 
@@ -8,18 +8,18 @@ import numpy as np
 import torch
 from transformers import VitsModel
 
-from vits_trainer.discriminator import DiscriminatorConfig, VitsDiscriminator
-from vits_trainer.losses import (
+from vits_trainer.data.synthetic import random_sentence, synth_text
+from vits_trainer.data.text import TextEncoder
+from vits_trainer.model.discriminator import DiscriminatorConfig, VitsDiscriminator
+from vits_trainer.model.losses import (
     LossWeights,
     discriminator_loss,
     feature_matching_loss,
     generator_adversarial_loss,
     generator_total,
 )
-from vits_trainer.synthetic import random_sentence, synth_text
-from vits_trainer.text import TextEncoder
-from vits_trainer.tiny import make_tiny_model
-from vits_trainer.vits import VitsGenerator, apply_decoder_weight_norm
+from vits_trainer.model.tiny import make_tiny_model
+from vits_trainer.model.vits import VitsGenerator, apply_decoder_weight_norm
 
 
 def test_fresh_tiny_model_starts_as_vits_does_and_its_fp16_gradients_are_finite(tmp_path):

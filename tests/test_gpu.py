@@ -16,7 +16,7 @@ import torch
 from transformers import VitsModel
 
 from tests.helpers import PYTHON, ROOT, cli_args, cli_settings, make_kl_infinite, train_tiny
-from vits_trainer.recovery import all_finite
+from vits_trainer.training.recovery import all_finite
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 

@@ -14,10 +14,10 @@ import pytest
 import torch
 
 from tests.helpers import PYTHON, ROOT, TINY_SETTINGS, cli_args, make_kl_infinite, tiny_config, train_tiny
-from vits_trainer.checkpoint import list_checkpoints
-from vits_trainer.loop import Trainer
-from vits_trainer.session import build_session
-from vits_trainer.synthetic import make_corpus
+from vits_trainer.data.synthetic import make_corpus
+from vits_trainer.training.checkpoint import list_checkpoints
+from vits_trainer.training.loop import Trainer
+from vits_trainer.training.session import build_session
 
 
 @pytest.fixture(scope="module")
@@ -129,7 +129,7 @@ def test_a_damaged_checkpoint_mid_run_does_not_end_the_run(
 ):
     """Inf KL from the 4th training forward on: recovery after 3 skips, with the only checkpoint
     (saved every step) damaged just before it is needed."""
-    import vits_trainer.loop as loop_module
+    import vits_trainer.training.loop as loop_module
 
     real_recover = loop_module.Trainer.recover
 
@@ -155,7 +155,7 @@ def test_signal_before_any_improvement_names_no_best_model(
     import os
     import signal
 
-    import vits_trainer.loop as loop_module
+    import vits_trainer.training.loop as loop_module
     from train_vits import best_model_words
 
     calls = {"n": 0}

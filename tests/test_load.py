@@ -18,7 +18,7 @@ from tests.helpers import PYTHON, ROOT, cli_args, cli_settings, train_tiny
 
 
 def test_configure_threads_sets_a_short_spin_and_keeps_the_users(monkeypatch):
-    from vits_trainer import runtime
+    from vits_trainer.training import runtime
 
     for name in (
         "OMP_WAIT_POLICY",

@@ -7,7 +7,7 @@ import math
 import pytest
 import torch
 
-from vits_trainer.losses import (
+from vits_trainer.model.losses import (
     LossWeights,
     discriminator_loss,
     duration_loss_deterministic,

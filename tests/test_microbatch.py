@@ -1,4 +1,4 @@
-"""The micro-batch choice (--micro_batch_size auto|N, vits_trainer/microbatch.py): the trial trains, keeps
+"""The micro-batch choice (--micro_batch_size auto|N, vits_trainer/training/microbatch.py): the trial trains, keeps
 the clips of every optimiser step, survives an out-of-memory size, is kept on resume, and is the same
 on every process. Timing-free: which size wins is never asserted, only that the rules hold."""
 
@@ -12,10 +12,10 @@ import pytest
 import torch
 
 from tests.helpers import ROOT, cli_args, cli_settings, tiny_config, train_tiny, two_cpu_processes
-from vits_trainer import loop as loop_module
 from vits_trainer.errors import UserError
-from vits_trainer.microbatch import MicroBatchTrial, candidates, merge_batches, micro_batches
-from vits_trainer.step import GanStep
+from vits_trainer.training import loop as loop_module
+from vits_trainer.training.microbatch import MicroBatchTrial, candidates, merge_batches, micro_batches
+from vits_trainer.training.step import GanStep
 
 pytestmark = pytest.mark.slow
 

@@ -10,8 +10,15 @@ import pytest
 import soundfile as sf
 from test_prepare_fixtures import output_rows, run_prepare, skipped_reasons, speech, write_audio
 
+from vits_trainer.data.prepare import (
+    STATE_NAME,
+    PrepareSettings,
+    clean_text,
+    prepare,
+    safe_id,
+    validate_settings,
+)
 from vits_trainer.errors import UserError
-from vits_trainer.prepare import STATE_NAME, PrepareSettings, clean_text, prepare, safe_id, validate_settings
 
 RATE = 22050
 
@@ -187,7 +194,7 @@ def test_speaker_and_max_samples_filters_are_counted_not_errors(tmp_path):
 
 
 def _model_dir(tmp_path, rate=22050):
-    from vits_trainer.tiny import make_tokenizer
+    from vits_trainer.model.tiny import make_tokenizer
 
     model = tmp_path / "model"
     make_tokenizer(model)  # tone-language alphabet a..o + space, lower-casing like MMS

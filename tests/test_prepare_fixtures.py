@@ -11,9 +11,9 @@ from pathlib import Path
 import numpy as np
 import soundfile as sf
 
-from vits_trainer.metadata import read_metadata
-from vits_trainer.prepare import PrepareResult, PrepareSettings, prepare
-from vits_trainer.synthetic import synth_text
+from vits_trainer.data.metadata import read_metadata
+from vits_trainer.data.prepare import PrepareResult, PrepareSettings, prepare
+from vits_trainer.data.synthetic import synth_text
 
 
 def speech(text: str = "abc def gh", rate: int = 22050, speaker: int = 0, seconds: float = 0.8) -> np.ndarray:

@@ -9,9 +9,9 @@ import pytest
 import soundfile as sf
 from test_prepare_fixtures import output_rows, run_prepare, skipped_reasons, speech, wav_info, write_audio
 
-from vits_trainer.corpus import detect_format
+from vits_trainer.data.corpus import detect_format
+from vits_trainer.data.synthetic import make_corpus
 from vits_trainer.errors import UserError
-from vits_trainer.synthetic import make_corpus
 
 
 def test_ljspeech_uses_normalized_column_when_present(tmp_path):

@@ -20,7 +20,7 @@ import pytest
 import torch
 from transformers import VitsModel
 
-import vits_trainer.loop as loop_module
+import vits_trainer.training.loop as loop_module
 from tests.helpers import (
     PYTHON,
     ROOT,
@@ -31,12 +31,12 @@ from tests.helpers import (
     tiny_config,
     train_tiny,
 )
-from vits_trainer.checkpoint import list_checkpoints, write_checkpoint
 from vits_trainer.errors import UserError
-from vits_trainer.loop import Trainer
-from vits_trainer.recovery import all_finite
-from vits_trainer.session import build_session
-from vits_trainer.step import GanStep
+from vits_trainer.training.checkpoint import list_checkpoints, write_checkpoint
+from vits_trainer.training.loop import Trainer
+from vits_trainer.training.recovery import all_finite
+from vits_trainer.training.session import build_session
+from vits_trainer.training.step import GanStep
 
 
 def events(tmp: Path, name: str) -> list[dict]:
@@ -144,7 +144,7 @@ def test_repeated_inf_loss_triggers_recovery(tmp_path, tiny_model_dir, tone_corp
 def test_recovery_leaves_mixed_precision(tmp_path, tiny_model_dir, tone_corpus):
     """bf16 -> fp32 on this CPU (fp16 needs a GPU: there it goes fp16 -> bf16 or fp32, same code)."""
     from tests.test_vits_training import one_batch
-    from vits_trainer.recovery import next_precision, switch_precision
+    from vits_trainer.training.recovery import next_precision, switch_precision
 
     cfg = tiny_config(tmp_path, tone_corpus, tiny_model_dir, max_steps=1, mixed_precision="bf16")
     s = build_session(cfg, time.time())
@@ -354,7 +354,7 @@ def test_too_little_disk_space_is_refused_up_front(tmp_path, tiny_model_dir, ton
     """A disk that cannot hold two checkpoints and the exports (simulated: the free space is patched)."""
     import collections
 
-    import vits_trainer.session as session_module
+    import vits_trainer.training.session as session_module
 
     usage = collections.namedtuple("usage", "total used free")
     monkeypatch.setattr(session_module.shutil, "disk_usage", lambda path: usage(10**9, 10**9 - 1000, 1000))

@@ -12,9 +12,9 @@ import time
 import pytest
 
 from tests.helpers import PYTHON, ROOT, cli_args, cli_settings
-from vits_trainer.config import TrainConfig, add_arguments, parse_config
 from vits_trainer.errors import ArgumentParser
-from vits_trainer.resume_settings import restore_settings, resume_command
+from vits_trainer.training.config import TrainConfig, add_arguments, parse_config
+from vits_trainer.training.resume_settings import restore_settings, resume_command
 
 
 def parse(argv: list[str]) -> TrainConfig:

@@ -11,8 +11,8 @@ import subprocess
 from pathlib import Path
 
 from tests.helpers import PYTHON, ROOT, cli_args, cli_settings, train_tiny
-from vits_trainer.checkpoint import list_checkpoints, prune_checkpoints, write_checkpoint
 from vits_trainer.runlock import LOCK_NAME, RunLock
+from vits_trainer.training.checkpoint import list_checkpoints, prune_checkpoints, write_checkpoint
 
 # a second process that takes the lock, says so, and holds it until its stdin closes
 HOLDER = (

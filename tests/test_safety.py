@@ -124,7 +124,7 @@ def test_every_overlap_of_train_folders_is_refused_and_nothing_changes(tmp_path,
 
 
 def test_defaults_layout_is_allowed():
-    from vits_trainer.config import TrainConfig
+    from vits_trainer.training.config import TrainConfig
 
     check_train_paths(TrainConfig(data_dir="/nonexistent/training"))  # checkpoints/ + final_model/ inside
 
@@ -194,7 +194,7 @@ def test_an_earlier_export_needs_the_flag_unless_its_run_resumes(tmp_path):
 
 def recordings(folder: Path) -> Path:
     """The user's recordings as audio + .txt pairs (real WAVs at 22.05 kHz)."""
-    from vits_trainer.synthetic import make_corpus
+    from vits_trainer.data.synthetic import make_corpus
 
     make_corpus(folder / "made", num_clips=6, sample_rate=22050, seed=1)
     wavs = folder / "wavs"
@@ -356,7 +356,7 @@ def test_real_runs_replace_only_their_own_exports(tmp_path, capsys, tone_corpus,
 def test_failed_input_checks_leave_no_folder_behind(tmp_path, tiny_model_dir):
     import time
 
-    from vits_trainer.session import build_session
+    from vits_trainer.training.session import build_session
 
     data = tmp_path / "data"
     (data / "wavs").mkdir(parents=True)

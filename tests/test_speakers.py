@@ -9,11 +9,11 @@ import torch
 from helpers import tiny_config, train_tiny
 from transformers import VitsModel
 
-from vits_trainer.dataset import speaker_map
+from vits_trainer.data.dataset import speaker_map
+from vits_trainer.data.synthetic import make_corpus
 from vits_trainer.errors import UserError
-from vits_trainer.speakers import add_speakers
-from vits_trainer.synthetic import make_corpus
-from vits_trainer.vits import apply_decoder_weight_norm, export_model, load_vits_model
+from vits_trainer.model.speakers import add_speakers
+from vits_trainer.model.vits import apply_decoder_weight_norm, export_model, load_vits_model
 
 
 def _speak(model, speaker_id=None, seed=7):

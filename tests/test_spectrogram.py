@@ -8,8 +8,8 @@ import pytest
 import torch
 from transformers import VitsConfig
 
-from vits_trainer.spectrogram import SpectrogramFrontEnd
-from vits_trainer.tiny import tiny_config
+from vits_trainer.model.spectrogram import SpectrogramFrontEnd
+from vits_trainer.model.tiny import tiny_config
 
 SR, N_FFT, HOP = 16000, 1024, 256
 

@@ -11,8 +11,8 @@ import torch
 import uroman
 from transformers import VitsModel, VitsTokenizer
 
-from vits_trainer.text import TextEncoder, extend_vocabulary
-from vits_trainer.tiny import make_tokenizer
+from vits_trainer.data.text import TextEncoder, extend_vocabulary
+from vits_trainer.model.tiny import make_tokenizer
 
 LATIN = "abcdefghijklmnopqrstuvwxyz '"
 # Cyrillic, Arabic, Ethiopic (lower-case already: the tokenizer lower-cases before romanising)
@@ -184,7 +184,7 @@ def test_extend_vocabulary_with_nothing_new_changes_nothing(tiny_model_dir: Path
 def test_extend_vocabulary_never_shares_an_embedding_row(tmp_path: Path) -> None:
     """A vocabulary with a gap in its ids and an embedding larger than the vocabulary: new characters
     get ids past both, so no new character reuses an existing row; upper case folds to lower case."""
-    from vits_trainer.tiny import tiny_config
+    from vits_trainer.model.tiny import tiny_config
 
     folder = tmp_path / "gappy"
     folder.mkdir()

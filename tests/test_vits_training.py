@@ -14,16 +14,16 @@ import torch
 from transformers import VitsModel, VitsTokenizer, pipeline
 
 from tests.helpers import tiny_config, train_tiny
-from vits_trainer.dataset import collate_batch
-from vits_trainer.loop import Trainer
-from vits_trainer.session import build_session
-from vits_trainer.synthetic import make_corpus
-from vits_trainer.tiny import make_tiny_model
+from vits_trainer.data.dataset import collate_batch
+from vits_trainer.data.synthetic import make_corpus
+from vits_trainer.model.tiny import make_tiny_model
+from vits_trainer.training.loop import Trainer
+from vits_trainer.training.session import build_session
 
 
 def one_batch(session, n=4):
     items = session.data.train
-    from vits_trainer.dataset import ClipDataset
+    from vits_trainer.data.dataset import ClipDataset
 
     batch = collate_batch([ClipDataset(items)[i] for i in range(n)])
     batch.pop("indices")
@@ -96,7 +96,7 @@ def fresh_session(tmp_path, tiny_model_dir, tone_corpus):
 
 def test_every_generator_and_discriminator_parameter_gets_a_gradient(fresh_session):
     s = fresh_session
-    from vits_trainer.step import GanStep
+    from vits_trainer.training.step import GanStep
 
     step = GanStep(s.accelerator, s.generator, s.discriminator, s.g_optimizer, s.d_optimizer)
     # micro-batch 0 of a 2-cycle: gradients are accumulated, not yet applied or cleared
@@ -118,8 +118,8 @@ def test_every_generator_and_discriminator_parameter_gets_a_gradient(fresh_sessi
 
 def test_generator_step_leaves_no_gradient_in_the_discriminator(fresh_session):
     s = fresh_session
-    from vits_trainer.losses import discriminator_loss
-    from vits_trainer.step import GanStep
+    from vits_trainer.model.losses import discriminator_loss
+    from vits_trainer.training.step import GanStep
 
     batch = one_batch(s)
     torch.manual_seed(1)
@@ -143,7 +143,7 @@ def test_generator_step_leaves_no_gradient_in_the_discriminator(fresh_session):
 
 def test_optimiser_step_updates_both_networks_and_clears_gradients(fresh_session):
     s = fresh_session
-    from vits_trainer.step import GanStep
+    from vits_trainer.training.step import GanStep
 
     g0 = {n: p.detach().clone() for n, p in s.generator_raw.named_parameters()}
     d0 = {n: p.detach().clone() for n, p in s.discriminator_raw.named_parameters()}
@@ -182,7 +182,7 @@ def test_duration_spline_passes_values_beyond_its_bound_unchanged():
     # an empty tensor and raised, crashing the evaluation that should have judged the model
     from transformers.models.vits import modeling_vits
 
-    import vits_trainer.vits  # noqa: F401  (installs the guard)
+    import vits_trainer.model.vits  # noqa: F401  (installs the guard)
 
     inputs = torch.tensor([[[-7.0, 9.0, float("nan")]]])
     bins = 10

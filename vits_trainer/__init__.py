@@ -3,6 +3,12 @@
 The three command-line scripts at the repository root are thin wrappers around this package:
 ``prepare_data.py`` (corpus -> training set), ``train_vits.py`` (the budgeted runner) and
 ``train_feedback.py`` (incremental fine-tuning from corrected recordings).
+
+Layout, following the data flow (each part imports only the parts listed before it):
+- root modules: errors, safety (what may be written or removed), runlock, hub, jsonfile, profiling;
+- ``data``: corpus -> prepared folder -> batches;
+- ``model``: VITS training forward, discriminator, losses, alignment search;
+- ``training``: budget, loop, checkpoints, evaluation, feedback rounds.
 """
 
 __version__ = "0.1.0"

@@ -12,40 +12,40 @@ a fraction of a second and writes nothing.
 
 Inventory of destructive operations (file:function -> what -> why it is provably the tool's own)
 -----------------------------------------------------------------------------------------------
-vits.py:export_model
+model/vits.py:export_model
     rmtree `.<name>.tmp-<pid>` -> our pid's temp folder from an earlier crash of this same pid
     os.replace(out_dir -> `.<name>.old-<pid>`) + rmtree(old) -> `check_replaceable(out_dir)` first:
         the folder carries our marker and nothing beyond the files it lists (else UnsafeOverwrite)
     remove_dead_writers_temp(`.<name>.tmp-*`, `.<name>.old-*`) -> temp folders named with a dead pid
-loop.py:Trainer.finish (best_model copy)
+training/loop.py:Trainer.finish (best_model copy)
     rmtree `.best_model.tmp` / best_model -> `check_replaceable(best_model)` first (marker, as above);
         the temp folder is named by this tool inside its checkpoint dir
-loop.py:Trainer.finish (train_summary.json)
+training/loop.py:Trainer.finish (train_summary.json)
     writes into the folder just exported and into checkpoint_dir -> `write_export_file` adds it to the
         marker; checkpoint_dir is refused up front when it overlaps a data folder
-checkpoint.py:write_checkpoint / prune_checkpoints / remove_dead_writers_temp
+training/checkpoint.py:write_checkpoint / prune_checkpoints, safety.py:remove_dead_writers_temp
     rmtree `.step_*.tmp-<pid>`, an existing `step_N` of the same step, pruned `step_N` -> names only this
         tool creates (`step_%08d` with a manifest it wrote; pruning only deletes verified ones); the
         checkpoint dir never overlaps a data folder or --output_dir (checked up front)
-feedback.py:write_latest
+training/feedback.py:write_latest
     os.replace of `latest` -> only when `latest` is a symlink (a real folder is left alone);
     latest.json -> refused up front unless it is our pointer (`check_feedback_paths`)
-feedback.py:FeedbackRun.write_samples / run
+training/feedback.py:FeedbackRun.write_samples / run
     rmtree vN/samples/{before,after}, vN/checkpoints, vN -> version folders that choose_version
         numbered under the output root; vN is removed only when this process created it; the output
         root never overlaps a data folder or the base model (checked up front)
-prepare.py:prepare / convert_all / finish_wavs
+data/prepare.py:prepare / convert_all / finish_wavs
     wavs/<id>.wav written or (--clean) deleted -> only ids listed in `.prepare_state.json` (WAVs this
         tool wrote into this data_dir); any other WAV in the way is refused up front (`check_prepare_wavs`)
     metadata.csv -> moved to a new `metadata.csv.bak*` name when another source wrote it; replaced only
         when the state says this tool wrote it from the same source
     `.*.tmp` WAVs -> only names `audio.is_temp_wav` recognises (our own temp pattern)
     no source file may be an output: sources inside data_dir/wavs or equal to an output file are refused
-dataset.py:_build_cache / _cache_writable
+data/dataset.py:_build_cache / _cache_writable
     cache/audio_int16.bin, cache/index.json, probes -> fixed names in data_dir/cache, the tool's cache
-jsonfile.py / metadata.py / audio.py / discriminator.py
+jsonfile.py / data/metadata.py / data/audio.py / model/discriminator.py
     temp file + os.replace onto a target the caller names -> the callers above own those targets
-session.py:build_session
+training/session.py:build_session
     folders it created (checkpoint dir, data_dir/cache, ...) are removed again when an input check
         fails during set-up (`remove_created_on_error`): they did not exist when this process started
 """
@@ -60,6 +60,7 @@ from collections.abc import Iterable, Iterator
 from pathlib import Path
 
 from .errors import UserError
+from .runlock import pid_alive
 
 EXPORT_MARKER = ".vits_trainer_export.json"
 TOOL = "vits_trainer"
@@ -382,3 +383,11 @@ def remove_created_on_error(folders: Iterable[Path], error=UserError) -> Iterato
         for top in created:
             shutil.rmtree(top, ignore_errors=True)  # did not exist when this process began the block
         raise
+
+
+def remove_dead_writers_temp(folder: Path, pattern: str) -> None:
+    """Remove the temp folders matching `pattern` (named `...-<pid>`) whose writing process has died."""
+    for tmp in folder.glob(pattern):
+        pid = tmp.name.rsplit("-", 1)[-1]
+        if pid.isdigit() and int(pid) != os.getpid() and not pid_alive(int(pid)):
+            shutil.rmtree(tmp, ignore_errors=True)  # our temp-name pattern, its writer's pid is dead

@@ -29,13 +29,13 @@ from pathlib import Path
 
 import numpy as np
 
+from ..errors import UserError
+from ..hub import read_model_config, resolve_model_dir
+from ..jsonfile import write_json_atomic
+from ..safety import check_prepare_files, check_prepare_sources
 from .audio import AudioReadError, audio_duration, is_temp_wav, read_audio, resample, write_wav
 from .corpus import Candidate, Problem, Source, open_source
-from .errors import UserError
-from .hub import read_model_config, resolve_model_dir
-from .jsonfile import write_json_atomic
 from .metadata import METADATA_NAME, WAVS_DIR, MetaRow, write_metadata
-from .safety import check_prepare_files, check_prepare_sources
 
 REPORT_NAME = "prepare_report.json"
 STATE_NAME = ".prepare_state.json"

@@ -10,7 +10,7 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
-from .errors import UserError
+from ..errors import UserError
 
 METADATA_NAME = "metadata.csv"
 WAVS_DIR = "wavs"

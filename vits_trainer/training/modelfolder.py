@@ -10,8 +10,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from ..errors import UserError
 from .checkpoint import MANIFEST
-from .errors import UserError
 
 
 def is_training_checkpoint(folder: Path) -> bool:

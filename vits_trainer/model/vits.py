@@ -21,11 +21,10 @@ from torch import nn
 from transformers import VitsModel
 from transformers.models.vits import modeling_vits
 
+from ..profiling import NO_TIMER
+from ..safety import check_replaceable, remove_dead_writers_temp, replace_export, write_marker
 from .alignment import maximum_path
-from .checkpoint import remove_dead_writers_temp
 from .losses import duration_loss_deterministic, kl_loss, mel_reconstruction_loss
-from .profiling import NO_TIMER
-from .safety import check_replaceable, replace_export, write_marker
 from .spectrogram import SpectrogramFrontEnd
 
 LOG_2PI = math.log(2 * math.pi)

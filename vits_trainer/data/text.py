@@ -16,7 +16,7 @@ from pathlib import Path
 import torch
 from transformers import VitsTokenizer
 
-from .errors import UserError
+from ..errors import UserError
 
 _NON_ASCII = re.compile(r"[^\x00-\x7F]")
 

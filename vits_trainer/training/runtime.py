@@ -8,7 +8,7 @@ import sys
 import time
 from pathlib import Path
 
-from .errors import UserError
+from ..errors import UserError
 
 
 def process_start_time() -> float:

@@ -11,7 +11,7 @@ from pathlib import Path
 
 from transformers import VitsConfig, VitsModel, VitsTokenizer
 
-from .synthetic import ALPHABET
+from ..data.synthetic import ALPHABET
 
 BLANK = "_"  # id 0: the blank that `add_blank` intersperses, as in MMS vocabularies
 

@@ -46,18 +46,18 @@ from typing import TYPE_CHECKING, ClassVar
 
 import numpy as np
 
+from ..data.metadata import METADATA_NAME, SPLIT_FILE, WAVS_DIR, read_metadata
+from ..errors import UserError
+from ..jsonfile import write_json_atomic
+from ..runlock import RunLock, is_main_process
 from .config import TrainConfig, _f
-from .errors import UserError
-from .jsonfile import write_json_atomic
 from .judgement import MIN_JUDGED_CLIPS, SEED_AFTER, SEED_BEFORE, paired_judgement
-from .metadata import METADATA_NAME, SPLIT_FILE, WAVS_DIR, read_metadata
 from .resume_settings import resume_command
-from .runlock import RunLock, is_main_process
 
 # torch/transformers are imported where used: a bad command line is reported without paying for them
 if TYPE_CHECKING:
-    from .dataset import ClipStore, TrainingItems
-    from .text import TextEncoder
+    from ..data.dataset import ClipStore, TrainingItems
+    from ..data.text import TextEncoder
 
 REPORT_NAME = "feedback_report.json"
 RUN_NAME = "feedback_run.json"
@@ -263,7 +263,7 @@ def check_inputs(cfg: FeedbackConfig, log) -> Inputs:
         first = "; ".join(f"line {n}: {why}" for n, why in problems[:3])
         log(f"warning: {feedback / METADATA_NAME}: {len(problems)} unusable line(s) ignored ({first})")
 
-    from .text import TextEncoder
+    from ..data.text import TextEncoder
 
     config = json.loads((base / "config.json").read_text(encoding="utf-8"))
     sample_rate = int(config.get("sampling_rate", 16000))
@@ -340,8 +340,8 @@ def original_val_ids(base: Path, store_ids: list[str], cfg: FeedbackConfig, log)
     in its checkpoint dir, a feedback version's model beside its checkpoints/); else recomputed as the
     runner does with --val_fraction and --seed (right when the base was trained with the defaults).
     """
+    from ..data.dataset import split_train_val
     from .checkpoint import find_resumable
-    from .dataset import split_train_val
     from .trainstate import LoadedCheckpoint
 
     known = set(store_ids)
@@ -374,7 +374,7 @@ def original_val_ids(base: Path, store_ids: list[str], cfg: FeedbackConfig, log)
 
 
 def subset(items: TrainingItems, positions: list[int] | np.ndarray) -> TrainingItems:
-    from .dataset import TrainingItems
+    from ..data.dataset import TrainingItems
 
     positions = np.asarray(positions, dtype=np.int64)
     return TrainingItems(
@@ -442,7 +442,7 @@ class FeedbackRun:
 
     def data_fn(self, cfg, store: ClipStore, text, speakers: dict, hop: int, val_ids: list[str] | None, log):
         """build_session's data hook: feedback + replay pool to train, {feedback, val} to evaluate."""
-        from .dataset import CombinedItems, ReplayBatchSampler, build_items, load_clip_store
+        from ..data.dataset import CombinedItems, ReplayBatchSampler, build_items, load_clip_store
         from .session import DataSplit
 
         if val_ids is None:
@@ -522,7 +522,7 @@ class FeedbackRun:
     ) -> tuple[list[int], list[int]]:
         """(train, evaluation) positions into the usable feedback clips; fixed for the version's life.
         Clips whose sentence is in `protected` (the original validation's) are evaluated, never trained."""
-        from .dataset import split_train_val
+        from ..data.dataset import split_train_val
 
         stored = self.info.get("feedback_split")
         if stored is not None:  # a resumed version keeps the split its "before" numbers were taken on
@@ -631,7 +631,7 @@ class FeedbackRun:
         if session.resumed_from is None:
             model, text = session.model, session.text
         else:  # interrupted before they were written: the session holds trained weights, load the base
-            from .vits import load_vits_model
+            from ..model.vits import load_vits_model
 
             model, text = load_vits_model(self.inputs.base_model).to(session.device), self.inputs.text
         seconds = self.write_samples(model, text, folder, session.device)
@@ -662,7 +662,7 @@ class FeedbackRun:
 
         generator = session.generator_raw
         if session.resumed_from is not None:  # interrupted before they were taken: the base model's
-            from .vits import VitsGenerator, load_vits_model
+            from ..model.vits import VitsGenerator, load_vits_model
 
             generator = VitsGenerator(load_vits_model(self.inputs.base_model)).to(session.device)
         t0 = time.perf_counter()
@@ -952,7 +952,7 @@ def run_feedback(cfg: FeedbackConfig, process_start: float, log=None) -> dict:
     """The whole feedback run (train_feedback.py calls this); returns the report, or a status dict
     when it was interrupted."""
     cfg.validate()
-    from .safety import check_feedback_paths
+    from ..safety import check_feedback_paths
 
     check_feedback_paths(cfg)  # overlapping folders: refused before any work or write
     if log is None:

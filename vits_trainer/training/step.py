@@ -25,14 +25,14 @@ from dataclasses import dataclass, field
 
 import torch
 
-from .losses import (
+from ..model.losses import (
     LossWeights,
     discriminator_loss,
     feature_matching_loss,
     generator_adversarial_loss,
     generator_total,
 )
-from .profiling import NO_TIMER
+from ..profiling import NO_TIMER
 
 
 def make_optimizer(params, lr: float, weight_decay: float = 0.01) -> torch.optim.AdamW:

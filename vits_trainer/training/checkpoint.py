@@ -21,8 +21,8 @@ import torch
 from safetensors.torch import load as load_safetensors_bytes
 from safetensors.torch import save as save_safetensors_bytes
 
-from .errors import UserError
-from .runlock import pid_alive
+from ..errors import UserError
+from ..safety import remove_dead_writers_temp
 
 try:  # xxhash comes with `datasets`; ~10x faster than sha256 on a GB-sized checkpoint
     import xxhash
@@ -211,11 +211,3 @@ def prune_checkpoints(checkpoint_dir: Path, keep: int, protect: Path | None = No
         removed.append(path)
     remove_dead_writers_temp(checkpoint_dir, ".step_*.tmp-*")
     return removed
-
-
-def remove_dead_writers_temp(folder: Path, pattern: str) -> None:
-    """Remove the temp folders matching `pattern` (named `...-<pid>`) whose writing process has died."""
-    for tmp in folder.glob(pattern):
-        pid = tmp.name.rsplit("-", 1)[-1]
-        if pid.isdigit() and int(pid) != os.getpid() and not pid_alive(int(pid)):
-            shutil.rmtree(tmp, ignore_errors=True)  # our temp-name pattern, its writer's pid is dead

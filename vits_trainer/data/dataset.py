@@ -29,7 +29,7 @@ import soundfile as sf
 import torch
 from torch.utils.data import DataLoader, Dataset, Sampler
 
-from .errors import UserError
+from ..errors import UserError
 from .metadata import METADATA_NAME, WAVS_DIR, MetaRow, read_metadata
 
 CACHE_VERSION = 1  # bump when the cache layout or the decoding changes: old caches then rebuild

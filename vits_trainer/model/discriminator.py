@@ -325,10 +325,10 @@ def convert_original_discriminator(
 
 
 def _main(argv: list[str] | None = None) -> int:
-    from .errors import UserError
+    from ..errors import UserError
 
     parser = argparse.ArgumentParser(
-        prog="python -m vits_trainer.discriminator",
+        prog="python -m vits_trainer.model.discriminator",
         description="Convert an original VITS / MMS discriminator checkpoint (D_*.pth) "
         "to this package's format.",
     )
@@ -374,6 +374,6 @@ def _main(argv: list[str] | None = None) -> int:
 if __name__ == "__main__":
     import sys
 
-    from .errors import run_cli
+    from ..errors import run_cli
 
     sys.exit(run_cli(_main))

@@ -12,7 +12,7 @@ import math
 from dataclasses import dataclass, field, fields
 from typing import ClassVar
 
-from .errors import UserError
+from ..errors import UserError
 
 
 def _f(default, help: str, **kw):
@@ -129,7 +129,7 @@ class TrainConfig:
     explicit: frozenset[str] | None = field(default=None, repr=False, compare=False, metadata={"cli": False})
 
     def loss_weights(self):
-        from .losses import LossWeights
+        from ..model.losses import LossWeights
 
         return LossWeights(
             mel=self.mel_weight,
@@ -182,7 +182,7 @@ class TrainConfig:
             raise UserError(f"--min_lr_ratio must be in [0, 1] (got {self.min_lr_ratio})")
         if self.best_metric == "val_mel_dtw" and self.freerun_samples == 0:
             raise UserError("--best_metric val_mel_dtw needs --freerun_samples of 1 or more")
-        from .speakers import parse_num_speakers
+        from ..model.speakers import parse_num_speakers
 
         parse_num_speakers(self.num_speakers)
         if self.max_ram_gb < 0:

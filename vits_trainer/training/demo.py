@@ -37,12 +37,12 @@ def apply_demo_settings(cfg: TrainConfig, explicit: set[str]) -> TrainConfig:
     cfg = dataclasses.replace(cfg, **changes)
     data_dir, model_dir = Path(cfg.data_dir), Path(cfg.model_name)
     if not (data_dir / "metadata.csv").is_file():
-        from .synthetic import make_corpus
+        from ..data.synthetic import make_corpus
 
         print(f"demo: generating a tone-language corpus in {data_dir}", flush=True)
         make_corpus(data_dir, num_clips=160, sample_rate=16000, seed=0)
     if not (model_dir / "config.json").is_file():
-        from .tiny import make_tiny_model
+        from ..model.tiny import make_tiny_model
 
         print(f"demo: creating a tiny VITS model in {model_dir}", flush=True)
         make_tiny_model(model_dir)

@@ -24,7 +24,12 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from .alignment import maximum_path
+from ..data.metadata import SPLIT_FILE
+from ..errors import UserError
+from ..model.alignment import maximum_path
+from ..model.discriminator import save_discriminator
+from ..model.vits import export_model
+from ..safety import UnsafeOverwrite, check_replaceable, replace_export, write_export_file, write_marker
 from .checkpoint import (
     CheckpointError,
     checkpoint_name,
@@ -33,11 +38,8 @@ from .checkpoint import (
     write_checkpoint,
 )
 from .cpushare import cpu_share
-from .discriminator import save_discriminator
-from .errors import UserError
 from .evaluate import evaluate, move_batch, synthesize
 from .freerun import dtw_scores, free_running_eval, write_wavs
-from .metadata import SPLIT_FILE
 from .microbatch import (
     TRIAL_SHARE,
     TRIAL_STEPS,
@@ -59,11 +61,9 @@ from .recovery import (
 )
 from .reporting import MetricsLog, Progress, log_audio_to_trackers, plot_losses
 from .runtime import describe_threads, git_revision, thread_report
-from .safety import UnsafeOverwrite, check_replaceable, replace_export, write_export_file, write_marker
 from .session import Session, apply_lr_scale
 from .step import GanStep
 from .trainstate import LoadedCheckpoint, checkpoint_files
-from .vits import export_model
 
 # fp16 gradient overflows while the loss scale is at least this are the scaler's own calibration; below
 # it the gradients overflow fp16 even unscaled, which counts toward a recovery (out of fp16)

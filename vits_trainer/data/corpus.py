@@ -15,9 +15,9 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from ..errors import UserError
+from ..hub import looks_like_path
 from .audio import AUDIO_EXTENSIONS
-from .errors import UserError
-from .hub import looks_like_path
 
 FORMATS = ("auto", "ljspeech", "commonvoice", "csv", "hf", "audiofolder", "pairs")
 TEXT_COLUMNS = ("sentence", "text", "transcription", "normalized_text")

@@ -15,8 +15,8 @@ import copy
 import torch
 from transformers import VitsModel
 
-from .dataset import speaker_map
-from .errors import UserError
+from ..data.dataset import speaker_map
+from ..errors import UserError
 from .vits import apply_decoder_weight_norm, decoder_has_weight_norm
 
 SPEAKER_EMBEDDING_SIZE = 256  # VITS's multi-speaker size (gin_channels); MMS single-speaker has none

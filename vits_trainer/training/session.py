@@ -14,10 +14,7 @@ import numpy as np
 import torch
 from safetensors import SafetensorError
 
-from .budget import Budget, BudgetLR, make_scheduler
-from .checkpoint import find_resumable, list_checkpoints, verify_checkpoint
-from .config import TrainConfig
-from .dataset import (
+from ..data.dataset import (
     BucketBatchSampler,
     ClipStore,
     TrainingItems,
@@ -26,25 +23,28 @@ from .dataset import (
     make_loader,
     split_train_val,
 )
-from .discriminator import (
+from ..data.metadata import METADATA_NAME, read_metadata
+from ..data.text import TextEncoder, extend_vocabulary
+from ..errors import UserError
+from ..hub import resolve_model_dir
+from ..model.discriminator import (
     DiscriminatorConfig,
     VitsDiscriminator,
     discriminator_from_state_dict,
     load_discriminator,
 )
-from .errors import UserError
-from .hub import resolve_model_dir
-from .metadata import METADATA_NAME, read_metadata
+from ..model.speakers import resolve_speakers
+from ..model.vits import VitsGenerator, apply_decoder_weight_norm, freeze_parts, load_vits_model
+from ..runlock import RunLock, is_main_process
+from ..safety import remove_created_on_error
+from .budget import Budget, BudgetLR, make_scheduler
+from .checkpoint import find_resumable, list_checkpoints, verify_checkpoint
+from .config import TrainConfig
 from .modelfolder import check_model_folder
 from .resume_settings import restore_settings
-from .runlock import RunLock, is_main_process
 from .runtime import Logger, make_accelerator, quiet_transformers, resolve_precision
-from .safety import remove_created_on_error
-from .speakers import resolve_speakers
 from .step import make_optimizer
-from .text import TextEncoder, extend_vocabulary
 from .trainstate import LoadedCheckpoint, TrainState, set_rng_state
-from .vits import VitsGenerator, apply_decoder_weight_norm, freeze_parts, load_vits_model
 
 
 @dataclass

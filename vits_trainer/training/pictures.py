@@ -14,10 +14,10 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from .alignment import maximum_path
-from .dataset import ClipDataset, collate_batch
+from ..data.dataset import ClipDataset, collate_batch
+from ..model.alignment import maximum_path
+from ..model.vits import prior_log_likelihood, sequence_mask
 from .evaluate import move_batch
-from .vits import prior_log_likelihood, sequence_mask
 
 
 @torch.no_grad()

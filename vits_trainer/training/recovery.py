@@ -14,7 +14,7 @@ import gc
 
 import torch
 
-from .discriminator import VitsDiscriminator
+from ..model.discriminator import VitsDiscriminator
 
 
 def is_out_of_memory(err: BaseException) -> bool:
