@@ -7,7 +7,8 @@ import random
 
 import pytest
 
-from vits_trainer.training.budget import Budget, BudgetLR, lr_lambda_for, make_scheduler
+from vits_trainer.training.budget import Budget
+from vits_trainer.training.lr_schedule import BudgetLR, lr_lambda_for, make_scheduler
 
 
 class FakeClock:

@@ -14,15 +14,9 @@ import numpy as np
 import torch
 from safetensors import SafetensorError
 
-from ..data.dataset import (
-    BucketBatchSampler,
-    ClipStore,
-    TrainingItems,
-    build_items,
-    load_clip_store,
-    make_loader,
-    split_train_val,
-)
+from ..data.clipstore import ClipStore, load_clip_store
+from ..data.items import TrainingItems, build_items, split_train_val
+from ..data.loader import make_loader
 from ..data.metadata import METADATA_NAME, read_metadata
 from ..data.text import TextEncoder, extend_vocabulary
 from ..errors import UserError
@@ -37,9 +31,10 @@ from ..model.speakers import resolve_speakers
 from ..model.vits import VitsGenerator, apply_decoder_weight_norm, freeze_parts, load_vits_model
 from ..runlock import RunLock, is_main_process
 from ..safety import remove_created_on_error
-from .budget import Budget, BudgetLR, make_scheduler
+from .budget import Budget
 from .checkpoint import find_resumable, list_checkpoints, verify_checkpoint
 from .config import TrainConfig
+from .lr_schedule import BudgetLR, make_scheduler
 from .modelfolder import check_model_folder
 from .resume_settings import restore_settings
 from .runtime import Logger, make_accelerator, quiet_transformers, resolve_precision
