@@ -49,7 +49,10 @@ sys.path.insert(0, str(ROOT))
 
 import torch  # noqa: E402
 
-from vits_trainer.data.dataset import BucketBatchSampler, build_items, load_clip_store, make_loader  # noqa: E402
+from vits_trainer.data.clipstore import load_clip_store  # noqa: E402
+from vits_trainer.data.items import build_items  # noqa: E402
+from vits_trainer.data.loader import make_loader  # noqa: E402
+from vits_trainer.data.sampler import BucketBatchSampler  # noqa: E402
 from vits_trainer.data.synthetic import make_corpus  # noqa: E402
 from vits_trainer.errors import UserError  # noqa: E402
 from vits_trainer.model.tiny import make_tiny_model  # noqa: E402

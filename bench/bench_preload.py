@@ -76,7 +76,10 @@ def child(data_dir: Path, sample_rate: int, max_ram_gb: float, loader_epoch: boo
     """One load in this (fresh) process; prints nothing but the JSON result."""
     import psutil
 
-    from vits_trainer.data.dataset import BucketBatchSampler, build_items, load_clip_store, make_loader
+    from vits_trainer.data.clipstore import load_clip_store
+    from vits_trainer.data.items import build_items
+    from vits_trainer.data.loader import make_loader
+    from vits_trainer.data.sampler import BucketBatchSampler
 
     proc = psutil.Process()
     rss0 = proc.memory_info().rss

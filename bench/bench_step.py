@@ -50,7 +50,7 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")  # the model folders are local: nev
 import numpy as np  # noqa: E402
 import torch  # noqa: E402
 
-from vits_trainer.data.dataset import ClipDataset, collate_batch  # noqa: E402
+from vits_trainer.data.loader import ClipDataset, collate_batch  # noqa: E402
 from vits_trainer.data.synthetic import make_corpus  # noqa: E402
 from vits_trainer.model.fresh_init import init_like_vits  # noqa: E402
 from vits_trainer.model.spectrogram import SpectrogramFrontEnd  # noqa: E402

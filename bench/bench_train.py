@@ -258,7 +258,10 @@ def baseline_throughput(data: Path, model_dir: Path, width: float, batch: int, s
 
 
 def loader_throughput(data: Path, model_dir: Path, batch: int, batches: int = 60) -> list[dict]:
-    from vits_trainer.data.dataset import BucketBatchSampler, build_items, load_clip_store, make_loader
+    from vits_trainer.data.clipstore import load_clip_store
+    from vits_trainer.data.items import build_items
+    from vits_trainer.data.loader import make_loader
+    from vits_trainer.data.sampler import BucketBatchSampler
     from vits_trainer.data.text import TextEncoder
     from vits_trainer.model.spectrogram import SpectrogramFrontEnd
     from vits_trainer.model.vits import load_vits_model

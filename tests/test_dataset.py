@@ -13,19 +13,10 @@ import pytest
 import soundfile as sf
 import torch
 
-from vits_trainer.data.dataset import (
-    AUDIO_NAME,
-    INDEX_NAME,
-    BucketBatchSampler,
-    ClipDataset,
-    ClipStore,
-    build_items,
-    collate_batch,
-    load_clip_store,
-    make_loader,
-    speaker_map,
-    split_train_val,
-)
+from vits_trainer.data.clipstore import AUDIO_NAME, INDEX_NAME, ClipStore, load_clip_store
+from vits_trainer.data.items import build_items, speaker_map, split_train_val
+from vits_trainer.data.loader import ClipDataset, collate_batch, make_loader
+from vits_trainer.data.sampler import BucketBatchSampler
 from vits_trainer.data.synthetic import ALPHABET, make_corpus
 from vits_trainer.errors import UserError
 
@@ -408,12 +399,12 @@ def test_copy_of_cache_elsewhere_is_a_hit(corpus: Path, tmp_path: Path) -> None:
 
 
 def test_disk_full_while_writing_cache_falls_back_to_ram(corpus: Path, monkeypatch) -> None:
-    import vits_trainer.data.dataset as dataset
+    import vits_trainer.data.clipstore as clipstore
 
     def no_space(_fd: int) -> None:
         raise OSError(28, "No space left on device")
 
-    monkeypatch.setattr(dataset.os, "fsync", no_space)
+    monkeypatch.setattr(clipstore.os, "fsync", no_space)
     logs = Logs()
     store, report = load(corpus, log=logs)
     assert len(store) == 24 and report.in_ram and report.cache_path is None

@@ -20,7 +20,7 @@ import pytest
 import torch
 
 from tests.helpers import PYTHON, ROOT, TINY_SETTINGS, cli_args, train_tiny
-from vits_trainer.data.dataset import load_clip_store
+from vits_trainer.data.clipstore import load_clip_store
 from vits_trainer.data.synthetic import make_corpus
 from vits_trainer.errors import UserError
 from vits_trainer.training.checkpoint import write_checkpoint
@@ -498,7 +498,8 @@ def test_a_rerecorded_validation_sentence_is_evaluated_never_trained(tmp_path, l
 
 
 def test_combined_items_and_replay_sampler_across_ranks(light_base, feedback_dir):
-    from vits_trainer.data.dataset import BucketBatchSampler, CombinedItems, ReplayBatchSampler, build_items
+    from vits_trainer.data.items import CombinedItems, build_items
+    from vits_trainer.data.sampler import BucketBatchSampler, ReplayBatchSampler
     from vits_trainer.data.text import TextEncoder
 
     text = TextEncoder.from_pretrained(light_base["model"])

@@ -9,7 +9,7 @@ import torch
 from helpers import tiny_config, train_tiny
 from transformers import VitsModel
 
-from vits_trainer.data.dataset import speaker_map
+from vits_trainer.data.items import speaker_map
 from vits_trainer.data.synthetic import make_corpus
 from vits_trainer.errors import UserError
 from vits_trainer.model.speakers import add_speakers

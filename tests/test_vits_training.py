@@ -14,7 +14,7 @@ import torch
 from transformers import VitsModel, VitsTokenizer, pipeline
 
 from tests.helpers import tiny_config, train_tiny
-from vits_trainer.data.dataset import collate_batch
+from vits_trainer.data.loader import collate_batch
 from vits_trainer.data.synthetic import make_corpus
 from vits_trainer.model.tiny import make_tiny_model
 from vits_trainer.training.loop import Trainer
@@ -23,7 +23,7 @@ from vits_trainer.training.session import build_session
 
 def one_batch(session, n=4):
     items = session.data.train
-    from vits_trainer.data.dataset import ClipDataset
+    from vits_trainer.data.loader import ClipDataset
 
     batch = collate_batch([ClipDataset(items)[i] for i in range(n)])
     batch.pop("indices")

@@ -41,7 +41,7 @@ data/prepare.py:prepare / convert_all / finish_wavs
         when the state says this tool wrote it from the same source
     `.*.tmp` WAVs -> only names `audio.is_temp_wav` recognises (our own temp pattern)
     no source file may be an output: sources inside data_dir/wavs or equal to an output file are refused
-data/dataset.py:_build_cache / _cache_writable
+data/clipstore.py:_build_cache / _cache_writable
     cache/audio_int16.bin, cache/index.json, probes -> fixed names in data_dir/cache, the tool's cache
 jsonfile.py / data/metadata.py / data/audio.py / model/discriminator.py
     temp file + os.replace onto a target the caller names -> the callers above own those targets

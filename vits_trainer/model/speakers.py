@@ -15,7 +15,7 @@ import copy
 import torch
 from transformers import VitsModel
 
-from ..data.dataset import speaker_map
+from ..data.items import speaker_map
 from ..errors import UserError
 from .vits import apply_decoder_weight_norm, decoder_has_weight_norm
 

@@ -71,7 +71,7 @@ def evaluate_per_clip(generator, items, device: torch.device, autocast=None, see
     """{clip id: val_mel} with each clip evaluated alone (a batch of one: no padding, no neighbours),
     for paired before/after comparisons. The same seed and order give the same numbers; a different
     seed draws other posterior/duration noise, which is part of the measurement's own noise."""
-    from ..data.dataset import ClipDataset, collate_batch
+    from ..data.loader import ClipDataset, collate_batch
 
     dataset = ClipDataset(items)
     was_training = generator.training

@@ -56,7 +56,8 @@ from .resume_settings import resume_command
 
 # torch/transformers are imported where used: a bad command line is reported without paying for them
 if TYPE_CHECKING:
-    from ..data.dataset import ClipStore, TrainingItems
+    from ..data.clipstore import ClipStore
+    from ..data.items import TrainingItems
     from ..data.text import TextEncoder
 
 REPORT_NAME = "feedback_report.json"
@@ -340,7 +341,7 @@ def original_val_ids(base: Path, store_ids: list[str], cfg: FeedbackConfig, log)
     in its checkpoint dir, a feedback version's model beside its checkpoints/); else recomputed as the
     runner does with --val_fraction and --seed (right when the base was trained with the defaults).
     """
-    from ..data.dataset import split_train_val
+    from ..data.items import split_train_val
     from .checkpoint import find_resumable
     from .trainstate import LoadedCheckpoint
 
@@ -374,7 +375,7 @@ def original_val_ids(base: Path, store_ids: list[str], cfg: FeedbackConfig, log)
 
 
 def subset(items: TrainingItems, positions: list[int] | np.ndarray) -> TrainingItems:
-    from ..data.dataset import TrainingItems
+    from ..data.items import TrainingItems
 
     positions = np.asarray(positions, dtype=np.int64)
     return TrainingItems(
@@ -442,7 +443,9 @@ class FeedbackRun:
 
     def data_fn(self, cfg, store: ClipStore, text, speakers: dict, hop: int, val_ids: list[str] | None, log):
         """build_session's data hook: feedback + replay pool to train, {feedback, val} to evaluate."""
-        from ..data.dataset import CombinedItems, ReplayBatchSampler, build_items, load_clip_store
+        from ..data.clipstore import load_clip_store
+        from ..data.items import CombinedItems, build_items
+        from ..data.sampler import ReplayBatchSampler
         from .session import DataSplit
 
         if val_ids is None:
@@ -522,7 +525,7 @@ class FeedbackRun:
     ) -> tuple[list[int], list[int]]:
         """(train, evaluation) positions into the usable feedback clips; fixed for the version's life.
         Clips whose sentence is in `protected` (the original validation's) are evaluated, never trained."""
-        from ..data.dataset import split_train_val
+        from ..data.items import split_train_val
 
         stored = self.info.get("feedback_split")
         if stored is not None:  # a resumed version keeps the split its "before" numbers were taken on

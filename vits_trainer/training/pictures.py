@@ -14,7 +14,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from ..data.dataset import ClipDataset, collate_batch
+from ..data.loader import ClipDataset, collate_batch
 from ..model.alignment import maximum_path
 from ..model.vits import prior_log_likelihood, sequence_mask
 from .evaluate import move_batch

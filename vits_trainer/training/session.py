@@ -18,6 +18,7 @@ from ..data.clipstore import ClipStore, load_clip_store
 from ..data.items import TrainingItems, build_items, split_train_val
 from ..data.loader import make_loader
 from ..data.metadata import METADATA_NAME, read_metadata
+from ..data.sampler import BucketBatchSampler
 from ..data.text import TextEncoder, extend_vocabulary
 from ..errors import UserError
 from ..hub import resolve_model_dir

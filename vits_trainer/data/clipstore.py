@@ -1,0 +1,466 @@
+"""The clip store: every clip of a data_dir preloaded as int16, and its packed on-disk cache.
+
+Reading WAVs from disk per sample starved the GPU (1.7 samples/s), so all clips are loaded once at
+start into one int16 array (half the RAM of float32) with offsets. The array is built once into a
+packed cache (`audio_int16.bin` + `index.json`) so the next start is a single sequential read, or a
+memory map when the set does not fit in RAM. Tokenizing and batching live in items.py, sampler.py
+and loader.py; spectrograms are made by the trainer on the device per batch.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shutil
+import time
+from collections import deque
+from collections.abc import Callable
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import soundfile as sf
+
+from ..errors import UserError
+from .metadata import METADATA_NAME, WAVS_DIR, MetaRow, read_metadata
+
+CACHE_VERSION = 1  # bump when the cache layout or the decoding changes: old caches then rebuild
+AUDIO_NAME = "audio_int16.bin"
+INDEX_NAME = "index.json"
+BYTES_PER_SAMPLE = 2
+RAM_FRACTION = 0.75  # of available RAM when max_ram_gb is not given: the model needs the rest
+MAX_READ_THREADS = 8
+
+Log = Callable[[str], Any]
+
+
+# ---------------------------------------------------------------------------------------------------
+# The clip store
+
+
+@dataclass
+class ClipStore:
+    """All clips of a data_dir: audio as one int16 array plus offsets, and the metadata per clip."""
+
+    ids: list[str]
+    texts: list[str]
+    speakers: list[str]
+    offsets: np.ndarray  # int64 [N+1]; clip i is audio[offsets[i]:offsets[i+1]]
+    audio: np.ndarray  # int16 [total_samples]; an np.memmap when not preloaded
+    sample_rate: int
+
+    def clip(self, i: int) -> np.ndarray:
+        """int16 view of clip i (no copy)."""
+        return self.audio[self.offsets[i] : self.offsets[i + 1]]
+
+    def num_samples(self, i: int) -> int:
+        return int(self.offsets[i + 1] - self.offsets[i])
+
+    def lengths(self) -> np.ndarray:
+        """Samples per clip, int64 [N]."""
+        return np.diff(self.offsets)
+
+    def __len__(self) -> int:
+        return len(self.ids)
+
+    @property
+    def seconds(self) -> float:
+        return float(self.offsets[-1]) / self.sample_rate
+
+    @property
+    def in_ram(self) -> bool:
+        return not isinstance(self.audio, np.memmap)
+
+    def __getstate__(self) -> dict[str, Any]:
+        # Pickling a memmap would copy the whole file into the pickle (spawned DataLoader workers);
+        # send its path instead and map it again on the other side.
+        state = self.__dict__.copy()
+        if isinstance(self.audio, np.memmap) and self.audio.filename is not None:
+            state["audio"] = ("memmap", str(self.audio.filename), int(self.audio.offset), len(self.audio))
+        return state
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        audio = state["audio"]
+        if isinstance(audio, tuple) and audio and audio[0] == "memmap":
+            _, path, offset, length = audio
+            state["audio"] = np.memmap(path, dtype=np.int16, mode="r", offset=offset, shape=(length,))
+        self.__dict__.update(state)
+
+
+@dataclass
+class LoadReport:
+    clips: int = 0
+    skipped: list[tuple[str, str]] = field(default_factory=list)  # (id, reason)
+    resampled: int = 0
+    hours: float = 0.0
+    bytes: int = 0  # of the int16 audio
+    cache_hit: bool = False
+    seconds: float = 0.0  # wall time of the whole load
+    in_ram: bool = True
+    metadata_problems: list[tuple[int, str]] = field(default_factory=list)  # (line, reason)
+    cache_path: str | None = None  # None when no cache could be written
+    timings: dict[str, float] = field(default_factory=dict)  # seconds per phase
+
+    def to_dict(self) -> dict[str, Any]:
+        d = asdict(self)
+        d["skipped"] = [list(s) for s in self.skipped]
+        d["metadata_problems"] = [list(p) for p in self.metadata_problems]
+        return d
+
+
+def _wav_path(data_dir: Path, clip_id: str) -> Path:
+    return data_dir / WAVS_DIR / f"{clip_id}.wav"
+
+
+def _fingerprint(metadata_bytes: bytes, wav_paths: list[Path], sample_rate: int) -> tuple[str, int]:
+    """Hash of everything the cache depends on; also returns the total wav bytes (a size estimate).
+
+    (size, mtime_ns) per wav instead of content hashes: stat is ~1000x cheaper than reading, and a
+    rewritten file changes its mtime.
+    """
+    h = hashlib.sha256()
+    h.update(f"vits-trainer clip cache v{CACHE_VERSION} sr={sample_rate}\n".encode())
+    h.update(hashlib.sha256(metadata_bytes).digest())
+    total = 0
+    for path in wav_paths:
+        try:
+            st = os.stat(path)
+            h.update(f"{st.st_size}:{st.st_mtime_ns}\n".encode())
+            total += st.st_size
+        except OSError:
+            h.update(b"missing\n")
+    return h.hexdigest(), total
+
+
+def _cache_writable(cache_dir: Path) -> str | None:
+    """None when `cache_dir` can hold the cache, else the reason why not."""
+    try:
+        cache_dir.mkdir(parents=True, exist_ok=True)
+        probe = cache_dir / f".probe-{os.getpid()}"
+        probe.write_bytes(b"")
+        probe.unlink()  # the probe this pid just wrote
+    except OSError as err:
+        return err.strerror or str(err)
+    return None
+
+
+def _read_clip(path: Path, sample_rate: int) -> tuple[np.ndarray | None, str | None, bool]:
+    """(int16 mono audio, None, resampled) or (None, reason, False). Never raises for bad files."""
+    try:
+        with sf.SoundFile(path) as f:
+            rate = f.samplerate
+            if f.subtype in ("FLOAT", "DOUBLE"):
+                # libsndfile's float->int16 conversion does not clip: values past +-1 would wrap around
+                data = np.clip(f.read(dtype="float32", always_2d=True), -1.0, 1.0) * 32767.0
+            else:
+                data = f.read(dtype="int16", always_2d=True)
+    except Exception as err:  # soundfile raises several types for missing/corrupt files
+        reason = "missing file" if not path.exists() else f"unreadable ({str(err).splitlines()[0][:120]})"
+        return None, reason, False
+    if data.shape[0] == 0:
+        return None, "empty audio", False
+    if data.shape[1] == 1:
+        mono = data[:, 0]
+    else:
+        mono = data.mean(axis=1, dtype=np.float32)  # downmix without int16 overflow
+    resampled = rate != sample_rate
+    if resampled:
+        import soxr  # imported lazily: only needed for data that skipped prepare_data.py
+
+        mono = soxr.resample(mono.astype(np.float32), rate, sample_rate)
+    if mono.dtype != np.int16:
+        mono = np.clip(np.rint(mono), -32768, 32767).astype(np.int16)
+    if mono.shape[0] == 0:
+        return None, "empty audio after resampling", False
+    return np.ascontiguousarray(mono), None, resampled
+
+
+def _read_all(
+    paths: list[Path], sample_rate: int, threads: int, sink: Callable[[int, np.ndarray], None], progress: bool
+) -> tuple[list[tuple[int, str]], int]:
+    """Read clips in order with a thread pool, handing each to `sink(i, audio)` as soon as it is its turn.
+
+    A bounded window of futures keeps memory at a few clips per thread, so the only full copy of the
+    audio is the one the sink writes. Returns (failures as (position, reason), resampled count).
+    """
+    from tqdm.auto import tqdm
+
+    failures: list[tuple[int, str]] = []
+    resampled = 0
+    bar = tqdm(total=len(paths), unit="clip", desc="reading wavs", disable=not progress, mininterval=1.0)
+
+    def handle(i: int, result: tuple[np.ndarray | None, str | None, bool]) -> None:
+        nonlocal resampled
+        audio, reason, was_resampled = result
+        if audio is None:
+            failures.append((i, reason or "unreadable"))
+        else:
+            resampled += was_resampled
+            sink(i, audio)
+        bar.update(1)
+
+    try:
+        if threads <= 1:
+            for i, path in enumerate(paths):
+                handle(i, _read_clip(path, sample_rate))
+        else:
+            window = threads * 4
+            with ThreadPoolExecutor(max_workers=threads, thread_name_prefix="wav-read") as pool:
+                pending: deque[tuple[int, Future]] = deque()
+                for i, path in enumerate(paths):
+                    pending.append((i, pool.submit(_read_clip, path, sample_rate)))
+                    if len(pending) >= window:
+                        j, fut = pending.popleft()
+                        handle(j, fut.result())
+                while pending:
+                    j, fut = pending.popleft()
+                    handle(j, fut.result())
+    finally:
+        bar.close()
+    return failures, resampled
+
+
+def _ram_limit_bytes(max_ram_gb: float) -> int:
+    if max_ram_gb > 0:
+        return int(max_ram_gb * 2**30)
+    try:
+        import psutil
+
+        return int(psutil.virtual_memory().available * RAM_FRACTION)
+    except Exception:  # no psutil: assume it fits
+        return 2**62
+
+
+def _gb(n: int) -> str:
+    return f"{n / 2**30:.2f} GB"
+
+
+def load_clip_store(
+    data_dir: Path,
+    sample_rate: int,
+    cache_dir: Path | None = None,
+    max_ram_gb: float = 0.0,
+    num_workers: int = 0,
+    log: Log = print,
+    progress: bool = True,
+) -> tuple[ClipStore, LoadReport]:
+    """Load every clip listed in `data_dir/metadata.csv` as int16 at `sample_rate`.
+
+    Uses (or builds) the packed cache in `cache_dir` (default `data_dir/cache`). `max_ram_gb` caps
+    the preloaded audio; above it the cache is memory-mapped instead (0 = 75% of available RAM).
+    `num_workers` threads read the wavs when building (0 = auto). Bad clips are skipped and reported.
+    """
+    t0 = time.perf_counter()
+    data_dir = Path(data_dir)
+    if not data_dir.is_dir():
+        raise UserError(f"{data_dir}: no such data folder (run prepare_data.py first)")
+    meta_path = data_dir / METADATA_NAME
+    rows, problems = read_metadata(meta_path)
+    report = LoadReport(metadata_problems=problems)
+    if problems:
+        first = "; ".join(f"line {n}: {why}" for n, why in problems[:3])
+        log(f"warning: {meta_path}: {len(problems)} unusable line(s) ignored ({first})")
+    if not rows:
+        raise UserError(f"{meta_path}: no usable rows")
+
+    wav_paths = [_wav_path(data_dir, r.id) for r in rows]
+    metadata_bytes = meta_path.read_bytes()
+    fingerprint, wav_bytes = _fingerprint(metadata_bytes, wav_paths, sample_rate)
+    report.timings["fingerprint"] = time.perf_counter() - t0
+
+    cache_dir = Path(cache_dir) if cache_dir is not None else data_dir / "cache"
+    audio_path, index_path = cache_dir / AUDIO_NAME, cache_dir / INDEX_NAME
+    index = _read_index(index_path, audio_path, fingerprint)
+    ram_limit = _ram_limit_bytes(max_ram_gb)
+
+    if index is not None:
+        report.cache_hit = True
+        report.cache_path = str(cache_dir)
+    else:
+        t_build = time.perf_counter()
+        why_not = _cache_writable(cache_dir)
+        if why_not is None:
+            free = shutil.disk_usage(cache_dir).free
+            if free < wav_bytes * 1.05:  # int16 mono at the target rate is at most the wav bytes, roughly
+                why_not = f"only {_gb(free)} free, the cache needs about {_gb(wav_bytes)}"
+        if why_not is not None:
+            log(
+                f"warning: cannot write the clip cache in {cache_dir} ({why_not}); loading into RAM "
+                f"without a cache, so every start re-reads the wavs (pass a writable cache dir)"
+            )
+            store = _build_in_ram(rows, wav_paths, sample_rate, _threads(num_workers), report, log, progress)
+        else:
+            log(f"building clip cache in {cache_dir}: {len(rows)} clips, {_gb(wav_bytes)} of wav files")
+            threads = _threads(num_workers)
+            try:
+                index = _build_cache(
+                    rows, wav_paths, sample_rate, fingerprint, cache_dir, threads, report, log, progress
+                )
+                report.cache_path = str(cache_dir)
+            except OSError as err:
+                # reads never raise (bad clips are skipped), so this is writing: usually a full disk
+                log(
+                    f"warning: writing the clip cache in {cache_dir} failed ({err}); loading into RAM instead"
+                )
+                store = _build_in_ram(rows, wav_paths, sample_rate, threads, report, log, progress)
+        report.timings["build"] = time.perf_counter() - t_build
+
+    if index is not None:
+        offsets = np.asarray(index["offsets"], dtype=np.int64)
+        report.skipped = [(s[0], s[1]) for s in index["skipped"]]
+        report.resampled = int(index["resampled"])
+        if report.cache_hit and report.skipped:
+            log(f"warning: {len(report.skipped)} clip(s) skipped (cached result; fix the wavs to rebuild)")
+        nbytes = int(offsets[-1]) * BYTES_PER_SAMPLE
+        hours = int(offsets[-1]) / sample_rate / 3600
+        log(f"{len(index['ids'])} clips, {hours:.2f} hours, {_gb(nbytes)} as int16")
+        t_load = time.perf_counter()
+        if nbytes <= ram_limit:
+            audio: np.ndarray = np.fromfile(audio_path, dtype=np.int16)
+        else:
+            audio = np.memmap(audio_path, dtype=np.int16, mode="r", shape=(int(offsets[-1]),))
+            log(
+                f"audio ({_gb(nbytes)}) exceeds the RAM limit ({_gb(ram_limit)}): memory-mapping "
+                f"{audio_path}; clips are read from disk on demand (the OS page cache helps after epoch 1)"
+            )
+        report.timings["load"] = time.perf_counter() - t_load
+        store = ClipStore(
+            ids=list(index["ids"]),
+            texts=list(index["texts"]),
+            speakers=list(index["speakers"]),
+            offsets=offsets,
+            audio=audio,
+            sample_rate=sample_rate,
+        )
+
+    report.clips = len(store)
+    report.bytes = int(store.offsets[-1]) * BYTES_PER_SAMPLE
+    report.hours = store.seconds / 3600
+    report.in_ram = store.in_ram
+    report.seconds = time.perf_counter() - t0
+    if report.clips == 0:
+        raise UserError(f"{meta_path}: none of the {len(rows)} listed clips could be read")
+    return store, report
+
+
+def _threads(num_workers: int) -> int:
+    return num_workers if num_workers > 0 else min(MAX_READ_THREADS, os.cpu_count() or 1)
+
+
+def _read_index(index_path: Path, audio_path: Path, fingerprint: str) -> dict[str, Any] | None:
+    """The cache index if it is complete and matches `fingerprint`, else None (-> rebuild)."""
+    try:
+        index = json.loads(index_path.read_text(encoding="utf-8"))
+        if index.get("version") != CACHE_VERSION or index.get("fingerprint") != fingerprint:
+            return None
+        if audio_path.stat().st_size != int(index["offsets"][-1]) * BYTES_PER_SAMPLE:
+            return None  # truncated or replaced by hand
+        return index
+    except (OSError, ValueError, KeyError, IndexError, TypeError):
+        return None
+
+
+def _log_build_summary(report: LoadReport, sample_rate: int, log: Log) -> None:
+    if report.resampled:
+        log(
+            f"warning: {report.resampled} clip(s) were not at {sample_rate} Hz and were resampled while "
+            f"loading; run prepare_data.py to convert them once instead"
+        )
+    if report.skipped:
+        first = "; ".join(f"{i}: {why}" for i, why in report.skipped[:3])
+        log(f"warning: {len(report.skipped)} clip(s) skipped ({first})")
+
+
+def _build_cache(
+    rows: list[MetaRow],
+    wav_paths: list[Path],
+    sample_rate: int,
+    fingerprint: str,
+    cache_dir: Path,
+    threads: int,
+    report: LoadReport,
+    log: Log,
+    progress: bool,
+) -> dict[str, Any]:
+    """Stream every clip into `audio_int16.bin`, then write `index.json` last, both atomically."""
+    audio_path, index_path = cache_dir / AUDIO_NAME, cache_dir / INDEX_NAME
+    suffix = f".tmp-{os.getpid()}"
+    tmp_audio = audio_path.with_name(AUDIO_NAME + suffix)
+    tmp_index = index_path.with_name(INDEX_NAME + suffix)
+    kept: list[int] = []
+    offsets = [0]
+    try:
+        with open(tmp_audio, "wb") as f:
+
+            def sink(i: int, audio: np.ndarray) -> None:
+                f.write(memoryview(audio).cast("B"))
+                kept.append(i)
+                offsets.append(offsets[-1] + len(audio))
+
+            failures, report.resampled = _read_all(wav_paths, sample_rate, threads, sink, progress)
+            f.flush()
+            os.fsync(f.fileno())
+        report.skipped = [(rows[i].id, why) for i, why in failures]
+        index = {
+            "version": CACHE_VERSION,
+            "fingerprint": fingerprint,
+            "sample_rate": sample_rate,
+            "ids": [rows[i].id for i in kept],
+            "texts": [rows[i].text for i in kept],
+            "speakers": [rows[i].speaker for i in kept],
+            "offsets": offsets,
+            "skipped": [list(s) for s in report.skipped],
+            "resampled": report.resampled,
+        }
+        # Drop the old index first: an old index next to a new bin must never look valid.
+        # (cache/ files have fixed names of this tool; no run writes its outputs into cache/: safety.py)
+        index_path.unlink(missing_ok=True)
+        os.replace(tmp_audio, audio_path)
+        with open(tmp_index, "w", encoding="utf-8") as f:
+            json.dump(index, f, ensure_ascii=False)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp_index, index_path)
+    finally:  # our pid's temp files
+        tmp_audio.unlink(missing_ok=True)
+        tmp_index.unlink(missing_ok=True)
+    _log_build_summary(report, sample_rate, log)
+    return index
+
+
+def _build_in_ram(
+    rows: list[MetaRow],
+    wav_paths: list[Path],
+    sample_rate: int,
+    threads: int,
+    report: LoadReport,
+    log: Log,
+    progress: bool,
+) -> ClipStore:
+    """No cache possible: read every clip into one array (peak RAM stays close to one copy)."""
+    pieces: dict[int, np.ndarray] = {}
+    failures, report.resampled = _read_all(
+        wav_paths, sample_rate, threads, lambda i, a: pieces.__setitem__(i, a), progress
+    )
+    report.skipped = [(rows[i].id, why) for i, why in failures]
+    kept = sorted(pieces)
+    offsets = np.zeros(len(kept) + 1, dtype=np.int64)
+    np.cumsum([len(pieces[i]) for i in kept], out=offsets[1:])
+    # np.empty pages are committed only when written, and each piece is freed right after its copy,
+    # so this never holds two full copies.
+    audio = np.empty(int(offsets[-1]), dtype=np.int16)
+    for n, i in enumerate(kept):
+        audio[offsets[n] : offsets[n + 1]] = pieces.pop(i)
+    _log_build_summary(report, sample_rate, log)
+    log(f"{len(kept)} clips, {offsets[-1] / sample_rate / 3600:.2f} hours, {_gb(audio.nbytes)} as int16")
+    return ClipStore(
+        ids=[rows[i].id for i in kept],
+        texts=[rows[i].text for i in kept],
+        speakers=[rows[i].speaker for i in kept],
+        offsets=offsets,
+        audio=audio,
+        sample_rate=sample_rate,
+    )

@@ -1,0 +1,86 @@
+"""From items to padded batches: the Dataset, `collate_batch` and the DataLoader that joins them.
+
+Items are small dicts of numpy views (cheap to pickle into workers); `collate_batch` pads them into
+preallocated arrays and turns the int16 audio into float32 once, per batch.
+"""
+
+from __future__ import annotations
+
+import sys
+from typing import Any
+
+import numpy as np
+import torch
+from torch.utils.data import DataLoader, Dataset
+
+from .items import TrainingItems
+from .sampler import BucketBatchSampler
+
+
+class ClipDataset(Dataset):
+    """Items as small dicts of numpy views; works in forked and spawned DataLoader workers."""
+
+    def __init__(self, items: TrainingItems) -> None:
+        self.items = items
+
+    def __len__(self) -> int:
+        return len(self.items)
+
+    def __getitem__(self, i: int) -> dict[str, Any]:
+        return {
+            "token_ids": self.items.token_ids[i],
+            "audio": self.items.audio(i),
+            "speaker_id": int(self.items.speaker_ids[i]),
+            "index": i,  # position in the items (items.clip_id(i) names the clip in logs)
+        }
+
+
+_INT16_SCALE = np.float32(1.0 / 32768.0)
+
+
+def collate_batch(items: list[dict[str, Any]]) -> dict[str, torch.Tensor]:
+    """Pad into preallocated numpy arrays and wrap them as tensors (no extra copy), audio as float32."""
+    b = len(items)
+    text_lengths = np.fromiter((len(it["token_ids"]) for it in items), dtype=np.int64, count=b)
+    audio_lengths = np.fromiter((len(it["audio"]) for it in items), dtype=np.int64, count=b)
+    t_max = int(text_lengths.max()) if b else 0
+    s_max = int(audio_lengths.max()) if b else 0
+    input_ids = np.zeros((b, t_max), dtype=np.int64)
+    attention_mask = np.zeros((b, t_max), dtype=np.int64)
+    audio = np.zeros((b, 1, s_max), dtype=np.float32)
+    for j, it in enumerate(items):
+        t, s = text_lengths[j], audio_lengths[j]
+        input_ids[j, :t] = it["token_ids"]
+        attention_mask[j, :t] = 1
+        np.multiply(it["audio"], _INT16_SCALE, out=audio[j, 0, :s])
+    return {
+        "input_ids": torch.from_numpy(input_ids),
+        "attention_mask": torch.from_numpy(attention_mask),
+        "text_lengths": torch.from_numpy(text_lengths),
+        "audio": torch.from_numpy(audio),
+        "audio_lengths": torch.from_numpy(audio_lengths),
+        "speaker_ids": torch.tensor([it["speaker_id"] for it in items], dtype=torch.int64),
+        "indices": torch.tensor([it["index"] for it in items], dtype=torch.int64),
+    }
+
+
+def make_loader(
+    items: TrainingItems, batch_sampler: BucketBatchSampler, num_workers: int, pin_memory: bool
+) -> DataLoader:
+    """A DataLoader over `items`; workers stay alive across epochs (the sampler lives in this process)."""
+    extra: dict[str, Any] = {}
+    if num_workers > 0:
+        # a few batches ahead per worker hides collation; more only costs pinned RAM
+        extra = {"persistent_workers": True, "prefetch_factor": 4}
+        if sys.platform == "linux":
+            # fork shares the preloaded audio copy-on-write; spawn/forkserver (Python 3.14's default)
+            # would pickle a full copy of it into every worker
+            extra["multiprocessing_context"] = "fork"
+    return DataLoader(
+        ClipDataset(items),
+        batch_sampler=batch_sampler,
+        collate_fn=collate_batch,
+        num_workers=num_workers,
+        pin_memory=pin_memory,
+        **extra,
+    )
