@@ -446,7 +446,7 @@ class FeedbackRun:
         from ..data.clipstore import load_clip_store
         from ..data.items import CombinedItems, build_items
         from ..data.sampler import ReplayBatchSampler
-        from .session import DataSplit
+        from .datasplit import DataSplit
 
         if val_ids is None:
             val_ids, source = original_val_ids(self.inputs.base_model, store.ids, cfg, log)

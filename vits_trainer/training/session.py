@@ -1,5 +1,8 @@
 """Everything one training process needs, built from its settings: device, model, data, optimisers,
 budget, and the state of a resumed run. Shared by train_vits.py and train_feedback.py.
+
+`build_session` locks the run's folder and finds the checkpoint to resume; `_build_session` is then one
+line per set-up step, in order. The data steps are in datasplit.py, the model steps in networks.py.
 """
 
 from __future__ import annotations
@@ -7,58 +10,30 @@ from __future__ import annotations
 import shutil
 import tempfile
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
-import numpy as np
 import torch
-from safetensors import SafetensorError
 
-from ..data.clipstore import ClipStore, load_clip_store
-from ..data.items import TrainingItems, build_items, split_train_val
-from ..data.loader import make_loader
 from ..data.metadata import METADATA_NAME, read_metadata
 from ..data.sampler import BucketBatchSampler
-from ..data.text import TextEncoder, extend_vocabulary
+from ..data.text import TextEncoder
 from ..errors import UserError
-from ..hub import resolve_model_dir
-from ..model.discriminator import (
-    DiscriminatorConfig,
-    VitsDiscriminator,
-    discriminator_from_state_dict,
-    load_discriminator,
-)
+from ..model.discriminator import VitsDiscriminator
 from ..model.speakers import resolve_speakers
-from ..model.vits import VitsGenerator, apply_decoder_weight_norm, freeze_parts, load_vits_model
+from ..model.vits import VitsGenerator
 from ..runlock import RunLock, is_main_process
 from ..safety import remove_created_on_error
 from .budget import Budget
 from .checkpoint import find_resumable, list_checkpoints, verify_checkpoint
 from .config import TrainConfig
+from .datasplit import DataSplit, check_vocabulary, describe_data, load_store, make_loaders, split_data
 from .lr_schedule import BudgetLR, make_scheduler
-from .modelfolder import check_model_folder
+from .networks import estimate_checkpoint_bytes, load_model, load_or_create_discriminator, make_generator
 from .resume_settings import restore_settings
 from .runtime import Logger, make_accelerator, quiet_transformers, resolve_precision
 from .step import make_optimizer
 from .trainstate import LoadedCheckpoint, TrainState, set_rng_state
-
-
-@dataclass
-class DataSplit:
-    """The clips a run trains and validates on. `val_sets` maps a name to items; the first is primary."""
-
-    store: ClipStore
-    train: TrainingItems
-    val_sets: dict[str, TrainingItems]
-    val_ids: list[str]
-    dropped: list[tuple[str, str]] = field(default_factory=list)
-    # a custom batch sampler (e.g. feedback + a fresh replay draw each epoch); None = bucketed over `train`
-    sampler: object | None = None
-    epoch_samples: int | None = None  # samples one epoch of `sampler` yields; None = len(train)
-
-    @property
-    def samples_per_epoch(self) -> int:
-        return self.epoch_samples if self.epoch_samples is not None else len(self.train)
 
 
 @dataclass
@@ -133,123 +108,6 @@ def find_checkpoint(cfg: TrainConfig, checkpoint_dir: Path, log) -> LoadedCheckp
     except Exception as err:
         raise UserError(f"--resume {cfg.resume}: not a usable checkpoint ({err})") from None
     return LoadedCheckpoint(path, manifest)
-
-
-def load_model(
-    cfg: TrainConfig, ckpt: LoadedCheckpoint | None, log
-) -> tuple[object, TextEncoder, Path | None, str]:
-    """(model with decoder weight norm, text encoder, model folder or None, description)."""
-    if ckpt is not None:
-        from transformers import VitsConfig, VitsModel
-
-        with tempfile.TemporaryDirectory() as tmp:
-            folder = ckpt.write_tokenizer(Path(tmp))
-            text = TextEncoder.from_pretrained(folder)
-            config = VitsConfig.from_pretrained(folder)
-        model = VitsModel(config)
-        apply_decoder_weight_norm(model)
-        model.load_state_dict(ckpt.tensors("generator.safetensors"), strict=True)
-        return model, text, None, f"checkpoint {ckpt.path}"
-    model_dir = resolve_model_dir(cfg.model_name)
-    check_model_folder(model_dir, "--model_name")  # a checkpoint or a truncated file: one clear line
-    try:
-        model = load_vits_model(model_dir)
-    except (OSError, ValueError, RuntimeError, SafetensorError) as err:
-        raise UserError(f"--model_name {cfg.model_name}: cannot load a VitsModel ({err})") from None
-    text = TextEncoder.from_pretrained(model_dir)
-    apply_decoder_weight_norm(model)
-    return model, text, model_dir, str(model_dir)
-
-
-def load_or_create_discriminator(
-    cfg: TrainConfig, ckpt: LoadedCheckpoint | None, model_dir: Path | None, log
-) -> VitsDiscriminator:
-    if ckpt is not None:
-        config = DiscriminatorConfig.from_dict(ckpt.json("discriminator_config.json"))
-        return discriminator_from_state_dict(ckpt.tensors("discriminator.safetensors"), config)
-    for folder, what in ((cfg.discriminator, "--discriminator"), (model_dir, "the model folder")):
-        if not folder:
-            continue
-        folder = Path(folder)
-        if what == "--discriminator" and not folder.is_dir():
-            raise UserError(f"--discriminator {folder}: no such folder")
-        try:
-            disc = load_discriminator(folder)
-        except ValueError as err:
-            raise UserError(f"{what} {folder}: {err}") from None
-        if disc is not None:
-            log(f"discriminator: loaded from {folder}")
-            return disc
-        if what == "--discriminator":
-            raise UserError(f"--discriminator {folder}: no discriminator.safetensors in it")
-    log(
-        "discriminator: none shipped with the model (MMS checkpoints have none); starting a fresh one "
-        f"(width {cfg.discriminator_width})"
-    )
-    return VitsDiscriminator(DiscriminatorConfig(width=cfg.discriminator_width))
-
-
-def report_unknown_characters(text: TextEncoder, texts: list[str], log) -> list[str]:
-    missing = text.unknown_characters(texts)
-    if missing:
-        shown = ", ".join(f"{ch!r}×{n}" for ch, n in missing.most_common(15))
-        more = f" and {len(missing) - 15} more" if len(missing) > 15 else ""
-        log(f"characters the model's vocabulary lacks (the tokenizer drops them): {shown}{more}")
-    return list(missing)
-
-
-def load_store(
-    cfg: TrainConfig, data_dir: Path, sample_rate: int, accelerator, log
-) -> tuple[ClipStore, object]:
-    """The clip store, built once: the main process fills the cache, the others then read it."""
-    if not data_dir.is_dir():
-        raise UserError(f"--data_dir {data_dir}: no such folder (run prepare_data.py first)")
-    with accelerator.main_process_first():
-        store, report = load_clip_store(
-            data_dir,
-            sample_rate,
-            max_ram_gb=cfg.max_ram_gb,
-            log=log,
-            progress=accelerator.is_main_process,
-        )
-    return store, report
-
-
-def split_data(
-    cfg: TrainConfig,
-    store: ClipStore,
-    text: TextEncoder,
-    speakers: dict[str, int],
-    hop: int,
-    val_ids: list[str] | None,
-    log,
-) -> DataSplit:
-    """Train/validation items. A resumed run passes its stored `val_ids` so the split never moves."""
-    positions = np.arange(len(store))
-    if cfg.max_samples:
-        positions = positions[: cfg.max_samples]
-    ids = [store.ids[i] for i in positions]
-    if val_ids is None:
-        val_pos = split_train_val(ids, cfg.val_fraction, seed=cfg.seed)[1] if cfg.val_fraction > 0 else []
-        val_ids = [ids[i] for i in val_pos]
-    wanted = set(val_ids)
-    val_idx = [int(positions[i]) for i, clip_id in enumerate(ids) if clip_id in wanted]
-    train_idx = [int(positions[i]) for i, clip_id in enumerate(ids) if clip_id not in wanted]
-    missing = len(wanted) - len(val_idx)
-    if missing:
-        log(f"warning: {missing} validation clip(s) of the earlier run are no longer in the data")
-    train, dropped = build_items(store, train_idx, text.encode, speakers, hop, log=log)
-    val, dropped_val = build_items(store, val_idx, text.encode, speakers, hop, log=log)
-    if len(train) == 0:
-        raise UserError(f"no usable training clips in {cfg.data_dir} (see the warnings above)")
-    if len(val) == 0 and cfg.val_fraction > 0:
-        log("warning: no usable validation clips: no validation, no best_model")
-    return DataSplit(store, train, {"val": val} if len(val) else {}, val_ids, dropped + dropped_val)
-
-
-def estimate_checkpoint_bytes(*modules: torch.nn.Module) -> int:
-    params = sum(p.numel() for m in modules for p in m.parameters())
-    return params * 4 * 3  # weights + two AdamW moments, fp32
 
 
 # ---- the session --------------------------------------------------------------------------------
@@ -331,120 +189,46 @@ def build_session(
 def _build_session(
     cfg: TrainConfig, process_start: float, data_fn: Callable | None, ckpt: LoadedCheckpoint | None
 ) -> Session:
+    """The steps of a set-up, in order (the order matters: seeds, then what is written)."""
     main = is_main_process()
     log = Logger(main)
     quiet_transformers()
-    checkpoint_dir = Path(cfg.checkpoint_dir)
-    output_dir = Path(cfg.output_dir)
     trainer_state = ckpt.json("trainer_state.json") if ckpt is not None else {}
-    state = TrainState.from_dict(trainer_state.get("train_state", {})) if ckpt is not None else TrainState()
-    precision = resolve_precision(cfg.mixed_precision, cfg.cpu, log=log)
-    if state.precision and state.precision != precision and precision != "no":
-        log(f"precision: {state.precision} (an earlier recovery left {precision}; kept for this session)")
-        precision = state.precision
-
+    state, precision = _resumed_state(cfg, ckpt, trainer_state, log)
     torch.manual_seed(cfg.seed)
     model, text, model_dir, model_source = load_model(cfg, ckpt, log)  # a bad model path fails here
     discriminator = load_or_create_discriminator(cfg, ckpt, model_dir, log)
     ckpt_bytes = estimate_checkpoint_bytes(model, discriminator)
     if main:  # from here on files are written
-        check_writable(checkpoint_dir, "--checkpoint_dir")
-        check_writable(output_dir.parent, "--output_dir's parent folder")
-        check_disk_space([checkpoint_dir, output_dir.parent], 2 * ckpt_bytes + ckpt_bytes // 3 * 2)
+        _check_output_folders(cfg, ckpt_bytes)
     accelerator = make_accelerator(
-        precision, cfg.cpu, cfg.report_to, checkpoint_dir, find_unused_parameters=model.config.layerdrop > 0
+        precision,
+        cfg.cpu,
+        cfg.report_to,
+        Path(cfg.checkpoint_dir),
+        find_unused_parameters=model.config.layerdrop > 0,
     )
     log = Logger(accelerator.is_main_process)
-    device = accelerator.device
-    log(
-        f"device: {device} ×{accelerator.num_processes}, precision: {precision}"
-        + (f", GPU: {torch.cuda.get_device_name(device)}" if device.type == "cuda" else "")
-    )
-    if device.type == "cuda":
-        # off: every batch has its own padded lengths, and benchmark mode re-tunes every conv for each
-        # new shape (seconds per step at first; measured in bench/bench_step.py --cudnn_benchmark)
-        torch.backends.cudnn.benchmark = False
-    log(f"model: {model_source} ({sum(p.numel() for p in model.parameters()) / 1e6:.1f} M parameters)")
-    if ckpt is not None:
-        log(f"resuming from {ckpt.path.name} (step {ckpt.step}); --model_name is not used on resume")
-
+    _describe_start(accelerator, precision, model, model_source, ckpt, log)
     store, report = load_store(cfg, Path(cfg.data_dir), model.config.sampling_rate, accelerator, log)
     if ckpt is None:
-        unknown = report_unknown_characters(text, store.texts, log)
-        if unknown and cfg.extend_vocab:
-            added = extend_vocabulary(model, text, unknown, Path(tempfile.mkdtemp(prefix="vocab-")))
-            log(f"vocabulary extended by {len(added)} character(s): {''.join(added)!r}")
-        elif unknown and "extend_vocab" not in cfg.hidden_flags:
-            log("  (pass --extend_vocab to add them to the vocabulary instead)")
+        check_vocabulary(cfg, model, text, store, log)
     model, speakers = resolve_speakers(cfg, model, store.speakers, trainer_state.get("speakers"), log)
-
-    generator = VitsGenerator(
-        model, segment_frames=max(1, cfg.segment_size // _hop(model)), mas_backend=cfg.mas_backend
+    generator = make_generator(cfg, model, log)
+    data = (data_fn or split_data)(
+        cfg, store, text, speakers, generator.hop_length, trainer_state.get("val_ids"), log
     )
-    if cfg.freeze:
-        parts = [p.strip() for p in cfg.freeze.split(",") if p.strip()]
-        try:
-            freeze_parts(model, parts)
-        except ValueError as err:
-            raise UserError(f"--freeze: {err}") from None
-        if not any(p.requires_grad for p in model.parameters()):
-            raise UserError("--freeze: every part of the generator is frozen; nothing would train")
-        log(f"frozen (not trained): {', '.join(parts)}")
-    if cfg.gradient_checkpointing:
-        generator.enable_gradient_checkpointing()
-    val_ids = trainer_state.get("val_ids")
-    data = (data_fn or split_data)(cfg, store, text, speakers, generator.hop_length, val_ids, log)
-    log(
-        f"data: {len(data.train)} training clips ({_hours(data.train):.2f} h), "
-        + ", ".join(f"{len(v)} {k}" for k, v in data.val_sets.items())
-        + f"; loaded in {report.seconds:.1f} s ({'cache' if report.cache_hit else 'built cache'}, "
-        f"{'RAM' if report.in_ram else 'memory-mapped'})"
-    )
-    if report.skipped:
-        log(f"warning: {len(report.skipped)} clip(s) could not be read and are skipped")
-
-    sampler = data.sampler or BucketBatchSampler(
-        data.train.audio_lengths(),
-        cfg.batch_size,
-        shuffle=True,
-        seed=cfg.seed,
-        num_replicas=accelerator.num_processes,
-        rank=accelerator.process_index,
-    )
-    pin = device.type == "cuda"
-    loader = make_loader(data.train, sampler, cfg.num_workers, pin)
-    val_loaders = {
-        name: make_loader(
-            items, BucketBatchSampler(items.audio_lengths(), cfg.batch_size, shuffle=False), 0, pin
-        )
-        for name, items in data.val_sets.items()
-    }
-
-    g_opt = make_optimizer(generator.parameters(), cfg.learning_rate, cfg.weight_decay)
-    d_opt = make_optimizer(discriminator.parameters(), cfg.learning_rate, cfg.weight_decay)
-    budget = Budget(
-        cfg.target_seconds,
-        process_start,
-        total_seconds=cfg.total_hours * 3600 if cfg.total_hours else None,
-        benchmark_samples=cfg.benchmark_samples,
-    )
-    budget.set_estimates(save_seconds=1.0 + ckpt_bytes / 150e6, export_seconds=2.0 + ckpt_bytes / 3 / 150e6)
-    if ckpt is not None:
-        budget.load_state_dict(trainer_state["budget"])
-        g_opt.load_state_dict(ckpt.object("optimizer_g.pt"))
-        d_opt.load_state_dict(ckpt.object("optimizer_d.pt"))
+    describe_data(data, report, log)
+    sampler, loader, val_loaders = make_loaders(cfg, data, accelerator)
+    g_opt, d_opt = _make_optimizers(cfg, generator, discriminator, ckpt)
+    saved_budget = trainer_state["budget"] if ckpt is not None else None
+    budget = _make_budget(cfg, process_start, ckpt_bytes, saved_budget)
     budget_lr = BudgetLR(budget, cfg.warmup_steps, min_lr_ratio=cfg.min_lr_ratio)
     g_sched = make_scheduler(g_opt, budget_lr)
     d_sched = make_scheduler(d_opt, budget_lr)
-
-    generator_prepared, discriminator_prepared = accelerator.prepare(generator, discriminator)
-    if ckpt is not None:
-        if ckpt.has("scaler.pt") and accelerator.scaler is not None:
-            accelerator.scaler.load_state_dict(ckpt.object("scaler.pt"))
-        set_rng_state(ckpt.object("rng.pt"))
-        state.sessions += 1
-    if accelerator.process_index > 0:  # ranks draw their own noise and segments
-        torch.manual_seed(cfg.seed + 1_000_003 * (ckpt.step if ckpt else 0) + accelerator.process_index)
+    generator_prepared, discriminator_prepared = _prepare(
+        cfg, accelerator, generator, discriminator, ckpt, state
+    )
     session = Session(
         cfg=cfg,
         accelerator=accelerator,
@@ -467,8 +251,8 @@ def _build_session(
         loader=loader,
         val_loaders=val_loaders,
         state=state,
-        checkpoint_dir=checkpoint_dir,
-        output_dir=output_dir,
+        checkpoint_dir=Path(cfg.checkpoint_dir),
+        output_dir=Path(cfg.output_dir),
         resumed_from=ckpt.path if ckpt is not None else None,
         preload_seconds=report.seconds,
         load_report=report.to_dict(),
@@ -480,11 +264,80 @@ def _build_session(
     return session
 
 
-def _hop(model) -> int:
-    import math
-
-    return math.prod(model.config.upsample_rates)
+# ---- the steps of _build_session ------------------------------------------------------------------
 
 
-def _hours(items: TrainingItems) -> float:
-    return float(items.audio_lengths().sum()) / items.sample_rate / 3600
+def _resumed_state(
+    cfg: TrainConfig, ckpt: LoadedCheckpoint | None, trainer_state: dict, log
+) -> tuple[TrainState, str]:
+    """(the run's state, the precision to train in): a resumed run keeps a recovery's precision."""
+    state = TrainState.from_dict(trainer_state.get("train_state", {})) if ckpt is not None else TrainState()
+    precision = resolve_precision(cfg.mixed_precision, cfg.cpu, log=log)
+    if state.precision and state.precision != precision and precision != "no":
+        log(f"precision: {state.precision} (an earlier recovery left {precision}; kept for this session)")
+        precision = state.precision
+    return state, precision
+
+
+def _check_output_folders(cfg: TrainConfig, ckpt_bytes: int) -> None:
+    """The checkpoint and output folders are writable and have room (main process, before writing)."""
+    checkpoint_dir, output_dir = Path(cfg.checkpoint_dir), Path(cfg.output_dir)
+    check_writable(checkpoint_dir, "--checkpoint_dir")
+    check_writable(output_dir.parent, "--output_dir's parent folder")
+    check_disk_space([checkpoint_dir, output_dir.parent], 2 * ckpt_bytes + ckpt_bytes // 3 * 2)
+
+
+def _describe_start(accelerator, precision: str, model, model_source: str, ckpt, log) -> None:
+    """The device, precision and model lines (and cuDNN's benchmark mode off on CUDA)."""
+    device = accelerator.device
+    log(
+        f"device: {device} ×{accelerator.num_processes}, precision: {precision}"
+        + (f", GPU: {torch.cuda.get_device_name(device)}" if device.type == "cuda" else "")
+    )
+    if device.type == "cuda":
+        # off: every batch has its own padded lengths, and benchmark mode re-tunes every conv for each
+        # new shape (seconds per step at first; measured in bench/bench_step.py --cudnn_benchmark)
+        torch.backends.cudnn.benchmark = False
+    log(f"model: {model_source} ({sum(p.numel() for p in model.parameters()) / 1e6:.1f} M parameters)")
+    if ckpt is not None:
+        log(f"resuming from {ckpt.path.name} (step {ckpt.step}); --model_name is not used on resume")
+
+
+def _make_optimizers(
+    cfg: TrainConfig, generator, discriminator, ckpt: LoadedCheckpoint | None
+) -> tuple[torch.optim.Optimizer, torch.optim.Optimizer]:
+    """(generator's, discriminator's) optimiser; a resumed run's states restored."""
+    g_opt = make_optimizer(generator.parameters(), cfg.learning_rate, cfg.weight_decay)
+    d_opt = make_optimizer(discriminator.parameters(), cfg.learning_rate, cfg.weight_decay)
+    if ckpt is not None:
+        g_opt.load_state_dict(ckpt.object("optimizer_g.pt"))
+        d_opt.load_state_dict(ckpt.object("optimizer_d.pt"))
+    return g_opt, d_opt
+
+
+def _make_budget(cfg: TrainConfig, process_start: float, ckpt_bytes: int, saved: dict | None) -> Budget:
+    """This process's budget, with save/export estimates from the model's size until they are
+    measured; a resumed run's `saved` budget state carries the time spent and the measured costs."""
+    budget = Budget(
+        cfg.target_seconds,
+        process_start,
+        total_seconds=cfg.total_hours * 3600 if cfg.total_hours else None,
+        benchmark_samples=cfg.benchmark_samples,
+    )
+    budget.set_estimates(save_seconds=1.0 + ckpt_bytes / 150e6, export_seconds=2.0 + ckpt_bytes / 3 / 150e6)
+    if saved is not None:
+        budget.load_state_dict(saved)
+    return budget
+
+
+def _prepare(cfg: TrainConfig, accelerator, generator, discriminator, ckpt: LoadedCheckpoint | None, state):
+    """The networks prepared by accelerate; a resumed run's scaler and RNG restored; per-rank seeds."""
+    generator_prepared, discriminator_prepared = accelerator.prepare(generator, discriminator)
+    if ckpt is not None:
+        if ckpt.has("scaler.pt") and accelerator.scaler is not None:
+            accelerator.scaler.load_state_dict(ckpt.object("scaler.pt"))
+        set_rng_state(ckpt.object("rng.pt"))
+        state.sessions += 1
+    if accelerator.process_index > 0:  # ranks draw their own noise and segments
+        torch.manual_seed(cfg.seed + 1_000_003 * (ckpt.step if ckpt else 0) + accelerator.process_index)
+    return generator_prepared, discriminator_prepared

@@ -1,0 +1,143 @@
+"""The clips a run trains and validates on, and their loaders: the clip store, the default train/validation
+split (train_feedback.py brings its own through build_session's `data_fn`), the vocabulary check.
+
+Apart from session.py so the set-up reads as its steps; these are the data steps.
+"""
+
+from __future__ import annotations
+
+import tempfile
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+from ..data.clipstore import ClipStore, load_clip_store
+from ..data.items import TrainingItems, build_items, split_train_val
+from ..data.loader import make_loader
+from ..data.sampler import BucketBatchSampler
+from ..data.text import TextEncoder, extend_vocabulary
+from ..errors import UserError
+from .config import TrainConfig
+
+
+@dataclass
+class DataSplit:
+    """The clips a run trains and validates on. `val_sets` maps a name to items; the first is primary."""
+
+    store: ClipStore
+    train: TrainingItems
+    val_sets: dict[str, TrainingItems]
+    val_ids: list[str]
+    dropped: list[tuple[str, str]] = field(default_factory=list)
+    # a custom batch sampler (e.g. feedback + a fresh replay draw each epoch); None = bucketed over `train`
+    sampler: object | None = None
+    epoch_samples: int | None = None  # samples one epoch of `sampler` yields; None = len(train)
+
+    @property
+    def samples_per_epoch(self) -> int:
+        return self.epoch_samples if self.epoch_samples is not None else len(self.train)
+
+
+def load_store(
+    cfg: TrainConfig, data_dir: Path, sample_rate: int, accelerator, log
+) -> tuple[ClipStore, object]:
+    """The clip store, built once: the main process fills the cache, the others then read it."""
+    if not data_dir.is_dir():
+        raise UserError(f"--data_dir {data_dir}: no such folder (run prepare_data.py first)")
+    with accelerator.main_process_first():
+        store, report = load_clip_store(
+            data_dir,
+            sample_rate,
+            max_ram_gb=cfg.max_ram_gb,
+            log=log,
+            progress=accelerator.is_main_process,
+        )
+    return store, report
+
+
+def report_unknown_characters(text: TextEncoder, texts: list[str], log) -> list[str]:
+    missing = text.unknown_characters(texts)
+    if missing:
+        shown = ", ".join(f"{ch!r}×{n}" for ch, n in missing.most_common(15))
+        more = f" and {len(missing) - 15} more" if len(missing) > 15 else ""
+        log(f"characters the model's vocabulary lacks (the tokenizer drops them): {shown}{more}")
+    return list(missing)
+
+
+def check_vocabulary(cfg: TrainConfig, model, text: TextEncoder, store: ClipStore, log) -> None:
+    """A new run: characters the vocabulary lacks are reported, or added with --extend_vocab."""
+    unknown = report_unknown_characters(text, store.texts, log)
+    if unknown and cfg.extend_vocab:
+        added = extend_vocabulary(model, text, unknown, Path(tempfile.mkdtemp(prefix="vocab-")))
+        log(f"vocabulary extended by {len(added)} character(s): {''.join(added)!r}")
+    elif unknown and "extend_vocab" not in cfg.hidden_flags:
+        log("  (pass --extend_vocab to add them to the vocabulary instead)")
+
+
+def split_data(
+    cfg: TrainConfig,
+    store: ClipStore,
+    text: TextEncoder,
+    speakers: dict[str, int],
+    hop: int,
+    val_ids: list[str] | None,
+    log,
+) -> DataSplit:
+    """Train/validation items. A resumed run passes its stored `val_ids` so the split never moves."""
+    positions = np.arange(len(store))
+    if cfg.max_samples:
+        positions = positions[: cfg.max_samples]
+    ids = [store.ids[i] for i in positions]
+    if val_ids is None:
+        val_pos = split_train_val(ids, cfg.val_fraction, seed=cfg.seed)[1] if cfg.val_fraction > 0 else []
+        val_ids = [ids[i] for i in val_pos]
+    wanted = set(val_ids)
+    val_idx = [int(positions[i]) for i, clip_id in enumerate(ids) if clip_id in wanted]
+    train_idx = [int(positions[i]) for i, clip_id in enumerate(ids) if clip_id not in wanted]
+    missing = len(wanted) - len(val_idx)
+    if missing:
+        log(f"warning: {missing} validation clip(s) of the earlier run are no longer in the data")
+    train, dropped = build_items(store, train_idx, text.encode, speakers, hop, log=log)
+    val, dropped_val = build_items(store, val_idx, text.encode, speakers, hop, log=log)
+    if len(train) == 0:
+        raise UserError(f"no usable training clips in {cfg.data_dir} (see the warnings above)")
+    if len(val) == 0 and cfg.val_fraction > 0:
+        log("warning: no usable validation clips: no validation, no best_model")
+    return DataSplit(store, train, {"val": val} if len(val) else {}, val_ids, dropped + dropped_val)
+
+
+def describe_data(data: DataSplit, report, log) -> None:
+    log(
+        f"data: {len(data.train)} training clips ({_hours(data.train):.2f} h), "
+        + ", ".join(f"{len(v)} {k}" for k, v in data.val_sets.items())
+        + f"; loaded in {report.seconds:.1f} s ({'cache' if report.cache_hit else 'built cache'}, "
+        f"{'RAM' if report.in_ram else 'memory-mapped'})"
+    )
+    if report.skipped:
+        log(f"warning: {len(report.skipped)} clip(s) could not be read and are skipped")
+
+
+def make_loaders(cfg: TrainConfig, data: DataSplit, accelerator) -> tuple[object, object, dict[str, object]]:
+    """(training batch sampler, training loader, validation loaders by name)."""
+    sampler = data.sampler or BucketBatchSampler(
+        data.train.audio_lengths(),
+        cfg.batch_size,
+        shuffle=True,
+        seed=cfg.seed,
+        num_replicas=accelerator.num_processes,
+        rank=accelerator.process_index,
+    )
+    pin = accelerator.device.type == "cuda"
+    loader = make_loader(data.train, sampler, cfg.num_workers, pin)
+    val_loaders = {
+        name: make_loader(
+            items, BucketBatchSampler(items.audio_lengths(), cfg.batch_size, shuffle=False), 0, pin
+        )
+        for name, items in data.val_sets.items()
+    }
+    return sampler, loader, val_loaders
+
+
+def _hours(items: TrainingItems) -> float:
+    return float(items.audio_lengths().sum()) / items.sample_rate / 3600
