@@ -448,7 +448,7 @@ def judge(before: dict, after: dict) -> dict:
 
 def cmd_guard(args) -> None:
     from vits_trainer.data.text import TextEncoder
-    from vits_trainer.training.feedback import read_split_file
+    from vits_trainer.training.feedback_data import read_split_file
     from vits_trainer.training.judgement import SEED_AFTER, SEED_BEFORE
 
     work = fresh_scratch(Path(args.work) / "guard")
