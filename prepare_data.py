@@ -41,20 +41,23 @@ def build_parser() -> argparse.ArgumentParser:
     src.add_argument(
         "--split",
         default=None,
-        help="dataset split (None: train) or Common Voice TSV name (None: validated, else train)",
+        help="which part of the source to read: a datasets split (default: train), an audiofolder's "
+        "subfolder, or the Common Voice TSV (e.g. train, dev, test; default: validated, else train)",
     )
     src.add_argument(
         "--audio_column",
         default=None,
-        help="audio column (None: audio, path, file_name, ... whichever exists)",
+        help="audio column (default: the first of audio, path, file_name, ... that exists)",
     )
     src.add_argument(
         "--text_column",
         default=None,
-        help="text column (None: first of sentence, text, transcription, normalized_text)",
+        help="text column (default: the first of sentence, text, transcription, normalized_text)",
     )
-    src.add_argument("--speaker_column", default=None, help="speaker column (None: every clip is speaker 0)")
-    src.add_argument("--id_column", default=None, help="id column (None: from the audio file name)")
+    src.add_argument(
+        "--speaker_column", default=None, help="speaker column (default: none, every clip is speaker 0)"
+    )
+    src.add_argument("--id_column", default=None, help="id column (default: the audio file name)")
 
     out = parser.add_argument_group("output")
     out.add_argument("--data_dir", default="training", help="output folder (wavs/ + metadata.csv)")
@@ -62,12 +65,13 @@ def build_parser() -> argparse.ArgumentParser:
         "--sample_rate",
         type=int,
         default=None,
-        help="target rate in Hz (None: the --model_name config's sampling_rate, else 16000)",
+        help="target rate in Hz (default: the --model_name config's sampling_rate, else 16000)",
     )
     out.add_argument(
         "--model_name",
         default=None,
-        help="model folder or hub id: its sampling_rate is the target and its vocabulary is checked",
+        help="model folder or hub id: its sampling_rate is the target and its vocabulary is checked "
+        "(default: none; then no vocabulary check)",
     )
     out.add_argument(
         "--clean", action="store_true", help="delete WAVs in data_dir/wavs not listed in metadata.csv"
@@ -89,7 +93,9 @@ def build_parser() -> argparse.ArgumentParser:
         action="store_true",
         help="skip rows with characters the model's vocabulary lacks (else: kept, and counted per character)",
     )
-    checks.add_argument("--speaker", nargs="+", default=None, help="keep only these speaker ids")
+    checks.add_argument(
+        "--speaker", nargs="+", default=None, help="keep only these speaker ids (default: all)"
+    )
     checks.add_argument("--max_samples", type=int, default=0, help="keep at most this many rows (0 = all)")
     checks.add_argument("--no_progress", action="store_true", help="no progress bar")
     return parser

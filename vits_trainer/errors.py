@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+import textwrap
 from collections.abc import Callable
 
 
@@ -24,11 +25,27 @@ def run_cli(main: Callable[[list[str] | None], int | None], argv: list[str] | No
     return int(code or 0)
 
 
+class HelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
+    """Shows a default only when it says something (not `None` or an empty string: the help text
+    then says what happens), and never breaks a flag value such as `duration_predictor` or a model id
+    across lines."""
+
+    def _get_help_string(self, action):
+        if action.default in (None, "") or action.help is None:
+            return action.help
+        return super()._get_help_string(action)
+
+    def _split_lines(self, text, width):
+        text = self._whitespace_matcher.sub(" ", text).strip()
+        return textwrap.wrap(text, width, break_long_words=False, break_on_hyphens=False)
+
+
 class ArgumentParser(argparse.ArgumentParser):
-    """argparse with every default in --help, and its errors as one `error:` line (no usage dump)."""
+    """argparse with every meaningful default in --help, and its errors as one `error:` line (no
+    usage dump)."""
 
     def __init__(self, *args, **kwargs):
-        kwargs.setdefault("formatter_class", argparse.ArgumentDefaultsHelpFormatter)
+        kwargs.setdefault("formatter_class", HelpFormatter)
         super().__init__(*args, **kwargs)
 
     def error(self, message: str):

@@ -182,12 +182,19 @@ class TrainConfig:
             raise UserError(f"--min_lr_ratio must be in [0, 1] (got {self.min_lr_ratio})")
         if self.best_metric == "val_mel_dtw" and self.freerun_samples == 0:
             raise UserError("--best_metric val_mel_dtw needs --freerun_samples of 1 or more")
-        from ..model.speakers import parse_num_speakers
-
-        parse_num_speakers(self.num_speakers)
+        self.speakers_wanted()
         if self.max_ram_gb < 0:
             raise UserError(f"--max_ram_gb must be 0 or more (got {self.max_ram_gb})")
         self.forced_micro_batch()
+
+    def speakers_wanted(self) -> int | str | None:
+        """--num_speakers parsed: None (the model's own), "auto", or a positive count."""
+        value = str(self.num_speakers).strip()
+        if value in ("", "auto"):
+            return value or None
+        if value.isdigit() and int(value) >= 1:
+            return int(value)
+        raise UserError(f"--num_speakers must be auto or a positive integer (got {value!r})")
 
     def forced_micro_batch(self) -> int | None:
         """--micro_batch_size N as an int (None for auto); it must divide the clips of an optimiser step
@@ -213,37 +220,47 @@ class TrainConfig:
 
 
 def add_arguments(parser: argparse.ArgumentParser, cls=TrainConfig, skip: tuple[str, ...] = ()) -> None:
-    """One flag per field (snake_case, as in the config), with its default in --help."""
-    for f in fields(cls):
+    """One flag per field (snake_case, as in the config), with its default in --help. A subclass's own
+    fields (e.g. the feedback script's --base_model, --feedback_dir) come first; the inherited ones
+    follow under a heading of their own, so a user sees the flags that matter to this script first."""
+    own = list(cls.__dict__.get("__annotations__", ())) if cls is not TrainConfig else []
+    shared = parser.add_argument_group("training settings (as in train_vits.py)") if own else parser
+    # own fields in the order the subclass declares them, then the rest in TrainConfig's order
+    ordered = sorted(fields(cls), key=lambda f: own.index(f.name) if f.name in own else len(own))
+    for f in ordered:
         if f.name in skip or not f.metadata.get("cli", True):
             continue
-        help_text = f.metadata.get("help", "")
-        default = f.default if f.default is not dataclasses.MISSING else f.default_factory()
-        flag = f"--{f.name}"
-        if f.type in ("bool", bool):
-            parser.add_argument(flag, action=argparse.BooleanOptionalAction, default=default, help=help_text)
-            continue
-        if f.name == "mixed_precision":
-            group = parser.add_mutually_exclusive_group()
-            group.add_argument(flag, default=default, choices=f.metadata["choices"], help=help_text)
-            group.add_argument(
-                "--fp16", dest=f.name, action="store_const", const="fp16", help="= --mixed_precision fp16"
-            )
-            group.add_argument(
-                "--bf16", dest=f.name, action="store_const", const="bf16", help="= --mixed_precision bf16"
-            )
-            group.add_argument(
-                "--no_mixed_precision",
-                dest=f.name,
-                action="store_const",
-                const="no",
-                help="= --mixed_precision no",
-            )
-            continue
-        kind = {"int": int, "float": float, "str": str, "float | None": float}.get(str(f.type), str)
-        parser.add_argument(
-            flag, type=kind, default=default, choices=f.metadata.get("choices"), help=help_text
+        parser_ = parser if f.name in own else shared
+        _add_field(parser_, f)
+
+
+def _add_field(parser, f) -> None:
+    """The flag of one config field (a --mixed_precision field also gets its --fp16/--bf16/... aliases)."""
+    help_text = f.metadata.get("help", "")
+    default = f.default if f.default is not dataclasses.MISSING else f.default_factory()
+    flag = f"--{f.name}"
+    if f.type in ("bool", bool):
+        parser.add_argument(flag, action=argparse.BooleanOptionalAction, default=default, help=help_text)
+        return
+    if f.name == "mixed_precision":
+        group = parser.add_mutually_exclusive_group()
+        group.add_argument(flag, default=default, choices=f.metadata["choices"], help=help_text)
+        group.add_argument(
+            "--fp16", dest=f.name, action="store_const", const="fp16", help="= --mixed_precision fp16"
         )
+        group.add_argument(
+            "--bf16", dest=f.name, action="store_const", const="bf16", help="= --mixed_precision bf16"
+        )
+        group.add_argument(
+            "--no_mixed_precision",
+            dest=f.name,
+            action="store_const",
+            const="no",
+            help="= --mixed_precision no",
+        )
+        return
+    kind = {"int": int, "float": float, "str": str, "float | None": float}.get(str(f.type), str)
+    parser.add_argument(flag, type=kind, default=default, choices=f.metadata.get("choices"), help=help_text)
 
 
 def config_from_args(args: argparse.Namespace, cls=TrainConfig):
