@@ -32,7 +32,10 @@ def main(argv: list[str] | None = None) -> int:
         cfg = apply_demo_settings(cfg, explicit=cfg.explicit)
     cfg.validate()
     from vits_trainer.safety import check_train_paths
+    from vits_trainer.training.precheck import check_given_paths
 
+    if not cfg.demo:  # the demo writes its own data and model
+        check_given_paths(cfg)  # a mistyped folder: one line before torch loads
     check_train_paths(cfg)  # overlapping folders, a folder the export would wrongly replace: before any work
 
     from vits_trainer.training.loop import Trainer

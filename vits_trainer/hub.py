@@ -3,9 +3,42 @@
 from __future__ import annotations
 
 import json
+import os
+import socket
+from functools import cache
 from pathlib import Path
 
 from .errors import UserError
+
+
+@cache
+def hub_unreachable() -> str | None:
+    """Why the Hugging Face hub cannot be reached from here (None: it can, as far as a 3 s connect
+    tells). Asked before a hub lookup, so an offline machine or a mistyped path fails at once instead
+    of after the hub clients' retries (~25 s)."""
+    if os.environ.get("HF_HUB_OFFLINE", "0").lower() not in ("0", "", "false", "no"):
+        return "HF_HUB_OFFLINE is set"
+    host = os.environ.get("HF_ENDPOINT", "https://huggingface.co").split("://")[-1].split("/")[0]
+    try:
+        socket.create_connection((host, 443), timeout=3).close()
+    except OSError as err:
+        return f"this machine cannot reach {host}: {err.strerror or type(err).__name__}"
+    return None
+
+
+def go_offline_if_unreachable() -> str | None:
+    """With no hub in reach, tell the hub clients to use their local cache only (no retries); returns
+    the reason, or None when the hub is reachable."""
+    why = hub_unreachable()
+    if why:
+        os.environ["HF_HUB_OFFLINE"] = "1"
+        os.environ["HF_DATASETS_OFFLINE"] = "1"
+    return why
+
+
+def download_hint(name: str, what: str = "model") -> str:
+    kind = "" if what == "model" else f" --repo-type {what}"
+    return f"hf download {name}{kind} --local-dir DIR"
 
 
 def looks_like_path(name: str) -> bool:
@@ -34,14 +67,20 @@ def resolve_model_dir(name: str, purpose: str = "--model_name") -> Path:
         return Path(snapshot_download(name, allow_patterns=patterns, local_files_only=True))
     except Exception:
         pass
+    why = hub_unreachable()
+    if why:
+        raise UserError(
+            f"{purpose} {name}: not a local folder and could not be fetched from the Hugging Face hub "
+            f"({why}; not in the local cache either). Download it on a machine with network "
+            f"({download_hint(name)}) and pass {purpose} DIR"
+        )
     try:
         return Path(snapshot_download(name, allow_patterns=patterns))
     except Exception as err:
         kind = type(err).__name__
         raise UserError(
             f"{purpose} {name}: not a local folder and could not be fetched from the Hugging Face hub "
-            f"({kind}; offline?). Download it on a machine with network (huggingface-cli download {name} "
-            f"--local-dir DIR) and pass {purpose} DIR"
+            f"({kind}). Check the name, or download it ({download_hint(name)}) and pass {purpose} DIR"
         ) from None
 
 

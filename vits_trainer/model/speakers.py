@@ -22,16 +22,6 @@ from .vits import apply_decoder_weight_norm, decoder_has_weight_norm
 SPEAKER_EMBEDDING_SIZE = 256  # VITS's multi-speaker size (gin_channels); MMS single-speaker has none
 
 
-def parse_num_speakers(value: str) -> int | str | None:
-    """'' -> None (the model's own), 'auto', or a positive integer; anything else is a UserError."""
-    value = str(value).strip()
-    if value in ("", "auto"):
-        return value or None
-    if value.isdigit() and int(value) >= 1:
-        return int(value)
-    raise UserError(f"--num_speakers must be auto or a positive integer (got {value!r})")
-
-
 def _zero_conditioning(model: VitsModel) -> list[str]:
     """Zero every speaker projection; returns their names. Weight-normed layers get g = 0 (weight 0,
     and g still receives a gradient, so the layer can grow out of zero)."""
@@ -66,12 +56,12 @@ def add_speakers(model: VitsModel, num_speakers: int) -> VitsModel:
     return wide.train(model.training)
 
 
-def resolve_speakers(cfg, model: VitsModel, names: list[str], stored: dict | None, log):
+def resolve_speakers(wanted: int | str | None, model: VitsModel, names: list[str], stored: dict | None, log):
     """(model, speaker name -> id) for this run. A resumed run keeps the checkpoint's map (its model is
-    already built with that many speakers); --num_speakers widens a single-speaker model."""
+    already built with that many speakers); `wanted` (--num_speakers: None = the model's own, "auto" or
+    a count) widens a single-speaker model."""
     if stored:
         return model, stored
-    wanted = parse_num_speakers(getattr(cfg, "num_speakers", ""))
     distinct = len(set(names))
     if wanted is None or model.config.num_speakers > 1 or (wanted == "auto" and distinct <= 1):
         if wanted is not None and model.config.num_speakers > 1:
