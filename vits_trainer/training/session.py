@@ -213,7 +213,9 @@ def _build_session(
     store, report = load_store(cfg, Path(cfg.data_dir), model.config.sampling_rate, accelerator, log)
     if ckpt is None:
         check_vocabulary(cfg, model, text, store, log)
-    model, speakers = resolve_speakers(cfg, model, store.speakers, trainer_state.get("speakers"), log)
+    model, speakers = resolve_speakers(
+        cfg.speakers_wanted(), model, store.speakers, trainer_state.get("speakers"), log
+    )
     generator = make_generator(cfg, model, log)
     data = (data_fn or split_data)(
         cfg, store, text, speakers, generator.hop_length, trainer_state.get("val_ids"), log
