@@ -34,7 +34,7 @@ training/feedback.py:FeedbackRun.write_samples / run
     rmtree vN/samples/{before,after}, vN/checkpoints, vN -> version folders that choose_version
         numbered under the output root; vN is removed only when this process created it; the output
         root never overlaps a data folder or the base model (checked up front)
-data/prepare.py:prepare / convert_all / finish_wavs
+data/prepare.py:prepare / finish_wavs, data/prepare_convert.py:convert_all (checks: data/prepare_checks.py)
     wavs/<id>.wav written or (--clean) deleted -> only ids listed in `.prepare_state.json` (WAVs this
         tool wrote into this data_dir); any other WAV in the way is refused up front (`check_prepare_wavs`)
     metadata.csv -> moved to a new `metadata.csv.bak*` name when another source wrote it; replaced only

@@ -1,0 +1,339 @@
+"""prepare_data.py's conversion: decode, check, resample and write each clip as a WAV, in parallel.
+
+Each clip is converted in a worker process, so the checks that need the decoded audio (empty,
+NaN/Inf, silent, duration) are made here. `.prepare_state.json` records what each WAV was made from,
+so a re-run with the same source and settings reuses it instead of converting again.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+import sys
+from concurrent.futures import FIRST_COMPLETED, Future, ProcessPoolExecutor, wait
+from concurrent.futures.process import BrokenProcessPool
+from dataclasses import dataclass
+from multiprocessing import get_context
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+import numpy as np
+
+from ..errors import UserError
+from ..jsonfile import write_json_atomic
+from .audio import AudioReadError, audio_duration, read_audio, resample, write_wav
+from .corpus import Source
+
+if TYPE_CHECKING:
+    from .prepare import PrepareSettings
+    from .prepare_checks import Planned
+
+STATE_NAME = ".prepare_state.json"
+# Bump when the conversion changes, so WAVs made by an older version are re-made, not reused.
+CONVERSION_VERSION = 1
+# "Silent": peak below -50 dBFS or RMS below -60 dBFS. Real speech peaks far above -20 dBFS even when
+# quiet; these only catch empty takes, muted channels and digital silence.
+SILENCE_PEAK = 10 ** (-50 / 20)
+SILENCE_RMS = 10 ** (-60 / 20)
+# Clipping warning: more than 1% of samples at |x| >= 0.999. The clip is kept (it may still be usable).
+CLIP_LEVEL = 0.999
+CLIP_FRACTION = 0.01
+
+
+@dataclass(frozen=True)
+class AudioTarget:
+    """Everything that decides the bytes of an output WAV (the re-run reuse key) plus the duration limits."""
+
+    sample_rate: int
+    trim_top_db: float | None
+    min_seconds: float
+    max_seconds: float
+
+    def key(self) -> dict:
+        # Text options (--lowercase...) are not here: text is re-read from the source on every run.
+        return {
+            "version": CONVERSION_VERSION,
+            "sample_rate": self.sample_rate,
+            "trim_top_db": self.trim_top_db,
+        }
+
+
+@dataclass
+class Job:
+    clip_id: str
+    out_path: str
+    audio_path: str | None = None
+    audio_bytes: bytes | None = None
+
+
+@dataclass
+class Outcome:
+    clip_id: str
+    reason: str | None = None  # None: converted (or reused) and kept
+    detail: str = ""
+    seconds: float = 0.0
+    wav_size: int = 0
+    clipped: float = 0.0  # fraction of samples at full scale
+
+
+# --- audio conversion (runs in worker processes) -----------------------------------------------------
+
+
+def convert_clip(job: Job, target: AudioTarget) -> Outcome:
+    """Decode, check, resample and write one clip. Never raises for bad audio; OSError on write propagates."""
+    out = Outcome(job.clip_id)
+    if job.audio_bytes is not None:
+        if not job.audio_bytes:
+            return _failed(out, "empty_audio", "0 bytes")
+        source: str | bytes = job.audio_bytes
+    else:
+        path = Path(job.audio_path or "")
+        if not path.is_file():
+            return _failed(out, "missing_audio", f"{path}: no such file")
+        if path.stat().st_size == 0:
+            return _failed(out, "empty_audio", f"{path}: 0 bytes")
+        if target.trim_top_db is None:
+            # Long-form audio (an hour-long file) is rejected from its header, without decoding it all.
+            seconds = audio_duration(path)
+            if seconds is not None and seconds > target.max_seconds * 1.1 + 1.0:
+                return _failed(out, "too_long", f"{seconds:.2f} s > {target.max_seconds} s")
+        source = str(path)
+    try:
+        audio, rate = read_audio(source)
+    except AudioReadError as err:
+        return _failed(out, "unreadable_audio", str(err))
+    try:
+        return _check_and_write(out, audio, rate, job, target)
+    except OSError:
+        raise
+    except Exception as err:  # an odd file tripping numpy/soxr must cost one row, not the run
+        return _failed(out, "unreadable_audio", f"{type(err).__name__}: {err}")
+
+
+def _check_and_write(out: Outcome, audio: np.ndarray, rate: int, job: Job, target: AudioTarget) -> Outcome:
+    if audio.shape[0] == 0:
+        return _failed(out, "empty_audio", "no samples")
+    finite = np.isfinite(audio)
+    if not finite.all():
+        return _failed(out, "nan_or_inf", f"{int((~finite).sum())} NaN/Inf samples")
+    magnitude = np.abs(audio)
+    peak = float(magnitude.max())
+    rms = float(np.sqrt(np.mean(np.square(audio, dtype=np.float64))))
+    if peak < SILENCE_PEAK or rms < SILENCE_RMS:
+        return _failed(out, "silent", f"peak {_dbfs(peak):.1f} dBFS, RMS {_dbfs(rms):.1f} dBFS")
+    out.clipped = float(np.mean(magnitude >= CLIP_LEVEL))
+    if target.trim_top_db is not None:
+        import librosa  # only for --trim_silence: importing it costs about a second per worker
+
+        audio, _ = librosa.effects.trim(audio, top_db=target.trim_top_db)
+    seconds = audio.shape[0] / rate
+    reason = duration_problem(seconds, target)
+    if reason is not None:
+        return _failed(out, reason, f"{seconds:.2f} s outside [{target.min_seconds}, {target.max_seconds}] s")
+    converted = resample(audio, rate, target.sample_rate)
+    out.wav_size = write_wav(job.out_path, converted, target.sample_rate)
+    out.seconds = converted.shape[0] / target.sample_rate
+    return out
+
+
+def duration_problem(seconds: float, target: AudioTarget) -> str | None:
+    if seconds < target.min_seconds:
+        return "too_short"
+    if seconds > target.max_seconds:
+        return "too_long"
+    return None
+
+
+def convert_chunk(jobs: list[Job], target: AudioTarget) -> list[Outcome]:
+    return [convert_clip(job, target) for job in jobs]
+
+
+def _failed(out: Outcome, reason: str, detail: str) -> Outcome:
+    out.reason, out.detail = reason, detail
+    return out
+
+
+def _dbfs(x: float) -> float:
+    return 20 * math.log10(max(x, 1e-10))
+
+
+# --- parallel run with reuse of earlier results ------------------------------------------------------
+
+
+@dataclass
+class RunResult:
+    outcomes: dict[str, Outcome]
+    state: dict[str, dict]
+    converted: int = 0
+    reused: int = 0
+    replaced: int = 0
+
+
+def convert_all(
+    planned: list[Planned],
+    source: Source,
+    target: AudioTarget,
+    wavs_dir: Path,
+    old_state: dict,
+    settings: PrepareSettings,
+) -> RunResult:
+    """Convert every planned row (reusing WAVs whose source and settings are unchanged); keep order-free results.
+
+    Rows go out in chunks, with at most two chunks per worker in flight, so audio held as bytes in a
+    dataset is fetched a chunk at a time instead of all at once.
+    """
+    from tqdm import tqdm
+
+    old_clips = old_state.get("clips", {})
+    state = {k: v for k, v in old_clips.items() if (wavs_dir / f"{k}.wav").is_file()}
+    run = RunResult({}, state)
+    workers = max(1, settings.num_workers)
+    chunk = max(1, min(32, math.ceil(len(planned) / (workers * 4))))
+    pending_fingerprints: dict[str, dict] = {}
+    # The pool starts before the progress bar: tqdm's monitor thread should not exist when workers fork.
+    pool = (
+        ProcessPoolExecutor(max_workers=workers, mp_context=_pool_context())
+        if workers > 1 and len(planned) > chunk
+        else None
+    )
+    bar = tqdm(total=len(planned), unit="clip", desc="preparing", disable=None if settings.progress else True)
+    in_flight: set[Future] = set()
+
+    def collect(outcomes: list[Outcome]) -> None:
+        for outcome in outcomes:
+            run.outcomes[outcome.clip_id] = outcome
+            fingerprint = pending_fingerprints.pop(outcome.clip_id)
+            if outcome.reason is None:
+                run.converted += 1
+                run.state[outcome.clip_id] = {
+                    "source": fingerprint,
+                    "target": target.key(),
+                    "wav_size": outcome.wav_size,
+                    "seconds": outcome.seconds,
+                    "clipped": outcome.clipped,
+                }
+        bar.update(len(outcomes))
+
+    def drain(limit: int) -> None:
+        while len(in_flight) > limit:
+            done, _ = wait(in_flight, return_when=FIRST_COMPLETED)
+            for future in done:
+                in_flight.discard(future)
+                collect(future.result())
+
+    try:
+        for start in range(0, len(planned), chunk):
+            block = planned[start : start + chunk]
+            jobs = _block_jobs(block, source, target, wavs_dir, old_clips, run, pending_fingerprints)
+            bar.update(len(block) - len(jobs))
+            if not jobs:
+                continue
+            if pool is None:
+                collect(convert_chunk(jobs, target))
+            else:
+                in_flight.add(pool.submit(convert_chunk, jobs, target))
+                drain(2 * workers)
+        drain(0)
+    except BrokenProcessPool:
+        raise UserError(
+            "a worker process died (out of memory, or a crash decoding a file); "
+            "re-run with --num_workers 1 to find the file"
+        ) from None
+    except OSError as err:
+        raise UserError(f"writing to {wavs_dir} failed: {err}") from None
+    finally:
+        bar.close()
+        if pool is not None:
+            pool.shutdown(wait=True, cancel_futures=True)
+        # Saved even when interrupted: the WAVs finished so far are reused by the next run.
+        save_state(wavs_dir.parent, source, run.state)
+    return run
+
+
+def _pool_context():
+    """fork on Linux: workers start at once and never re-import the caller's __main__ (which `spawn`
+    does, breaking scripts without a main guard and `python -` input). Elsewhere the platform default."""
+    if sys.platform.startswith("linux"):
+        return get_context("fork")
+    return get_context()
+
+
+def _block_jobs(
+    block: list[Planned],
+    source: Source,
+    target: AudioTarget,
+    wavs_dir: Path,
+    old_clips: dict,
+    run: RunResult,
+    pending: dict[str, dict],
+) -> list[Job]:
+    """Fingerprint each row's source; settle missing files and reusable WAVs here, return the rest as jobs."""
+    keys = [p.row.audio_key for p in block if p.row.audio_key is not None]
+    fetched = dict(zip(keys, source.fetch_audio(keys), strict=True)) if keys and source.fetch_audio else {}
+    jobs = []
+    for item in block:
+        out_path = wavs_dir / f"{item.clip_id}.wav"
+        blob: bytes | None = None
+        if item.row.audio_key is not None:
+            blob = fetched.get(item.row.audio_key) or b""
+            fingerprint = {"blake2b": hashlib.blake2b(blob, digest_size=16).hexdigest()}
+        else:
+            path = item.row.audio_path
+            try:
+                stat = path.stat() if path is not None else None
+            except OSError:
+                stat = None
+            if stat is None or not path.is_file():
+                run.outcomes[item.clip_id] = Outcome(item.clip_id, "missing_audio", f"{path}: no such file")
+                continue
+            fingerprint = {"path": str(path.resolve()), "size": stat.st_size, "mtime_ns": stat.st_mtime_ns}
+        previous = old_clips.get(item.clip_id)
+        if _reusable(previous, fingerprint, target, out_path):
+            seconds = float(previous["seconds"])
+            reason = duration_problem(seconds, target)
+            detail = (
+                f"{seconds:.2f} s outside [{target.min_seconds}, {target.max_seconds}] s" if reason else ""
+            )
+            run.outcomes[item.clip_id] = Outcome(
+                item.clip_id,
+                reason,
+                detail,
+                seconds,
+                int(previous["wav_size"]),
+                float(previous.get("clipped", 0)),
+            )
+            run.reused += reason is None
+            continue
+        if previous is None and out_path.exists():
+            run.replaced += 1  # a WAV this tool did not record (another source, or made by hand)
+        pending[item.clip_id] = fingerprint
+        audio_path = str(item.row.audio_path) if item.row.audio_path is not None else None
+        jobs.append(Job(item.clip_id, str(out_path), audio_path, blob))
+    return jobs
+
+
+def _reusable(previous: dict | None, fingerprint: dict, target: AudioTarget, out_path: Path) -> bool:
+    if not previous or previous.get("source") != fingerprint or previous.get("target") != target.key():
+        return False
+    try:
+        return out_path.stat().st_size == previous.get("wav_size")
+    except OSError:
+        return False
+
+
+# --- state: what each WAV was made from --------------------------------------------------------------
+
+
+def load_state(data_dir: Path) -> dict:
+    try:
+        state = json.loads((data_dir / STATE_NAME).read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return {}  # no state (first run) or a damaged one: everything is simply converted again
+    return state if isinstance(state, dict) and isinstance(state.get("clips"), dict) else {}
+
+
+def save_state(data_dir: Path, source: Source, clips: dict[str, dict]) -> None:
+    write_json_atomic(
+        data_dir / STATE_NAME, {"version": 1, "source": source.location, "clips": clips}, indent=None
+    )
