@@ -14,6 +14,7 @@ import torch
 from tests.helpers import ROOT, cli_args, cli_settings, tiny_config, train_tiny, two_cpu_processes
 from vits_trainer.errors import UserError
 from vits_trainer.training import loop as loop_module
+from vits_trainer.training import microbatch_choice as choice_module
 from vits_trainer.training.microbatch import MicroBatchTrial, candidates, merge_batches, micro_batches
 from vits_trainer.training.step import GanStep
 
@@ -155,7 +156,7 @@ def test_resume_keeps_the_choice_unless_the_hardware_changed(
     )
     assert "(--micro_batch_size 4)" in capsys.readouterr().out and forced["micro_batch_size"] == 4
     # other hardware: a new trial
-    monkeypatch.setattr(loop_module, "hardware_id", lambda device: "cuda: another machine; 64 CPUs")
+    monkeypatch.setattr(choice_module, "hardware_id", lambda device: "cuda: another machine; 64 CPUs")
     _, moved = train_tiny(tmp_path, tone_corpus, tiny_model_dir, gradient_accumulation_steps=2, max_steps=20)
     out = capsys.readouterr().out
     assert "the hardware changed" in out and "micro-batch trial: 8, 16 clips per pass" in out

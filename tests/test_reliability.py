@@ -21,6 +21,7 @@ import torch
 from transformers import VitsModel
 
 import vits_trainer.training.loop as loop_module
+import vits_trainer.training.outputs as outputs_module
 from tests.helpers import (
     PYTHON,
     ROOT,
@@ -205,7 +206,7 @@ def test_out_of_memory_at_batch_one_is_a_clear_error(tmp_path, tiny_model_dir, t
 
 def test_disk_full_during_save_keeps_training(tmp_path, tiny_model_dir, tone_corpus, monkeypatch, capsys):
     calls = {"n": 0}
-    real = loop_module.write_checkpoint
+    real = outputs_module.write_checkpoint
 
     def full_once(*args, **kwargs):
         calls["n"] += 1
@@ -213,7 +214,7 @@ def test_disk_full_during_save_keeps_training(tmp_path, tiny_model_dir, tone_cor
             raise OSError(errno.ENOSPC, "No space left on device")
         return real(*args, **kwargs)
 
-    monkeypatch.setattr(loop_module, "write_checkpoint", full_once)
+    monkeypatch.setattr(outputs_module, "write_checkpoint", full_once)
     session, summary = train_tiny(tmp_path, tone_corpus, tiny_model_dir, max_steps=12, save_minutes=0.001)
     out = capsys.readouterr().out
     assert "failed (No space left on device); the previous one is intact" in out
@@ -225,14 +226,14 @@ def test_disk_full_during_save_keeps_training(tmp_path, tiny_model_dir, tone_cor
 def test_failed_final_export_names_the_last_checkpoint(
     tmp_path, tiny_model_dir, tone_corpus, monkeypatch, capsys
 ):
-    real = loop_module.export_model
+    real = outputs_module.export_model
 
     def fail_final(model, tokenizer, folder, *args, **kwargs):
         if Path(folder).name == "final_model":
             raise OSError(errno.EIO, "Input/output error")
         return real(model, tokenizer, folder, *args, **kwargs)
 
-    monkeypatch.setattr(loop_module, "export_model", fail_final)
+    monkeypatch.setattr(outputs_module, "export_model", fail_final)
     _, summary = train_tiny(tmp_path, tone_corpus, tiny_model_dir, max_steps=3)
     out = capsys.readouterr().out
     assert summary["final_model"] is None

@@ -17,17 +17,17 @@ model/vits.py:export_model
     os.replace(out_dir -> `.<name>.old-<pid>`) + rmtree(old) -> `check_replaceable(out_dir)` first:
         the folder carries our marker and nothing beyond the files it lists (else UnsafeOverwrite)
     remove_dead_writers_temp(`.<name>.tmp-*`, `.<name>.old-*`) -> temp folders named with a dead pid
-training/loop.py:Trainer.finish (best_model copy)
+training/run_end.py:RunEnd.finish (best_model copy; part of loop.Trainer)
     rmtree `.best_model.tmp` / best_model -> `check_replaceable(best_model)` first (marker, as above);
         the temp folder is named by this tool inside its checkpoint dir
-training/loop.py:Trainer.finish (train_summary.json)
+training/run_end.py:RunEnd.finish (train_summary.json)
     writes into the folder just exported and into checkpoint_dir -> `write_export_file` adds it to the
         marker; checkpoint_dir is refused up front when it overlaps a data folder
 training/checkpoint.py:write_checkpoint / prune_checkpoints, safety.py:remove_dead_writers_temp
     rmtree `.step_*.tmp-<pid>`, an existing `step_N` of the same step, pruned `step_N` -> names only this
         tool creates (`step_%08d` with a manifest it wrote; pruning only deletes verified ones); the
         checkpoint dir never overlaps a data folder or --output_dir (checked up front)
-training/feedback.py:write_latest
+training/feedback_versions.py:write_latest
     os.replace of `latest` -> only when `latest` is a symlink (a real folder is left alone);
     latest.json -> refused up front unless it is our pointer (`check_feedback_paths`)
 training/feedback.py:FeedbackRun.write_samples / run

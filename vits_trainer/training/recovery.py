@@ -3,7 +3,7 @@
 - Non-finite steps are skipped by the step itself (no weights touched). After `--max_consecutive_skips`
   of them in a row the run is stuck in a bad region: `Recovery` reloads the last good weights (the
   newest checkpoint, else the weights the run started from), halves the learning rate and leaves
-  fp16 for bf16 (where supported) or fp32, and says so in one line.
+  fp16 for bf16 (where supported) or fp32, and says so in one line (`Recovery`, part of loop.Trainer).
 - Out-of-memory inside a step: the caller frees what it holds and retries the cycle with every batch
   split in two (half the micro-batch, twice the accumulation: the same effective batch).
 """
@@ -15,6 +15,9 @@ import gc
 import torch
 
 from ..model.discriminator import VitsDiscriminator
+from .checkpoint import CheckpointError, verify_checkpoint
+from .session import apply_lr_scale
+from .trainstate import LoadedCheckpoint
 
 
 def is_out_of_memory(err: BaseException) -> bool:
@@ -88,3 +91,97 @@ def restore_weights(
 
 def all_finite(*modules: torch.nn.Module) -> bool:
     return all(bool(torch.isfinite(p).all()) for m in modules for p in m.parameters())
+
+
+# fp16 gradient overflows while the loss scale is at least this are the scaler's own calibration; below
+# it the gradients overflow fp16 even unscaled, which counts toward a recovery (out of fp16)
+MIN_CALIBRATION_SCALE = 2.0**-4
+
+
+class Recovery:
+    """Skipped steps and the recovery of a `Trainer` (its base class, mixed into loop.Trainer): uses its
+    session `s`, `metrics`, `last_checkpoint`, `initial_weights` and `clip_ids`."""
+
+    def after_step(self, result, pending: list[dict]) -> None:
+        """Count skipped (non-finite) steps; after too many in a row, recover."""
+        s = self.s
+        if not result.skipped:
+            s.state.consecutive_skips = 0
+            return
+        s.state.skipped_steps += 1
+        ids = self.clip_ids([x["indices"] for x in pending])
+        step = s.budget.global_step
+        if result.overflow and result.scale_before >= MIN_CALIBRATION_SCALE:
+            # fp16's loss scale was too high for these gradients: the scaler lowers it and the next
+            # step retries, which is how GradScaler works, not a fault (no recovery counted)
+            s.log(
+                f"fp16: gradients overflowed at step {step}, loss scale {result.scale_before:g} -> "
+                f"{result.scale_after:g}; step skipped (no weights changed)"
+            )
+            self.metrics.write({"event": "overflow", "step": step, "scale": result.scale_after, "clips": ids})
+            return
+        s.state.consecutive_skips += 1
+        s.log(
+            f"warning: step {step} skipped (non-finite loss or gradient; no weights changed), "
+            f"clips: {', '.join(ids[:8])}{' ...' if len(ids) > 8 else ''}"
+        )
+        self.metrics.write({"event": "skipped", "step": step, "clips": ids})
+        if s.state.consecutive_skips >= s.cfg.max_consecutive_skips:
+            self.recover()
+
+    def recover(self) -> None:
+        """Reload the last good weights, halve the LR, leave fp16; one line says what happened."""
+        s = self.s
+        count = s.state.consecutive_skips
+        parts = None
+        if self.last_checkpoint is not None:
+            try:  # read every part first: a damaged one must not leave the weights half restored
+                ckpt = LoadedCheckpoint(self.last_checkpoint, verify_checkpoint(self.last_checkpoint))
+                parts = [
+                    ckpt.tensors("generator.safetensors"),
+                    ckpt.tensors("discriminator.safetensors"),
+                    ckpt.object("optimizer_g.pt"),
+                    ckpt.object("optimizer_d.pt"),
+                ]
+            except CheckpointError as err:  # the run goes on from the starting weights, and says so
+                s.log(f"warning: recovery cannot reload {self.last_checkpoint}: {err}")
+                self.metrics.write(
+                    {
+                        "event": "damaged_checkpoint",
+                        "step": s.budget.global_step,
+                        "path": str(self.last_checkpoint),
+                    }
+                )
+        if parts is not None:
+            restore_weights(s.model, s.discriminator_raw, parts[0], parts[1])
+            s.g_optimizer.load_state_dict(parts[2])
+            s.d_optimizer.load_state_dict(parts[3])
+            source = f"checkpoint {self.last_checkpoint.name}"
+        else:
+            restore_weights(s.model, s.discriminator_raw, *self.initial_weights)
+            s.g_optimizer.state.clear()
+            s.d_optimizer.state.clear()
+            source = "the starting weights"
+        s.state.lr_scale *= 0.5
+        apply_lr_scale(s)
+        old = s.accelerator.mixed_precision
+        new = next_precision(old)
+        if new is not None:
+            switch_precision(s.accelerator, [s.generator_raw, s.discriminator_raw], new)
+            s.state.precision = new
+        s.state.recoveries += 1
+        s.state.consecutive_skips = 0
+        precision = f", precision {old} -> {new}" if new else ""
+        s.log(
+            f"recovery: {count} non-finite steps in a row; reloaded {source}, learning rate halved "
+            f"(x{s.state.lr_scale:g} of --learning_rate){precision}"
+        )
+        self.metrics.write(
+            {
+                "event": "recovery",
+                "step": s.budget.global_step,
+                "source": source,
+                "lr_scale": s.state.lr_scale,
+                "precision": s.accelerator.mixed_precision,
+            }
+        )

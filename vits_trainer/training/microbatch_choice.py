@@ -1,0 +1,196 @@
+"""How many clips a Trainer's micro-batches hold: a forced size, a resumed run's choice, or the trial
+(microbatch.py) run over the first steps, and the retry with smaller micro-batches after running out
+of memory; mixed into loop.Trainer.
+
+Apart from loop.py so the loop reads as the loop; `MicroBatchChoice` uses the Trainer's session `s`,
+`metrics`, `step_clips`, `trial`, `trial_steps`, `last_micro`, `agree`/`shared_int` and `run_cycle`.
+"""
+
+from __future__ import annotations
+
+import math
+
+from ..errors import UserError
+from .microbatch import (
+    TRIAL_SHARE,
+    TRIAL_STEPS,
+    TRIAL_STEPS_SHORT,
+    MicroBatchTrial,
+    accumulation_for,
+    candidates,
+    hardware_id,
+)
+from .recovery import free_memory, is_out_of_memory
+
+
+class MicroBatchChoice:
+    """The micro-batch size of a `Trainer` (its base class)."""
+
+    def micro_size(self) -> int:
+        """Clips per micro-batch for the next step: the trial's size while it runs, else the chosen one,
+        divided by the out-of-memory split."""
+        s = self.s
+        base = self.trial.current() if self.trial is not None else s.state.micro_batch_size
+        return max(1, math.ceil((base or s.cfg.batch_size) / s.state.split))
+
+    def describe_micro(self, micro: int) -> str:
+        per = " per process" if self.s.accelerator.num_processes > 1 else ""
+        return (
+            f"{micro} clips x {accumulation_for(self.step_clips, micro)} (gradient accumulation) = "
+            f"{self.step_clips} clips per optimiser step{per}"
+        )
+
+    def start_micro_batch(self) -> None:
+        """Before the first step: a forced size, a resumed run's choice, or a trial (or no choice to make)."""
+        s, cfg, state = self.s, self.s.cfg, self.s.state
+        forced = cfg.forced_micro_batch()
+        here = hardware_id(s.device)
+        if forced is not None:
+            if state.micro_batch_size != forced:
+                state.split = 1  # the user's size: an earlier run's out-of-memory division no longer applies
+            state.micro_batch_size, state.micro_batch_hardware = forced, here
+            s.log(f"micro-batch: {self.describe_micro(forced)} (--micro_batch_size {forced})")
+            return
+        options = candidates(cfg)
+        chosen = state.micro_batch_size
+        keep = chosen is not None and state.micro_batch_hardware == here and self.step_clips % chosen == 0
+        if self.agree(keep):  # rank 0's view: every rank must trial, or not, together
+            s.log(f"micro-batch: {self.describe_micro(self.micro_size())} (chosen earlier on this hardware)")
+            return
+        if chosen is not None:  # (a checkpoint of an older version chose nothing: its split stays)
+            changed = state.micro_batch_hardware != here
+            reason = f"the hardware changed (was {state.micro_batch_hardware})" if changed else "a new batch"
+            s.log(f"micro-batch: {reason}: a new trial")
+            state.split = 1
+        state.micro_batch_hardware, state.micro_batch_trial = here, None
+        if len(options) == 1:
+            state.micro_batch_size = options[0]
+            return
+        steps, why = self.trial_length(len(options))
+        steps = self.shared_int(steps)
+        if steps == 0:
+            state.micro_batch_size = cfg.batch_size
+            if s.is_main:
+                s.log(
+                    f"micro-batch trial skipped ({why}): {self.describe_micro(cfg.batch_size)} (--batch_size)"
+                )
+            return
+        state.micro_batch_size = None
+        self.trial, self.trial_steps = MicroBatchTrial(options, steps), []
+        if s.is_main:
+            s.log(
+                f"micro-batch trial: {', '.join(map(str, options))} clips per pass, {steps} training steps each "
+                f"(the first a warm-up){' (' + why + ')' if why else ''}; the fastest is kept"
+            )
+
+    def trial_length(self, sizes: int) -> tuple[int, str]:
+        """Steps per size the trial can afford (rank 0's clock), and why it is short or skipped."""
+        s, budget = self.s, self.s.budget
+        step = budget.typical_step_seconds()  # an estimate before the first step (0 if none)
+        left = budget.training_end() - budget.clock()
+        steps_left = s.cfg.max_steps - budget.global_step if s.cfg.max_steps else None
+        for steps in (TRIAL_STEPS, TRIAL_STEPS_SHORT):
+            if sizes * steps * step > TRIAL_SHARE * left:
+                continue
+            if steps_left is not None and sizes * steps > steps_left:
+                continue
+            if steps == TRIAL_STEPS:
+                return steps, ""
+            short_by_steps = steps_left is not None and sizes * TRIAL_STEPS > steps_left
+            return steps, f"shortened: {'--max_steps' if short_by_steps else 'the budget'} is short"
+        if steps_left is not None and sizes * TRIAL_STEPS_SHORT > steps_left:
+            return 0, f"--max_steps leaves {steps_left} steps, it needs {sizes * TRIAL_STEPS_SHORT}"
+        return 0, (
+            f"the budget cannot afford it: ~{sizes * TRIAL_STEPS_SHORT * step:.0f} s of "
+            f"{max(0.0, left):.0f} s of training"
+        )
+
+    def finish_trial(self) -> None:
+        """The trial is over (or cut short by an out-of-memory error): rank 0's fastest size for all."""
+        s, trial = self.s, self.trial
+        assert trial is not None
+        self.trial = None
+        fastest = trial.fastest()
+        chosen = self.shared_int(fastest if fastest is not None else (trial.sizes or [s.cfg.batch_size])[0])
+        s.state.micro_batch_size, s.state.micro_batch_trial = chosen, trial.table()
+        # the chosen size's steps after its warm-up measured the run from here on: the benchmark keeps them
+        ran = [(sec, n, clean) for size, sec, n, clean in self.trial_steps if size == chosen][1:]
+        s.budget.add_measurements([(sec, n) for sec, n, clean in ran if clean])
+        requested, rate = trial.seconds_per_sample(s.cfg.batch_size), trial.seconds_per_sample(chosen)
+        ratio = f", {requested / rate:.2f}x the requested {s.cfg.batch_size}" if requested and rate else ""
+        s.log(trial.describe())
+        s.log(f"micro-batch: {self.describe_micro(chosen)}: the fastest in the trial{ratio}")
+        self.metrics.write(
+            {"event": "micro_batch", "step": s.budget.global_step, "chosen": chosen, "trial": trial.table()}
+        )
+
+    def observe_trial_step(self, size: int, seconds: float, samples: int, clean: bool) -> None:
+        """A step of the trial at `size` clips per micro-batch ended; the trial ends after its last."""
+        # an epoch's short last step (fewer clips) would skew the time per sample: not measured
+        full = samples == self.step_clips * self.s.accelerator.num_processes
+        self.trial.observe(size, seconds, samples, clean and full)
+        self.trial_steps.append((size, seconds, samples, clean))
+        if self.trial.done:
+            self.finish_trial()
+
+    def micro_batch_used(self) -> dict:
+        """The micro-batch size and gradient accumulation the run trains with (the last step's)."""
+        micro = self.last_micro or self.micro_size()
+        return {
+            "micro_batch_size": micro,
+            "gradient_accumulation_steps": accumulation_for(self.step_clips, micro),
+        }
+
+    def retry_after_oom(self, pending: list[dict], window: dict, failed: int):
+        """Free memory and redo this cycle from its start with a smaller micro-batch (same clips): during
+        the trial the size that failed (and every larger one) is ruled out and the fastest measured one
+        is used; otherwise, or when none is left, the micro-batch is halved. (result, micro size)."""
+        s = self.s
+        if s.accelerator.num_processes > 1:
+            raise UserError(
+                f"out of GPU memory on process {s.accelerator.process_index}; with several processes the "
+                f"automatic retry is off (the others would wait forever): lower --micro_batch_size (or "
+                f"--batch_size) and resume"
+            )
+        while True:
+            self.step_fn.abandon_cycle()
+            window["sums"], window["micro"] = {}, 0
+            free_memory()
+            micro = None
+            if self.trial is not None:
+                larger = [m for m in self.trial.sizes if m > failed]
+                s.log(
+                    f"micro-batch trial: {failed} clips ran out of memory at step {s.budget.global_step + 1}: "
+                    f"ruled out{' with ' + ', '.join(map(str, larger)) if larger else ''}"
+                )
+                self.metrics.write(
+                    {"event": "oom", "step": s.budget.global_step, "micro_batch_size": failed, "trial": True}
+                )
+                self.trial.exclude(failed)
+                if not self.trial.done:
+                    micro = self.micro_size()
+                else:
+                    self.finish_trial()
+                    if s.state.micro_batch_size < failed:  # a smaller size was measured: it fits
+                        micro = self.micro_size()
+            if micro is None:
+                before = failed
+                if before <= 1:
+                    raise UserError(
+                        "out of GPU memory even with a micro-batch of 1 clip: lower --segment_size, prepare "
+                        "shorter clips (prepare_data.py --max_seconds), use --bf16/--fp16, or a smaller model"
+                    )
+                s.state.split *= 2
+                micro = self.micro_size()
+                s.log(
+                    f"out of memory at step {s.budget.global_step + 1}: micro-batch {before} -> {micro} "
+                    f"clips, gradient accumulation {accumulation_for(self.step_clips, before)} -> "
+                    f"{accumulation_for(self.step_clips, micro)} (same effective batch); retrying the step"
+                )
+                self.metrics.write({"event": "oom", "step": s.budget.global_step, "split": s.state.split})
+            try:
+                return self.run_cycle(pending, micro, window), micro
+            except Exception as err:
+                if not is_out_of_memory(err):
+                    raise
+                failed = micro

@@ -1,0 +1,227 @@
+"""What a run writes while it trains: evaluations (with samples, alignments and pictures), checkpoints
+and exports (best_model), and when the epoch-end ones are due; mixed into loop.Trainer.
+
+Apart from loop.py so the loop reads as the loop; `Outputs` uses the Trainer's session `s`, `metrics`
+and bookkeeping (last_eval, last_save, last_checkpoint, last_val).
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from ..data.metadata import SPLIT_FILE
+from ..model.alignment import maximum_path
+from ..model.discriminator import save_discriminator
+from ..model.vits import export_model
+from ..safety import UnsafeOverwrite
+from .checkpoint import checkpoint_name, prune_checkpoints, write_checkpoint
+from .evaluate import evaluate, synthesize
+from .freerun import dtw_scores, free_running_eval, write_wavs
+from .pictures import alignment_paths, log_images_to_trackers, warm_up_pictures, write_pictures
+from .reporting import log_audio_to_trackers
+from .runtime import git_revision
+from .trainstate import checkpoint_files
+
+OVERHEAD_SHARE = 0.1  # epoch-end evals/saves are skipped when they would exceed this share of the time
+# Before the first step the budget needs a step time: one training sample costs about what one validation
+# clip does (the eval decodes whole clips, training a segment but with backward passes and the
+# discriminator: the same order). Crude, but it only decides whether a first step can still fit.
+STEP_SECONDS_PER_EVAL_CLIP_SECONDS = 1.0
+
+
+class Outputs:
+    """Evaluations, checkpoints and exports of a `Trainer` (its base class)."""
+
+    def run_eval(self, tag: str, export_best: bool = True) -> dict:
+        s = self.s
+        t0 = time.perf_counter()
+        results = {}
+        for name, loader in s.val_loaders.items():
+            values = evaluate(
+                s.generator_raw, loader, s.device, s.accelerator.autocast, weights=s.cfg.loss_weights()
+            )
+            prefix = "" if name == "val" else f"{name}_"
+            results.update({prefix + k: v for k, v in values.items()})
+        freerun, spoken = free_running_eval(s)  # spoken from text alone, scored against the recordings
+        results.update(freerun)
+        step = s.budget.global_step
+        primary = next(iter(s.val_loaders))
+        metric = s.cfg.best_metric
+        primary_mel = results.get(metric if primary == "val" else f"{primary}_{metric}")
+        improved = primary_mel is not None and (s.state.best_val is None or primary_mel < s.state.best_val)
+        record = {
+            "event": "eval",
+            "tag": tag,
+            "step": step,
+            "epoch": s.state.epoch,
+            "time": time.time(),
+            "seconds": round(time.perf_counter() - t0, 2),  # the evaluation itself (no samples written)
+            **results,
+        }
+        s.state.val_history.append({k: v for k, v in record.items() if k != "event"})
+        self.metrics.write(record)
+        if s.is_main and s.cfg.eval_samples:
+            self.write_samples(step, spoken)
+        if improved:
+            s.state.best_val, s.state.best_step = primary_mel, step
+        s.log(
+            f"eval ({tag}) step {step}: "
+            + ", ".join(f"{k} {v:.4f}" for k, v in results.items())
+            + (" (best so far)" if improved else "")
+        )
+        if s.accelerator.trackers:
+            s.accelerator.log(results, step=step)
+        s.budget.observe_eval(time.perf_counter() - t0)
+        self.last_eval = time.time()
+        if improved and export_best:
+            t1 = time.perf_counter()
+            try:
+                if self.export(s.checkpoint_dir / "best_model"):
+                    s.state.best_model_step = step
+            except UnsafeOverwrite as err:  # a file the user put into best_model/ is never deleted
+                s.log(f"warning: best model not exported: {err}")
+            s.budget.observe_export(time.perf_counter() - t1)
+        self.last_val = results
+        self.last_val_step = step
+        return results
+
+    def write_samples(self, step: int, spoken=()) -> None:
+        s = self.s
+        items = next(iter(s.data.val_sets.values()), None)
+        if items is None:
+            return
+        count = min(s.cfg.eval_samples, len(items))
+        sentences = []
+        for k in range(count):
+            sentences.append((items.clip_id(k), items.text(k), int(items.speaker_ids[k])))
+        folder = s.checkpoint_dir / "samples" / checkpoint_name(step)
+        if len(spoken) >= count:  # the free-running pass already spoke them (same seed, same order)
+            paths = write_wavs(list(spoken[:count]), folder, s.model.config.sampling_rate)
+        else:
+            paths = synthesize(s.model, s.text, sentences, folder, s.device)
+        log_audio_to_trackers(s.accelerator, paths, step, s.model.config.sampling_rate)
+        names = [name for name, _, _ in sentences]
+        alignments = alignment_paths(s.generator_raw, items, count, s.device)
+        np.savez_compressed(folder / "alignments.npz", **dict(zip(names, alignments, strict=True)))
+        pngs = write_pictures(folder, names, alignments, list(spoken[:count]))
+        log_images_to_trackers(s.accelerator, pngs, step)
+
+    def trainer_state(self) -> dict:
+        s = self.s
+        return {
+            "global_step": s.budget.global_step,
+            "train_state": s.state.to_dict(),
+            "budget": s.budget.state_dict(),
+            "val_ids": s.data.val_ids,
+            "speakers": s.speakers,
+            "config": s.cfg.to_dict(),
+            "model_source": s.model_source,
+            "git_revision": git_revision(),
+            "threads": self.threads,
+            **self.micro_batch_used(),
+            "versions": {"torch": torch.__version__, "transformers": _version("transformers")},
+        }
+
+    def save_checkpoint(self, why: str) -> Path | None:
+        """Write a complete checkpoint (main process); a failed write warns and training goes on."""
+        s = self.s
+        t0 = time.perf_counter()
+        path = None
+        if s.is_main:
+            files = checkpoint_files(
+                s.model,
+                s.text.tokenizer,
+                s.discriminator_raw,
+                s.g_optimizer,
+                s.d_optimizer,
+                s.g_scheduler,
+                s.d_scheduler,
+                s.accelerator.scaler,
+                self.trainer_state(),
+            )
+            try:
+                path = write_checkpoint(s.checkpoint_dir, s.budget.global_step, files, info={"why": why})
+            except OSError as err:
+                s.log(
+                    f"warning: checkpoint at step {s.budget.global_step} failed ({err.strerror or err}); "
+                    f"the previous one is intact, retrying at the next interval"
+                )
+            else:
+                self.last_checkpoint = path
+                prune_checkpoints(s.checkpoint_dir, s.cfg.keep_checkpoints, protect=path)
+        s.accelerator.wait_for_everyone()
+        s.budget.observe_save(time.perf_counter() - t0)
+        self.last_save = time.time()
+        return path
+
+    def export(self, folder: Path) -> Path | None:
+        s = self.s
+        if not s.is_main:
+            return None
+        speakers = s.speakers if s.model.config.num_speakers > 1 else None
+
+        def extras(tmp: Path) -> None:
+            save_discriminator(s.discriminator_raw, tmp)
+            # the held-out clips, so a later feedback run keeps validating on clips never trained on
+            split = {"val_ids": s.data.val_ids, "data_dir": str(s.cfg.data_dir), "seed": s.cfg.seed}
+            (tmp / SPLIT_FILE).write_text(json.dumps(split, ensure_ascii=False), encoding="utf-8")
+
+        kind = "best_model" if folder == s.checkpoint_dir / "best_model" else "final_model"
+        return export_model(
+            s.model, s.text.tokenizer, folder, speakers, extras=extras, kind=kind, run=s.checkpoint_dir
+        )
+
+    def epoch_end_housekeeping(self) -> None:
+        s, budget = self.s, self.s.budget
+        since_eval = time.time() - self.last_eval
+        eval_due = bool(s.val_loaders) and since_eval * OVERHEAD_SHARE >= budget.eval_seconds()
+        if self.agree(eval_due and budget.can_afford(budget.eval_seconds() + budget.export_seconds())):
+            self.run_eval(f"epoch {s.state.epoch}")
+        since_save = time.time() - self.last_save
+        save_due = since_save * OVERHEAD_SHARE >= budget.save_seconds()
+        if self.agree(save_due and budget.can_afford(budget.save_seconds())):
+            self.save_checkpoint("epoch")
+
+    def warm_up_first_calls(self) -> None:
+        """Pay the one-time costs of an evaluation's libraries before the start evaluation is timed: its
+        time is the budget's estimate for every later evaluation, the final one included, until another
+        is measured (a short run measures none). Quiet, 2 cores: the alignment search's numba
+        compilation 1.0 s, librosa's DTW 1.8 s, matplotlib 0.6 s, against ~0.8 s for the evaluation
+        itself; beside two CPU-bound processes the start evaluation took 8 s and the final one ~2 s, so
+        the final reserve kept ~6 s of a 120 s run unused. The time is spent either way."""
+        s, cfg = self.s, self.s.cfg
+        log_lik = torch.zeros(1, 2, 3, device=s.device)
+        maximum_path(
+            log_lik,
+            torch.tensor([2], device=s.device),
+            torch.tensor([3], device=s.device),
+            backend=s.generator_raw.mas_backend,
+        )
+        if cfg.freerun_samples:
+            dtw_scores(np.zeros((4, 3), dtype=np.float32), np.zeros((4, 5), dtype=np.float32))
+        if cfg.eval_samples and s.is_main:
+            warm_up_pictures()
+
+    def estimate_step_from_eval(self) -> None:
+        """The budget's step time before the first step: the start evaluation's time per clip, scaled."""
+        s = self.s
+        clips = sum(len(v) for v in s.data.val_sets.values())
+        if clips <= 0:
+            return
+        per_clip = s.budget.eval_seconds() / clips
+        samples = self.step_clips * s.accelerator.num_processes
+        s.budget.set_estimates(step_seconds=STEP_SECONDS_PER_EVAL_CLIP_SECONDS * per_clip * samples)
+
+
+def _version(package: str) -> str | None:
+    try:
+        from importlib.metadata import version
+
+        return version(package)
+    except Exception:
+        return None

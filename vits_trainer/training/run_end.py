@@ -1,0 +1,125 @@
+"""The end of a run: the final evaluation (when it still fits), the last checkpoint, the export of the
+final model, best_model updated when the final weights are the best, and train_summary.json; mixed
+into loop.Trainer.
+
+Apart from loop.py because it runs once, after the loop, and decides what the run leaves behind.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import time
+from pathlib import Path
+
+from ..safety import UnsafeOverwrite, check_replaceable, replace_export, write_export_file, write_marker
+from .reporting import plot_losses
+
+
+class RunEnd:
+    """`finish` and the summary of a `Trainer` (its base class)."""
+
+    def finish(self, stop_reason: str | None) -> dict:
+        s, budget = self.s, self.s.budget
+        if stop_reason != "signal" and s.val_loaders:
+            # the last steps may have been slower than planned (a busy machine): the checkpoint and the
+            # export come first, the final evaluation only if it still fits
+            left = budget.remaining() - (
+                budget.save_seconds() + budget.export_seconds() + budget.safety_seconds()
+            )
+            if self.agree(left >= budget.eval_seconds()):
+                self.run_eval("final", export_best=False)
+            else:
+                self.final_eval_skipped = f"no time left: {max(0.0, left):.0f} s left for it, it takes ~{budget.eval_seconds():.0f} s"
+                s.log(f"final evaluation skipped: {self.final_eval_skipped}")
+        elif stop_reason == "signal":
+            self.final_eval_skipped = "stopped by a signal"
+        final_is_best = bool(s.state.val_history) and s.state.best_step == budget.global_step
+        self.save_checkpoint(stop_reason or "end")
+        t0 = time.perf_counter()
+        exported = None
+        try:
+            exported = self.export(s.output_dir)
+        except (OSError, UnsafeOverwrite) as err:
+            s.log(
+                f"error: exporting the final model to {s.output_dir} failed ({getattr(err, 'strerror', None) or err}); "
+                f"the last good checkpoint is {self.last_checkpoint}"
+            )
+        if exported and final_is_best:
+            best = s.checkpoint_dir / "best_model"
+            try:
+                check_replaceable(best)  # our marked export only, nothing the user put in it
+                tmp = best.with_name(f".best_model.tmp-{os.getpid()}")
+                shutil.rmtree(tmp, ignore_errors=True)  # this pid's temp folder
+                shutil.copytree(exported, tmp)
+                write_marker(tmp, "best_model", s.checkpoint_dir)
+                replace_export(tmp, best)
+                s.state.best_model_step = budget.global_step
+            except (OSError, UnsafeOverwrite) as err:  # the final model is exported; only this copy failed
+                s.log(f"warning: best model not updated ({getattr(err, 'strerror', None) or err})")
+        budget.observe_export(time.perf_counter() - t0)
+        summary = self.summary(stop_reason, exported)
+        if s.is_main:
+            if exported:
+                write_export_file(exported, "train_summary.json", json.dumps(summary, indent=1))  # + marker
+            # checkpoint dir: the run's own folder, never a data folder or --output_dir (safety.py)
+            (s.checkpoint_dir / "train_summary.json").write_text(
+                json.dumps(summary, indent=1), encoding="utf-8"
+            )
+            try:
+                plot_losses(s.checkpoint_dir / "metrics.jsonl", s.checkpoint_dir / "loss_curve.png")
+            except Exception as err:  # a plot is never worth losing the run's ending over
+                s.log(f"warning: loss curve not written ({err})")
+        if s.accelerator.trackers:
+            s.accelerator.end_training()
+        s.accelerator.wait_for_everyone()
+        return summary
+
+    def summary(self, stop_reason: str | None, exported: Path | None) -> dict:
+        s, budget, state = self.s, self.s.budget, self.s.state
+        first = budget.first_plan
+        best = existing_best_model(s.checkpoint_dir, state.best_model_step)
+        return {
+            "target_seconds": budget.target_seconds,
+            "wall_seconds": budget.elapsed(),
+            "steps": budget.global_step,
+            "session_steps": budget.session_steps,
+            "epochs_planned": first.epochs if first else None,
+            "epochs_completed": state.epochs_completed,
+            "epochs_trained": state.samples_seen / max(1, s.data.samples_per_epoch),
+            # measured over every step of this session (the budget's own figure skips the warm-up steps)
+            "samples_per_second": budget.session_samples / self.train_seconds if self.train_seconds else 0.0,
+            "threads": self.threads,
+            "best_val_loss": state.best_val,
+            "best_step": state.best_step,
+            # the evaluation of the final weights only; never an earlier one standing in for it
+            "final_val": self.last_val if self.last_val_step == budget.global_step else None,
+            "final_eval_skipped": (
+                None if self.last_val_step == budget.global_step else self.final_eval_skipped or "not run"
+            ),
+            "stopped_reason": stop_reason or "end",
+            "budget_stop": self.budget_stop,
+            "resumed_from_step": self.resumed_from_step,
+            "data_wait_fraction": self.data_wait / max(self.train_seconds, 1e-9),
+            "preload_seconds": s.preload_seconds,
+            "skipped_steps": state.skipped_steps,
+            "plan": first.to_dict() if first else None,
+            **self.micro_batch_used(),
+            "micro_batch_trial": state.micro_batch_trial,
+            "final_model": str(exported) if exported else None,
+            "last_checkpoint": str(self.last_checkpoint) if self.last_checkpoint else None,
+            "best_model": str(best) if best is not None else None,
+            "best_model_step": state.best_model_step if best is not None else None,
+        }
+
+
+def existing_best_model(checkpoint_dir: Path, best_model_step: int | None) -> Path | None:
+    """`<checkpoint_dir>/best_model` when this run exported one and it is complete (exports are renamed
+    into place whole, so a folder with its weights is complete); else None. The start evaluation
+    measures the model the run started from and exports nothing: a run whose evaluations never beat it
+    has no best_model."""
+    folder = checkpoint_dir / "best_model"
+    if best_model_step is None or not (folder / "config.json").is_file():
+        return None
+    return folder if (folder / "model.safetensors").is_file() else None
