@@ -428,7 +428,7 @@ def noise_summary(a: dict, b: dict) -> dict:
 
 def judge(before: dict, after: dict) -> dict:
     """The guard's paired test on each score, and the mean relative change."""
-    from vits_trainer.training.judgement import paired_judgement
+    from vits_trainer.feedback.judgement import paired_judgement
 
     out = {}
     for key in ("mel", "mel_dtw", "mcd"):
@@ -448,8 +448,8 @@ def judge(before: dict, after: dict) -> dict:
 
 def cmd_guard(args) -> None:
     from vits_trainer.data.text import TextEncoder
-    from vits_trainer.training.feedback_data import read_split_file
-    from vits_trainer.training.judgement import SEED_AFTER, SEED_BEFORE
+    from vits_trainer.feedback.judgement import SEED_AFTER, SEED_BEFORE
+    from vits_trainer.feedback.replay import read_split_file
 
     work = fresh_scratch(Path(args.work) / "guard")
     results = {"command": " ".join(["python", "bench/bench_best_metric.py", *sys.argv[1:]])}

@@ -23,12 +23,12 @@ from tests.helpers import PYTHON, ROOT, TINY_SETTINGS, cli_args, train_tiny
 from vits_trainer.data.clipstore import load_clip_store
 from vits_trainer.data.synthetic import make_corpus
 from vits_trainer.errors import UserError
+from vits_trainer.feedback.judgement import paired_judgement
+from vits_trainer.feedback.promotion import promotion
+from vits_trainer.feedback.replay import check_inputs, original_val_ids
+from vits_trainer.feedback.round import HIDDEN_FLAGS, FeedbackConfig, FeedbackRun, run_feedback
+from vits_trainer.feedback.versions import REPORT_NAME, choose_version, read_latest, write_latest
 from vits_trainer.training.checkpoint import write_checkpoint
-from vits_trainer.training.feedback import HIDDEN_FLAGS, FeedbackConfig, FeedbackRun, run_feedback
-from vits_trainer.training.feedback_data import check_inputs, original_val_ids
-from vits_trainer.training.feedback_versions import REPORT_NAME, choose_version, read_latest, write_latest
-from vits_trainer.training.judgement import paired_judgement
-from vits_trainer.training.promotion import promotion
 
 UNKNOWN_TEXT_ID = "fb00011"  # its sentence gets characters the tiny vocabulary (a-o) lacks
 

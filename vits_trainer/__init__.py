@@ -8,7 +8,8 @@ Layout, following the data flow (each part imports only the parts listed before 
 - root modules: errors, safety (what may be written or removed), runlock, hub, jsonfile, profiling;
 - ``data``: corpus -> prepared folder -> batches;
 - ``model``: VITS training forward, discriminator, losses, alignment search;
-- ``training``: budget, loop, checkpoints, evaluation, feedback rounds.
+- ``training``: budget, the one training loop, checkpoints, evaluation, recovery;
+- ``feedback``: feedback rounds (train_feedback.py) on top of that loop.
 """
 
 __version__ = "0.1.0"

@@ -27,10 +27,10 @@ training/checkpoint.py:write_checkpoint / prune_checkpoints, safety.py:remove_de
     rmtree `.step_*.tmp-<pid>`, an existing `step_N` of the same step, pruned `step_N` -> names only this
         tool creates (`step_%08d` with a manifest it wrote; pruning only deletes verified ones); the
         checkpoint dir never overlaps a data folder or --output_dir (checked up front)
-training/feedback_versions.py:write_latest
+feedback/versions.py:write_latest
     os.replace of `latest` -> only when `latest` is a symlink (a real folder is left alone);
     latest.json -> refused up front unless it is our pointer (`check_feedback_paths`)
-training/feedback.py:FeedbackRun.write_samples / run
+feedback/round.py:FeedbackRun.write_samples / run
     rmtree vN/samples/{before,after}, vN/checkpoints, vN -> version folders that choose_version
         numbered under the output root; vN is removed only when this process created it; the output
         root never overlaps a data folder or the base model (checked up front)

@@ -2,5 +2,5 @@
 
 The budget and its LR schedule, the one training loop shared by both trainers, the step, session
 set-up, checkpoints and train state, recovery from out-of-memory, evaluation, reporting, the runtime
-(devices, precision, threads) and feedback rounds. May import everything else in the package.
+(devices, precision, threads). May import the root modules, `data` and `model`.
 """

@@ -35,7 +35,7 @@ def is_finished(version: Path) -> bool:
 
 
 def has_resumable_checkpoint(version: Path) -> bool:
-    from .checkpoint import find_resumable
+    from ..training.checkpoint import find_resumable
 
     return find_resumable(version / "checkpoints", log=lambda _: None)[0] is not None
 

@@ -18,14 +18,14 @@ import numpy as np
 
 from ..data.metadata import METADATA_NAME, SPLIT_FILE, WAVS_DIR, read_metadata
 from ..errors import UserError
-from .feedback_versions import REPORT_NAME
 from .judgement import MIN_JUDGED_CLIPS
+from .versions import REPORT_NAME
 
 if TYPE_CHECKING:
     from ..data.clipstore import ClipStore
     from ..data.items import TrainingItems
     from ..data.text import TextEncoder
-    from .feedback import FeedbackConfig
+    from .round import FeedbackConfig
 
 MIN_HELD_OUT_CLIPS = 5  # fewer usable feedback clips: evaluate on all of them, and train on them too
 
@@ -54,7 +54,7 @@ def check_inputs(cfg: FeedbackConfig, log) -> Inputs:
         )
     if not (base / "config.json").is_file():
         raise UserError(f"--base_model {base}: not a model folder (no config.json)")
-    from .modelfolder import check_model_folder
+    from ..training.modelfolder import check_model_folder
 
     check_model_folder(base, "--base_model")
     data_dir = Path(cfg.data_dir)
@@ -105,7 +105,7 @@ def check_inputs(cfg: FeedbackConfig, log) -> Inputs:
 
 
 def _unusable_reason(wav: Path, tokens: list[int], sample_rate: int, hop: int) -> str | None:
-    """The same rules as dataset.build_items, from the WAV header alone (cheap, writes nothing)."""
+    """The same rules as items.build_items, from the WAV header alone (cheap, writes nothing)."""
     import soundfile as sf
 
     try:
@@ -154,8 +154,8 @@ def original_val_ids(base: Path, store_ids: list[str], cfg: FeedbackConfig, log)
     runner does with --val_fraction and --seed (right when the base was trained with the defaults).
     """
     from ..data.items import split_train_val
-    from .checkpoint import find_resumable
-    from .trainstate import LoadedCheckpoint
+    from ..training.checkpoint import find_resumable
+    from ..training.trainstate import LoadedCheckpoint
 
     known = set(store_ids)
     candidates: list[tuple[str, list[str] | None]] = [
@@ -253,7 +253,7 @@ class FeedbackData:
         from ..data.clipstore import load_clip_store
         from ..data.items import CombinedItems, build_items
         from ..data.sampler import ReplayBatchSampler
-        from .datasplit import DataSplit
+        from ..training.datasplit import DataSplit
 
         if val_ids is None:
             val_ids, source = original_val_ids(self.inputs.base_model, store.ids, cfg, log)

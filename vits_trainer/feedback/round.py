@@ -45,12 +45,12 @@ from typing import TYPE_CHECKING, ClassVar
 from ..errors import UserError
 from ..jsonfile import write_json_atomic
 from ..runlock import RunLock, is_main_process
-from .config import TrainConfig, _f
-from .feedback_data import MIN_HELD_OUT_CLIPS, FeedbackData, Inputs, check_inputs, subset
-from .feedback_versions import REPORT_NAME, RUN_NAME, choose_version, read_latest, write_latest
+from ..training.config import TrainConfig, _f
+from ..training.resume_settings import resume_command
 from .judgement import SEED_AFTER, SEED_BEFORE, paired_judgement
 from .promotion import loss_values, mel_change, promotion
-from .resume_settings import resume_command
+from .replay import MIN_HELD_OUT_CLIPS, FeedbackData, Inputs, check_inputs, subset
+from .versions import REPORT_NAME, RUN_NAME, choose_version, read_latest, write_latest
 
 # torch/transformers are imported where used: a bad command line is reported without paying for them
 if TYPE_CHECKING:
@@ -156,7 +156,7 @@ class FeedbackRun(FeedbackData):
     def write_samples(self, model, text, folder: Path, device, deadline: float | None = None) -> float:
         """Synthesise the feedback sentences into `folder`, one by one, stopping before `deadline`
         (a diverged model can speak for minutes); `sentences.json`, written last, lists what was made."""
-        from .evaluate import synthesize
+        from ..training.evaluate import synthesize
 
         t0 = time.perf_counter()
         sentences = self.sample_sentences()
@@ -217,7 +217,7 @@ class FeedbackRun(FeedbackData):
         """Per-clip mel of the base model on the judged clips (kept across resumes in feedback_run.json)."""
         if self.info.get("per_clip_before") is not None:
             return
-        from .evaluate import evaluate_per_clip
+        from ..training.evaluate import evaluate_per_clip
 
         generator = session.generator_raw
         if session.resumed_from is not None:  # interrupted before they were taken: the base model's
@@ -275,8 +275,8 @@ class FeedbackRun(FeedbackData):
                 f"model's discriminator beside it next time)"
             )
 
-        from .loop import Trainer
-        from .session import build_session
+        from ..training.loop import Trainer
+        from ..training.session import build_session
 
         try:
             session = build_session(session_cfg, self.process_start, data_fn=self.data_fn)
@@ -323,7 +323,7 @@ class FeedbackRun(FeedbackData):
         )
         per_clip_after = None
         if summary.get("final_val") is not None:  # the final weights were evaluated: judge them per clip
-            from .evaluate import evaluate_per_clip
+            from ..training.evaluate import evaluate_per_clip
 
             per_clip_after = evaluate_per_clip(
                 session.generator_raw,
@@ -341,9 +341,9 @@ class FeedbackRun(FeedbackData):
     def restore_settings(self, cfg: FeedbackConfig) -> FeedbackConfig:
         """`cfg` with the settings saved in the checkpoint this version resumes from (resume_settings.py);
         the --output_dir root and the settings derived per version stay as they are."""
-        from .checkpoint import find_resumable, verify_checkpoint
-        from .resume_settings import restore_settings
-        from .trainstate import LoadedCheckpoint
+        from ..training.checkpoint import find_resumable, verify_checkpoint
+        from ..training.resume_settings import restore_settings
+        from ..training.trainstate import LoadedCheckpoint
 
         if cfg.resume == "auto":
             path, manifest = find_resumable(self.version / "checkpoints", log=self.log)
@@ -457,7 +457,7 @@ def run_feedback(cfg: FeedbackConfig, process_start: float, log=None) -> dict:
 
     check_feedback_paths(cfg)  # overlapping folders: refused before any work or write
     if log is None:
-        from .runtime import Logger
+        from ..training.runtime import Logger
 
         log = Logger(is_main_process())  # lines from the main process only
     # one run per output root (it numbers the versions there); released when the run ends
