@@ -2,7 +2,7 @@
 
 Every reader returns a `Source` whose rows are `Candidate`s (an id, the raw text, a speaker, and where
 the audio is) or `Problem`s (a row that could not even be parsed). Nothing here decodes audio or
-judges the text: prepare.py does the checks, so every format gets exactly the same rules.
+judges the text: prepare_checks.py does the checks, so every format gets exactly the same rules.
 Problems in the *source as a whole* (missing file, missing column, unknown layout) raise UserError.
 """
 

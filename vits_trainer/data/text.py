@@ -97,7 +97,7 @@ def extend_vocabulary(model, text_encoder: TextEncoder, characters: list[str], s
         vocab[ch] = first + offset
     save_dir.mkdir(parents=True, exist_ok=True)
     vocab_file = save_dir / "vocab.json"
-    # save_dir: a fresh temp folder (session.py: tempfile.mkdtemp)
+    # save_dir: a fresh temp folder (training/datasplit.py: tempfile.mkdtemp)
     vocab_file.write_text(json.dumps(vocab, ensure_ascii=False, indent=1), encoding="utf-8")
     init_kwargs = {
         k: getattr(tokenizer, k)

@@ -1,7 +1,7 @@
 """Whether a feedback version becomes `latest`: the promotion rule on the before/after losses and the
-per-clip judgement (judgement.py); feedback.py's docstring gives the rule in words.
+per-clip judgement (judgement.py); round.py's docstring gives the rule in words.
 
-Apart from feedback.py because it is a pure function of numbers, tested alone.
+Apart from round.py because it is a pure function of numbers, tested alone.
 """
 
 from __future__ import annotations

@@ -2,7 +2,7 @@
 on (every feedback clip plus a fresh draw of the original training clips each epoch), with the held-out
 feedback clips and the original validation split it is judged on.
 
-Apart from feedback.py (the round and its report); `FeedbackData` is the data half of `FeedbackRun`.
+Apart from round.py (the round and its report); `FeedbackData` is the data half of `FeedbackRun`.
 """
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
 """A feedback run's version folders (v1, v2, ...) under --output_dir, which one a run continues or starts,
 and the `latest` pointer (latest.json and a `latest` symlink) to the last promoted version.
 
-Apart from feedback.py because these are the folder conventions, read without a run (tests, tools).
+Apart from round.py because these are the folder conventions, read without a run (tests, tools).
 """
 
 from __future__ import annotations
