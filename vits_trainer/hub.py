@@ -7,6 +7,7 @@ import os
 import socket
 from functools import cache
 from pathlib import Path
+from urllib.parse import urlsplit
 
 from .errors import UserError
 
@@ -18,11 +19,17 @@ def hub_unreachable() -> str | None:
     of after the hub clients' retries (~25 s)."""
     if os.environ.get("HF_HUB_OFFLINE", "0").lower() not in ("0", "", "false", "no"):
         return "HF_HUB_OFFLINE is set"
-    host = os.environ.get("HF_ENDPOINT", "https://huggingface.co").split("://")[-1].split("/")[0]
+    if any(os.environ.get(name) for name in ("HTTPS_PROXY", "https_proxy", "ALL_PROXY", "all_proxy")):
+        return None  # behind a proxy a direct connect proves nothing: let the hub client try
+    endpoint = urlsplit(os.environ.get("HF_ENDPOINT") or "https://huggingface.co")
+    host = endpoint.hostname or "huggingface.co"
     try:
-        socket.create_connection((host, 443), timeout=3).close()
+        port = endpoint.port or (80 if endpoint.scheme == "http" else 443)
+        socket.create_connection((host, port), timeout=3).close()
     except OSError as err:
         return f"this machine cannot reach {host}: {err.strerror or type(err).__name__}"
+    except ValueError:
+        return None  # a malformed HF_ENDPOINT: the hub client says what is wrong with it
     return None
 
 
