@@ -1,4 +1,4 @@
-"""Source readers for prepare_data.py: turn a corpus on disk (or a datasets dataset) into candidate rows.
+"""Source readers for prepare_data.py: turn a corpus on disk into candidate rows (a `datasets` dataset: corpus_hf.py).
 
 Every reader returns a `Source` whose rows are `Candidate`s (an id, the raw text, a speaker, and where
 the audio is) or `Problem`s (a row that could not even be parsed). Nothing here decodes audio or
@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from ..errors import UserError
-from ..hub import download_hint, go_offline_if_unreachable, looks_like_path
+from ..hub import looks_like_path
 from .audio import AUDIO_EXTENSIONS
 
 FORMATS = ("auto", "ljspeech", "commonvoice", "csv", "hf", "audiofolder", "pairs")
@@ -80,6 +80,8 @@ def open_source(
         fmt, path = detect_format(source)
     columns = dict(audio_column=audio_column, text_column=text_column, speaker_column=speaker_column)
     if fmt == "hf":
+        from .corpus_hf import read_hf  # imports `datasets` only when it is needed
+
         return read_hf(source, split, id_column=id_column, **columns)
     if not path.exists():
         raise UserError(f"--source {source}: no such file or folder")
@@ -266,8 +268,8 @@ def _table_rows(
         header = [h.strip() for h in next(reader, [])]
         if not header:
             raise UserError(f"{path}: empty file (expected a header row)")
-        audio_column = _pick_column(path, header, audio_column, AUDIO_COLUMNS, "--audio_column")
-        text_column = _pick_column(path, header, text_column, TEXT_COLUMNS, "--text_column")
+        audio_column = pick_column(path, header, audio_column, AUDIO_COLUMNS, "--audio_column")
+        text_column = pick_column(path, header, text_column, TEXT_COLUMNS, "--text_column")
         for name, flag in ((speaker_column, "--speaker_column"), (id_column, "--id_column")):
             if name is not None and name not in header:
                 raise UserError(f"{path}: {flag} {name} is not a column (columns: {', '.join(header)})")
@@ -287,7 +289,7 @@ def _table_rows(
             if not rel:
                 yield Problem(origin, "missing_audio", f"empty {audio_column} field")
                 continue
-            audio = _resolve(audio_root, rel)
+            audio = resolve_in(audio_root, rel)
             if id_column is not None:
                 clip_id = fields[index[id_column]].strip()
             elif id_from == "stem":
@@ -301,7 +303,7 @@ def _table_rows(
             yield Candidate(clip_id, text, speaker or "0", origin, audio_path=audio)
 
 
-def _pick_column(
+def pick_column(
     path: Path, header: list[str], wanted: str | None, defaults: tuple[str, ...], flag: str
 ) -> str:
     if wanted is not None:
@@ -378,7 +380,7 @@ def _record_rows(
     id_column: str | None,
 ) -> list[Row]:
     keys = sorted({k for r in records if r for k in r})
-    text_column = _pick_column(meta, keys, text_column, TEXT_COLUMNS, "--text_column")
+    text_column = pick_column(meta, keys, text_column, TEXT_COLUMNS, "--text_column")
     rows: list[Row] = []
     for number, record in enumerate(records, start=1):
         origin = f"{meta.name}:{number}"
@@ -392,7 +394,7 @@ def _record_rows(
         clip_id = str(record.get(id_column, "")) if id_column else _path_id(rel)
         speaker = str(record.get(speaker_column) or "0") if speaker_column else "0"
         text = "" if text is None else str(text)
-        rows.append(Candidate(clip_id, text, speaker, origin, audio_path=_resolve(meta.parent, rel)))
+        rows.append(Candidate(clip_id, text, speaker, origin, audio_path=resolve_in(meta.parent, rel)))
     return rows
 
 
@@ -407,126 +409,6 @@ def _audiofolder_metadata(folder: Path) -> list[Path]:
         if p.suffix == ".parquet" or "file_name" in _first_line(p):
             found.append(p)
     return found
-
-
-# --- A Hugging Face `datasets` dataset: save_to_disk folder, data-file folder, or hub id ---------------
-
-
-def read_hf(
-    source: str,
-    split: str | None,
-    audio_column: str | None = None,
-    text_column: str | None = None,
-    speaker_column: str | None = None,
-    id_column: str | None = None,
-) -> Source:
-    ds, split_name, folder = _load_dataset(source, split)
-    columns = list(ds.column_names)
-    audio_column = audio_column or "audio"
-    if audio_column not in columns:
-        raise UserError(f"--source {source}: no {audio_column!r} column (columns: {', '.join(columns)})")
-    text_column = _pick_column(Path(source), columns, text_column, TEXT_COLUMNS, "--text_column")
-    for name, flag in ((speaker_column, "--speaker_column"), (id_column, "--id_column")):
-        if name is not None and name not in columns:
-            raise UserError(
-                f"--source {source}: {flag} {name} is not a column (columns: {', '.join(columns)})"
-            )
-
-    from datasets import Audio, Value
-
-    feature = ds.features[audio_column]
-    is_path_column = isinstance(feature, Value) and feature.dtype in ("string", "large_string")
-    if not is_path_column and not isinstance(feature, Audio):
-        raise UserError(f"--source {source}: column {audio_column!r} holds {feature}, not audio or paths")
-    if not is_path_column:
-        # Keep the encoded file bytes: decoding is ours (soundfile), so no torchcodec/ffmpeg is needed.
-        ds = ds.cast_column(audio_column, Audio(decode=False))
-
-    wanted = [c for c in dict.fromkeys([audio_column, text_column, speaker_column, id_column]) if c]
-    table = ds.select_columns(wanted).with_format("arrow")
-    paths: list[str | None] = []
-    has_bytes: list[bool] = []
-    texts, speakers, ids = [], [], []
-    for start in range(0, len(ds), 1000):
-        batch = table[start : start + 1000]
-        audio = batch.column(audio_column).combine_chunks()
-        if is_path_column:
-            paths += audio.to_pylist()
-            has_bytes += [False] * len(audio)
-        else:
-            paths += audio.field("path").to_pylist()
-            has_bytes += audio.field("bytes").is_valid().to_pylist()
-        texts += batch.column(text_column).to_pylist()
-        speakers += batch.column(speaker_column).to_pylist() if speaker_column else [None] * len(audio)
-        ids += batch.column(id_column).to_pylist() if id_column else [None] * len(audio)
-
-    stems = [Path(p).stem if p else "" for p in paths]
-    use_stems = all(stems) and len(set(stems)) == len(stems)
-    width = max(6, len(str(len(ds))))
-    rows: list[Row] = []
-    for i, (path, blob) in enumerate(zip(paths, has_bytes, strict=True)):
-        origin = f"{split_name}[{i}]"
-        if id_column:
-            clip_id = "" if ids[i] is None else str(ids[i])
-        else:
-            clip_id = stems[i] if use_stems else f"{split_name}_{i:0{width}d}"
-        text = "" if texts[i] is None else str(texts[i])
-        speaker = "0" if speakers[i] is None or str(speakers[i]).strip() == "" else str(speakers[i])
-        if blob:
-            rows.append(Candidate(clip_id, text, speaker, origin, audio_key=i))
-        elif path:
-            resolved = _resolve(folder, path) if folder is not None else Path(path)
-            rows.append(Candidate(clip_id, text, speaker, origin, audio_path=resolved))
-        else:
-            rows.append(Problem(origin, "missing_audio", "no audio bytes or path", clip_id))
-
-    fetch_table = ds.select_columns([audio_column])
-
-    def fetch_audio(keys: list[int]) -> list[bytes | None]:
-        return [item["bytes"] for item in fetch_table[keys][audio_column]]
-
-    location = str(folder) if folder is not None else source
-    notes = [f"split {split_name}: {len(ds)} rows; text from {text_column!r}"]
-    return Source("hf", location, rows, folder=folder, fetch_audio=fetch_audio, notes=notes)
-
-
-def _load_dataset(source: str, split: str | None):
-    """Return (Dataset, split name, local folder or None) without decoding any audio."""
-    path = Path(source).expanduser()
-    # before `datasets` is imported (it reads the offline switch once): offline, only its local cache
-    # is tried, with no ~25 s of network retries
-    offline = None if path.exists() else go_offline_if_unreachable()
-    try:
-        import datasets
-    except ImportError:
-        raise UserError("--format hf needs the `datasets` package (pip install datasets)") from None
-    if not path.exists():
-        try:
-            return datasets.load_dataset(source, split=split or "train"), split or "train", None
-        except Exception as err:
-            why = f"not in the local cache; {offline}" if offline else _one_line(err)
-            raise UserError(
-                f"--source {source}: no such file or folder, and no Hugging Face hub dataset of that name "
-                f"could be loaded ({why}); for a hub dataset, download it where there is network "
-                f"({download_hint(source, 'dataset')}) and pass that folder"
-            ) from None
-    try:
-        if (path / "state.json").is_file() or (path / "dataset_dict.json").is_file():
-            loaded = datasets.load_from_disk(str(path))
-        else:
-            loaded = datasets.load_dataset(str(path))
-    except Exception as err:
-        raise UserError(f"--source {source}: datasets could not load it ({_one_line(err)})") from None
-    if isinstance(loaded, datasets.Dataset):
-        if split is not None and split != "train":
-            raise UserError(f"--source {source}: a single dataset (no splits); drop --split {split}")
-        return loaded, "train", path
-    names = list(loaded.keys())
-    if split is None:
-        split = "train" if "train" in names else (names[0] if len(names) == 1 else None)
-    if split not in names:
-        raise UserError(f"--source {source}: pass --split (one of: {', '.join(names)})")
-    return loaded[split], split, path
 
 
 # --- A folder of audio files with same-name .txt transcripts --------------------------------------------
@@ -608,7 +490,7 @@ def _has_bad_utf8(text: str) -> bool:
     return any("\udc80" <= ch <= "\udcff" for ch in text)
 
 
-def _resolve(root: Path | None, rel: str) -> Path:
+def resolve_in(root: Path | None, rel: str) -> Path:
     p = Path(rel).expanduser()
     return p if p.is_absolute() or root is None else root / p
 
@@ -622,5 +504,5 @@ def _path_id(rel: str) -> str:
     return str(p.with_suffix("")) if p.suffix else str(p)
 
 
-def _one_line(err: BaseException) -> str:
+def one_line(err: BaseException) -> str:
     return (" ".join(str(err).split()) or type(err).__name__)[:300]
