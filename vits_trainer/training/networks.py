@@ -24,6 +24,7 @@ from ..model.discriminator import (
 from ..model.vits import VitsGenerator, apply_decoder_weight_norm, freeze_parts, load_vits_model
 from .config import TrainConfig
 from .modelfolder import check_model_folder
+from .precheck import check_discriminator_dir
 from .trainstate import LoadedCheckpoint
 
 
@@ -62,9 +63,7 @@ def load_or_create_discriminator(
     for folder, what in ((cfg.discriminator, "--discriminator"), (model_dir, "the model folder")):
         if not folder:
             continue
-        folder = Path(folder)
-        if what == "--discriminator" and not folder.is_dir():
-            raise UserError(f"--discriminator {folder}: no such folder")
+        folder = check_discriminator_dir(folder) if what == "--discriminator" else Path(folder)
         try:
             disc = load_discriminator(folder)
         except ValueError as err:

@@ -1,39 +1,52 @@
-"""Checks of the paths a user typed, made before torch is imported (a mistyped path costs a fraction
-of a second, not the ~8 s of the heavy imports). Only flags given on the command line are checked
-here: a resumed run takes the others from its checkpoint, which the session checks once it is read.
+"""The folders a training run reads, checked without torch: train_vits.py calls `check_given_paths`
+before its heavy imports (a mistyped path costs a fraction of a second, not the ~8 s of importing
+torch), and the session calls the same checks once a resumed run's settings are known.
 """
 
 from __future__ import annotations
 
 from pathlib import Path
 
+from ..data.metadata import METADATA_NAME
 from ..errors import UserError
-from ..hub import looks_like_path
+from ..hub import looks_like_path, resolve_model_dir
 
-# flag -> what the folder must hold (None: any folder) and what to say when it is missing
-_READ_FOLDERS = {
-    "data_dir": ("metadata.csv", "run prepare_data.py first"),
-    "feedback_dir": ("metadata.csv", "prepare the feedback clips with prepare_data.py --data_dir FEEDBACK"),
-    "base_model": ("config.json", "the model to improve, e.g. training/checkpoints/best_model"),
-    "discriminator": ("discriminator.safetensors", "a folder with discriminator.safetensors"),
-    "model_name": ("config.json", "a saved VitsModel folder, or a hub id such as facebook/mms-tts-eng"),
-}
+
+def check_data_dir(value: str) -> Path:
+    """--data_dir: a prepared folder with its metadata.csv."""
+    data_dir = Path(value)
+    if not data_dir.is_dir():
+        raise UserError(f"--data_dir {data_dir}: no such folder (run prepare_data.py first)")
+    if not (data_dir / METADATA_NAME).is_file():
+        raise UserError(f"{data_dir / METADATA_NAME}: no such file (run prepare_data.py first)")
+    return data_dir
+
+
+def check_resume_path(value: str) -> Path:
+    """--resume PATH (not auto/none): an existing folder; whether it is a usable checkpoint is read later."""
+    path = Path(value).expanduser()
+    if not path.is_dir():
+        raise UserError(f"--resume {value}: no such checkpoint folder")
+    return path
+
+
+def check_discriminator_dir(value: str) -> Path:
+    """--discriminator: an existing folder (its weights are looked for when it is loaded)."""
+    folder = Path(value)
+    if not folder.is_dir():
+        raise UserError(f"--discriminator {folder}: no such folder")
+    return folder
 
 
 def check_given_paths(cfg) -> None:
-    """Each folder flag the user gave that the run reads exists and holds what it must."""
+    """The folder flags given on the command line, checked before torch is imported. Only those: a
+    resumed run takes the others from its checkpoint, and the session checks them once it is read."""
     given = cfg.explicit or frozenset()
-    for name, (needs, hint) in _READ_FOLDERS.items():
-        value = getattr(cfg, name, None)
-        if name not in given or not value:
-            continue
-        if name == "model_name" and not looks_like_path(value):
-            continue  # a hub id: resolved (cache, then network) by the session
-        folder = Path(value).expanduser()
-        if not folder.is_dir():
-            raise UserError(f"--{name} {value}: no such folder ({hint})")
-        if not (folder / needs).is_file():
-            raise UserError(f"{folder / needs}: no such file ({hint})")
-    resume = getattr(cfg, "resume", "auto")
-    if "resume" in given and resume not in ("auto", "none") and not Path(resume).expanduser().is_dir():
-        raise UserError(f"--resume {resume}: no such checkpoint folder")
+    if "data_dir" in given:
+        check_data_dir(cfg.data_dir)
+    if "model_name" in given and looks_like_path(cfg.model_name):
+        resolve_model_dir(cfg.model_name)  # a folder: checked on the spot (a hub id waits for the session)
+    if "discriminator" in given and cfg.discriminator:
+        check_discriminator_dir(cfg.discriminator)
+    if "resume" in given and cfg.resume not in ("auto", "none"):
+        check_resume_path(cfg.resume)

@@ -30,6 +30,7 @@ from .config import TrainConfig
 from .datasplit import DataSplit, check_vocabulary, describe_data, load_store, make_loaders, split_data
 from .lr_schedule import BudgetLR, make_scheduler
 from .networks import estimate_checkpoint_bytes, load_model, load_or_create_discriminator, make_generator
+from .precheck import check_data_dir, check_resume_path
 from .resume_settings import restore_settings
 from .runtime import Logger, make_accelerator, quiet_transformers, resolve_precision
 from .step import make_optimizer
@@ -100,9 +101,7 @@ def find_checkpoint(cfg: TrainConfig, checkpoint_dir: Path, log) -> LoadedCheckp
     if cfg.resume == "auto":
         path, manifest = find_resumable(checkpoint_dir, log=log)
         return LoadedCheckpoint(path, manifest) if path is not None else None
-    path = Path(cfg.resume).expanduser()
-    if not path.is_dir():
-        raise UserError(f"--resume {cfg.resume}: no such checkpoint folder")
+    path = check_resume_path(cfg.resume)
     try:
         manifest = verify_checkpoint(path)
     except Exception as err:
@@ -115,9 +114,7 @@ def find_checkpoint(cfg: TrainConfig, checkpoint_dir: Path, log) -> LoadedCheckp
 
 def check_inputs(cfg: TrainConfig) -> None:
     """Everything that can be checked before anything is written (bad input writes nothing)."""
-    data_dir = Path(cfg.data_dir)
-    if not data_dir.is_dir():
-        raise UserError(f"--data_dir {data_dir}: no such folder (run prepare_data.py first)")
+    data_dir = check_data_dir(cfg.data_dir)
     rows, _ = read_metadata(data_dir / METADATA_NAME)
     if not rows:
         raise UserError(f"{data_dir / METADATA_NAME}: no usable rows (expected id|text|speaker lines)")
