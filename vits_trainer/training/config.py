@@ -230,8 +230,7 @@ def add_arguments(parser: argparse.ArgumentParser, cls=TrainConfig, skip: tuple[
     for f in ordered:
         if f.name in skip or not f.metadata.get("cli", True):
             continue
-        parser_ = parser if f.name in own else shared
-        _add_field(parser_, f)
+        _add_field(parser if f.name in own else shared, f)
 
 
 def _add_field(parser, f) -> None:
