@@ -26,8 +26,8 @@ def record_steps(monkeypatch) -> list[dict]:
     steps = []
     real = loop_module.micro_batches
 
-    def recording(pending, micro):
-        parts = real(pending, micro)
+    def recording(pending, micro, pad=None):
+        parts = real(pending, micro, pad)
         steps.append(
             {
                 "indices": sorted(i for b in pending for i in b["indices"].tolist()),

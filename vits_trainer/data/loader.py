@@ -1,11 +1,13 @@
 """From items to padded batches: the Dataset, `collate_batch` and the DataLoader that joins them.
 
 Items are small dicts of numpy views (cheap to pickle into workers); `collate_batch` pads them into
-preallocated arrays and turns the int16 audio into float32 once, per batch.
+preallocated arrays (to the longest item, or to the bucket edge above it: shapes.py) and turns the
+int16 audio into float32 once, per batch.
 """
 
 from __future__ import annotations
 
+import functools
 import sys
 from typing import Any
 
@@ -15,6 +17,7 @@ from torch.utils.data import DataLoader, Dataset
 
 from .items import TrainingItems
 from .sampler import BucketBatchSampler
+from .shapes import PadLengths, padded_widths
 
 
 class ClipDataset(Dataset):
@@ -38,13 +41,15 @@ class ClipDataset(Dataset):
 _INT16_SCALE = np.float32(1.0 / 32768.0)
 
 
-def collate_batch(items: list[dict[str, Any]]) -> dict[str, torch.Tensor]:
-    """Pad into preallocated numpy arrays and wrap them as tensors (no extra copy), audio as float32."""
+def collate_batch(items: list[dict[str, Any]], pad: PadLengths | None = None) -> dict[str, torch.Tensor]:
+    """Pad into preallocated numpy arrays and wrap them as tensors (no extra copy), audio as float32.
+    `pad`: widths rounded up to bucket edges (shapes.py); None: the longest item's."""
     b = len(items)
     text_lengths = np.fromiter((len(it["token_ids"]) for it in items), dtype=np.int64, count=b)
     audio_lengths = np.fromiter((len(it["audio"]) for it in items), dtype=np.int64, count=b)
-    t_max = int(text_lengths.max()) if b else 0
-    s_max = int(audio_lengths.max()) if b else 0
+    t_max, s_max = padded_widths(
+        pad, int(text_lengths.max()) if b else 0, int(audio_lengths.max()) if b else 0
+    )
     input_ids = np.zeros((b, t_max), dtype=np.int64)
     attention_mask = np.zeros((b, t_max), dtype=np.int64)
     audio = np.zeros((b, 1, s_max), dtype=np.float32)
@@ -65,9 +70,14 @@ def collate_batch(items: list[dict[str, Any]]) -> dict[str, torch.Tensor]:
 
 
 def make_loader(
-    items: TrainingItems, batch_sampler: BucketBatchSampler, num_workers: int, pin_memory: bool
+    items: TrainingItems,
+    batch_sampler: BucketBatchSampler,
+    num_workers: int,
+    pin_memory: bool,
+    pad: PadLengths | None = None,
 ) -> DataLoader:
-    """A DataLoader over `items`; workers stay alive across epochs (the sampler lives in this process)."""
+    """A DataLoader over `items`; workers stay alive across epochs (the sampler lives in this process).
+    `pad`: batches padded to bucket edges (shapes.py)."""
     extra: dict[str, Any] = {}
     if num_workers > 0:
         # a few batches ahead per worker hides collation; more only costs pinned RAM
@@ -79,7 +89,7 @@ def make_loader(
     return DataLoader(
         ClipDataset(items),
         batch_sampler=batch_sampler,
-        collate_fn=collate_batch,
+        collate_fn=collate_batch if pad is None else functools.partial(collate_batch, pad=pad),
         num_workers=num_workers,
         pin_memory=pin_memory,
         **extra,

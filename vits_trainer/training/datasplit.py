@@ -16,6 +16,7 @@ from ..data.clipstore import ClipStore, load_clip_store
 from ..data.items import TrainingItems, build_items, split_train_val
 from ..data.loader import make_loader
 from ..data.sampler import BucketBatchSampler
+from ..data.shapes import PadLengths
 from ..data.text import TextEncoder, extend_vocabulary
 from ..errors import UserError
 from .config import TrainConfig
@@ -118,8 +119,11 @@ def describe_data(data: DataSplit, report, log) -> None:
         log(f"warning: {len(report.skipped)} clip(s) could not be read and are skipped")
 
 
-def make_loaders(cfg: TrainConfig, data: DataSplit, accelerator) -> tuple[object, object, dict[str, object]]:
-    """(training batch sampler, training loader, validation loaders by name)."""
+def make_loaders(
+    cfg: TrainConfig, data: DataSplit, accelerator, pad: PadLengths | None = None
+) -> tuple[object, object, dict[str, object]]:
+    """(training batch sampler, training loader, validation loaders by name). `pad`: training batches
+    padded to bucket edges (validation is not the hot path: its batches keep their own lengths)."""
     sampler = data.sampler or BucketBatchSampler(
         data.train.audio_lengths(),
         cfg.batch_size,
@@ -129,7 +133,7 @@ def make_loaders(cfg: TrainConfig, data: DataSplit, accelerator) -> tuple[object
         rank=accelerator.process_index,
     )
     pin = accelerator.device.type == "cuda"
-    loader = make_loader(data.train, sampler, cfg.num_workers, pin)
+    loader = make_loader(data.train, sampler, cfg.num_workers, pin, pad)
     val_loaders = {
         name: make_loader(
             items, BucketBatchSampler(items.audio_lengths(), cfg.batch_size, shuffle=False), 0, pin

@@ -24,7 +24,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from .recovery import split_batch
+from ..data.shapes import PadLengths, padded_widths
 
 TRIAL_STEPS = 4  # per candidate: one warm-up step and three measured ones
 TRIAL_STEPS_SHORT = 2  # when the budget is short: one warm-up, one measured
@@ -82,16 +82,43 @@ def merge_batches(batches: list[dict[str, torch.Tensor]]) -> dict[str, torch.Ten
     return out
 
 
-def micro_batches(pending: list[dict[str, torch.Tensor]], micro: int) -> list[dict[str, torch.Tensor]]:
+def split_batch(
+    batch: dict[str, torch.Tensor], parts: int, pad: PadLengths | None = None
+) -> list[dict[str, torch.Tensor]]:
+    """Cut a collated batch into `parts` smaller ones (as equal as possible; never an empty one).
+
+    Padding is trimmed to each part's own longest item (to its bucket edge with `pad`, as the loader
+    pads), so a part of short clips costs less memory.
+    """
+    size = batch["input_ids"].size(0)
+    parts = max(1, min(parts, size))
+    bounds = [round(i * size / parts) for i in range(parts + 1)]
+    out = []
+    for lo, hi in zip(bounds[:-1], bounds[1:], strict=True):
+        part = {k: v[lo:hi] for k, v in batch.items()}
+        text_max, audio_max = padded_widths(
+            pad, int(part["attention_mask"].sum(-1).max()), int(part["audio_lengths"].max())
+        )
+        part["input_ids"] = part["input_ids"][:, :text_max]
+        part["attention_mask"] = part["attention_mask"][:, :text_max]
+        part["audio"] = part["audio"][..., :audio_max]
+        out.append(part)
+    return out
+
+
+def micro_batches(
+    pending: list[dict[str, torch.Tensor]], micro: int, pad: PadLengths | None = None
+) -> list[dict[str, torch.Tensor]]:
     """A step's loader batches as micro-batches of at most `micro` clips (as equal as possible).
 
     When every loader batch already holds exactly `micro` clips (the requested split), they are used as
-    they are: no copy, and the very micro-batches a run without this choice would have run."""
+    they are: no copy, and the very micro-batches a run without this choice would have run. `pad`: the
+    loader's bucket edges, kept when a batch is cut."""
     if all(b["input_ids"].size(0) == micro for b in pending):
         return list(pending)
     merged = merge_batches(pending)
     clips = merged["input_ids"].size(0)
-    return split_batch(merged, accumulation_for(clips, micro))
+    return split_batch(merged, accumulation_for(clips, micro), pad)
 
 
 @dataclass

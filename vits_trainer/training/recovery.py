@@ -5,7 +5,7 @@
   newest checkpoint, else the weights the run started from), halves the learning rate and leaves
   fp16 for bf16 (where supported) or fp32, and says so in one line (`Recovery`, part of loop.Trainer).
 - Out-of-memory inside a step: the caller frees what it holds and retries the cycle with every batch
-  split in two (half the micro-batch, twice the accumulation: the same effective batch).
+  split in two (half the micro-batch, twice the accumulation: the same effective batch; microbatch.py).
 """
 
 from __future__ import annotations
@@ -16,6 +16,7 @@ import torch
 
 from ..model.discriminator import VitsDiscriminator
 from .checkpoint import CheckpointError, verify_checkpoint
+from .runtime import native_bf16
 from .session import apply_lr_scale
 from .trainstate import LoadedCheckpoint
 
@@ -28,26 +29,6 @@ def free_memory() -> None:
     gc.collect()
     if torch.cuda.is_available():
         torch.cuda.empty_cache()
-
-
-def split_batch(batch: dict[str, torch.Tensor], parts: int) -> list[dict[str, torch.Tensor]]:
-    """Cut a collated batch into `parts` smaller ones (as equal as possible; never an empty one).
-
-    Padding is trimmed to each part's own longest item, so a part of short clips costs less memory.
-    """
-    size = batch["input_ids"].size(0)
-    parts = max(1, min(parts, size))
-    bounds = [round(i * size / parts) for i in range(parts + 1)]
-    out = []
-    for lo, hi in zip(bounds[:-1], bounds[1:], strict=True):
-        part = {k: v[lo:hi] for k, v in batch.items()}
-        text_max = int(part["attention_mask"].sum(-1).max())
-        audio_max = int(part["audio_lengths"].max())
-        part["input_ids"] = part["input_ids"][:, :text_max]
-        part["attention_mask"] = part["attention_mask"][:, :text_max]
-        part["audio"] = part["audio"][..., :audio_max]
-        out.append(part)
-    return out
 
 
 def switch_precision(accelerator, modules: list[torch.nn.Module], target: str) -> None:
@@ -70,7 +51,7 @@ def switch_precision(accelerator, modules: list[torch.nn.Module], target: str) -
 def next_precision(current: str) -> str | None:
     """Where to go after repeated non-finite steps: fp16 -> bf16 (if the GPU has it) -> fp32."""
     if current == "fp16":
-        if torch.cuda.is_available() and torch.cuda.is_bf16_supported():
+        if torch.cuda.is_available() and native_bf16():
             return "bf16"
         return "no"
     if current == "bf16":

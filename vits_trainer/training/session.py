@@ -17,6 +17,7 @@ import torch
 
 from ..data.metadata import METADATA_NAME, read_metadata
 from ..data.sampler import BucketBatchSampler
+from ..data.shapes import PadLengths
 from ..data.text import TextEncoder
 from ..errors import UserError
 from ..model.discriminator import VitsDiscriminator
@@ -59,6 +60,7 @@ class Session:
     sampler: BucketBatchSampler
     loader: object
     val_loaders: dict[str, object]
+    pad: PadLengths | None  # training batches padded to bucket edges (--length_buckets), else None
     state: TrainState
     checkpoint_dir: Path
     output_dir: Path
@@ -218,7 +220,8 @@ def _build_session(
         cfg, store, text, speakers, generator.hop_length, trainer_state.get("val_ids"), log
     )
     describe_data(data, report, log)
-    sampler, loader, val_loaders = make_loaders(cfg, data, accelerator)
+    pad = PadLengths(generator.hop_length) if cfg.buckets_on(accelerator.device.type) else None
+    sampler, loader, val_loaders = make_loaders(cfg, data, accelerator, pad)
     g_opt, d_opt = _make_optimizers(cfg, generator, discriminator, ckpt)
     saved_budget = trainer_state["budget"] if ckpt is not None else None
     budget = _make_budget(cfg, process_start, ckpt_bytes, saved_budget)
@@ -249,6 +252,7 @@ def _build_session(
         sampler=sampler,
         loader=loader,
         val_loaders=val_loaders,
+        pad=pad,
         state=state,
         checkpoint_dir=Path(cfg.checkpoint_dir),
         output_dir=Path(cfg.output_dir),
