@@ -17,6 +17,7 @@ from transformers import VitsModel
 
 from tests.helpers import PYTHON, ROOT, cli_args, cli_settings, make_kl_infinite, train_tiny
 from vits_trainer.training.recovery import all_finite
+from vits_trainer.training.runtime import native_bf16
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 
@@ -65,7 +66,7 @@ def test_repeated_inf_loss_under_fp16_recovers_into_bf16(
         save_minutes=0.001,
     )
     out = capsys.readouterr().out
-    expected = "bf16" if torch.cuda.is_bf16_supported() else "no"
+    expected = "bf16" if native_bf16() else "no"
     assert session.state.recoveries == 1 and session.accelerator.mixed_precision == expected
     assert session.accelerator.scaler is None
     assert "fp16" in out and "recovery" in out
@@ -74,7 +75,8 @@ def test_repeated_inf_loss_under_fp16_recovers_into_bf16(
 
 
 def test_runner_cli_on_the_gpu_keeps_its_budget(tmp_path, tiny_model_dir, tone_corpus):
-    """train_vits.py with its GPU defaults (fp16, GPU alignment search) inside a 60 s budget."""
+    """train_vits.py with its GPU defaults (bf16 on Ampere and newer, else fp16; GPU alignment search;
+    length buckets; compile decided by the budget) inside a 60 s budget."""
     settings = cli_settings(tmp_path, tone_corpus, tiny_model_dir, save_minutes=0.25, target_hours=60 / 3600)
     settings.pop("cpu")
     start = time.monotonic()
@@ -89,5 +91,37 @@ def test_runner_cli_on_the_gpu_keeps_its_budget(tmp_path, tiny_model_dir, tone_c
     assert 0.97 * 60 <= wall <= 70, f"wall {wall:.1f} s\n{proc.stdout[-6000:]}"
     summary = json.loads((tmp_path / "final_model" / "train_summary.json").read_text())
     assert summary["stopped_reason"] == "budget"
-    assert "fp16" in proc.stdout
+    assert ("bf16" if native_bf16() else "fp16") in proc.stdout
     VitsModel.from_pretrained(tmp_path / "final_model")
+
+
+def test_compiled_step_with_cuda_graphs_gives_the_eager_losses(tmp_path, tiny_model_dir, tone_corpus):
+    """The default backend (inductor) with CUDA graphs against the eager step: 3 optimiser steps from the
+    same weights on the same batch (the CPU test uses the aot_eager backend)."""
+    from tests.helpers import tiny_config
+    from tests.test_compile import _run_steps
+    from tests.test_vits_training import one_batch
+    from vits_trainer.training.evaluate import move_batch
+    from vits_trainer.training.session import build_session
+    from vits_trainer.training.step import GanStep
+
+    results = {}
+    for mode in ("eager", "compiled"):
+        cfg = tiny_config(tmp_path / mode, tone_corpus, tiny_model_dir, max_steps=1, cpu=False)
+        torch.manual_seed(0)
+        s = build_session(cfg, time.time())
+        step = GanStep(s.accelerator, s.generator, s.discriminator, s.g_optimizer, s.d_optimizer)
+        step.use_compiled(mode == "compiled")
+        results[mode] = _run_steps(step, move_batch(one_batch(s), s.device), 3)
+    for eager, comp in zip(results["eager"], results["compiled"], strict=True):
+        for key in eager:
+            assert comp[key] == pytest.approx(eager[key], rel=2e-3, abs=1e-5), key
+
+
+def test_runner_with_compile_on_the_gpu(tmp_path, tiny_model_dir, tone_corpus, capsys):
+    session, summary = gpu_run(tmp_path, tone_corpus, tiny_model_dir, max_steps=12, compile="on")
+    out = capsys.readouterr().out
+    assert summary["compile"]["state"] == "on", out[-4000:]
+    assert summary["length_buckets"] is True and summary["steps"] == 12
+    assert "with CUDA graphs" in out
+    assert all_finite(session.model, session.discriminator_raw)

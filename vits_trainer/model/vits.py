@@ -103,6 +103,9 @@ class VitsGenerator(nn.Module):
         self.mas_backend = mas_backend
         self.timer = NO_TIMER  # a SectionTimer in the benchmarks
         self.gradient_checkpointing = False
+        # compiled callables of fixed-shape parts ("decoder": the decoder on training segments), set by
+        # the step (compiled.py); a dict, so they are not registered as submodules (state dict unchanged)
+        self.compiled: dict[str, object] = {}
 
     def enable_gradient_checkpointing(self) -> None:
         """Trade compute for memory: the text encoder's layers (transformers' own switch) and the posterior
@@ -188,7 +191,8 @@ class VitsGenerator(nn.Module):
                 mel_mask = y_mask
             else:
                 starts = random_segment_starts(frame_lengths, seg)
-                fake = self._run(self.model.decoder, slice_segments(z, starts, seg), g) if decode else None
+                decoder = self.compiled.get("decoder", self.model.decoder)
+                fake = self._run(decoder, slice_segments(z, starts, seg), g) if decode else None
                 real = slice_segments(audio, starts * hop, seg * hop)
                 mel_mask = None
         with timer("spectrogram"):

@@ -69,7 +69,24 @@ class TrainConfig:
         "non-finite steps in a row before reloading the last good weights with a lower LR / safer precision",
     )
     mixed_precision: str = _f(
-        "auto", "auto (fp16 on CUDA, fp32 on CPU) | fp16 | bf16 | no", choices=["auto", "fp16", "bf16", "no"]
+        "auto",
+        "auto (bf16 on GPUs that have it, Ampere and newer; fp16 with a loss scaler on older ones such as "
+        "the T4; fp32 on CPU) | fp16 | bf16 | no",
+        choices=["auto", "fp16", "bf16", "no"],
+    )
+    length_buckets: str = _f(
+        "auto",
+        "pad each batch's token and frame counts up to a small fixed set of lengths (at most +12.5%%), so "
+        "shapes repeat from step to step: auto (on CUDA, where a new shape costs host time; off on CPU) | "
+        "on | off",
+        choices=["auto", "on", "off"],
+    )
+    compile: str = _f(
+        "auto",
+        "torch.compile the fixed-shape part of the step (decoder on segments, discriminator), with CUDA "
+        "graphs on a GPU: auto (on CUDA when the training time left can earn back the compilation, kept "
+        "only if the compiled step is faster) | on | off",
+        choices=["auto", "on", "off"],
     )
     segment_size: int = _f(8192, "samples of each clip decoded per step (VITS: 8192 = 32 frames of hop 256)")
     mel_weight: float = _f(45.0, "weight of the mel L1 loss")
@@ -183,9 +200,18 @@ class TrainConfig:
         if self.best_metric == "val_mel_dtw" and self.freerun_samples == 0:
             raise UserError("--best_metric val_mel_dtw needs --freerun_samples of 1 or more")
         self.speakers_wanted()
+        if self.compile == "on" and self.gradient_checkpointing:
+            raise UserError(
+                "--compile on and --gradient_checkpointing cannot be combined (the checkpointed decoder is "
+                "recomputed outside the compiled graph): choose one"
+            )
         if self.max_ram_gb < 0:
             raise UserError(f"--max_ram_gb must be 0 or more (got {self.max_ram_gb})")
         self.forced_micro_batch()
+
+    def buckets_on(self, device_type: str) -> bool:
+        """--length_buckets resolved for a device ("cuda", "cpu", ...)."""
+        return self.length_buckets == "on" or (self.length_buckets == "auto" and device_type == "cuda")
 
     def speakers_wanted(self) -> int | str | None:
         """--num_speakers parsed: None (the model's own), "auto", or a positive count."""

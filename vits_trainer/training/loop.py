@@ -21,6 +21,7 @@ from pathlib import Path
 
 import torch
 
+from .compile_choice import CompileChoice
 from .cpushare import cpu_share
 from .evaluate import move_batch
 from .microbatch import MicroBatchTrial, micro_batches, per_process_batch
@@ -85,6 +86,14 @@ class Trainer(Outputs, RunEnd, MicroBatchChoice, Recovery):
         cfg = session.cfg
         self.metrics = MetricsLog(session.checkpoint_dir / "metrics.jsonl", session.is_main)
         self.step_fn = gan_step(session)
+        self.compiler = CompileChoice(
+            cfg.compile,
+            session.device.type,
+            session.accelerator.num_processes,
+            cfg.gradient_checkpointing,
+            self.step_fn.use_compiled,
+            session.log,
+        )
         self.accumulation = cfg.gradient_accumulation_steps  # loader batches per optimiser step
         self.step_clips = per_process_batch(cfg)  # clips per optimiser step, per process
         self.trial: MicroBatchTrial | None = None  # the micro-batch trial while it runs
@@ -188,9 +197,14 @@ class Trainer(Outputs, RunEnd, MicroBatchChoice, Recovery):
                 try:
                     result = self.run_cycle(pending, micro, window)
                 except Exception as err:
-                    if not is_out_of_memory(err):
+                    if is_out_of_memory(err):
+                        result, micro = self.retry_after_oom(pending, window, micro)
+                    elif self.compiler.failed(err):  # now eager: the same cycle again
+                        self.step_fn.abandon_cycle()
+                        window["sums"], window["micro"] = {}, 0
+                        result = self.run_cycle(pending, micro, window)
+                    else:
                         raise
-                    result, micro = self.retry_after_oom(pending, window, micro)
                     clean = False
                 self.last_micro = micro
 
@@ -198,10 +212,17 @@ class Trainer(Outputs, RunEnd, MicroBatchChoice, Recovery):
                 now = time.perf_counter()
                 seconds, t_step = now - t_step, now
                 samples = sum(x["indices"].numel() for x in pending) * acc.num_processes
-                # a trial's steps count, but measure the run only once its size is chosen
-                budget.observe_step(seconds, samples, measured=size is None)
+                # a trial's steps count, but measure the run only once its size is chosen; compiling
+                # steps count, but are not a step's time either
+                measured = size is None
+                if measured and self.compiler.decided:
+                    full = samples == self.step_clips * acc.num_processes
+                    measured = self.compiler.observe(seconds, samples, clean and full)
+                budget.observe_step(seconds, samples, measured=measured)
                 if size is not None and self.trial is not None:
                     self.observe_trial_step(size, seconds, samples, clean)
+                if self.trial is None and not self.compiler.decided:
+                    self.begin_compile()
                 save_due = time.time() - self.last_save >= cfg.save_minutes * 60
                 stop_reason, save_now = self.stop_decision(
                     signals, save_due and budget.can_afford(budget.save_seconds())
@@ -253,6 +274,8 @@ class Trainer(Outputs, RunEnd, MicroBatchChoice, Recovery):
             s.log(f"warning: {warning}")
         budget.start_training()
         self.start_micro_batch()
+        if self.trial is None:  # the micro-batch is known: compile now, or after the trial
+            self.begin_compile()
         # asked before the first step too: a step that cannot finish before the deadline is not started
         stop_reason, _ = self.stop_decision(signals)
         if stop_reason == "budget":
@@ -261,6 +284,16 @@ class Trainer(Outputs, RunEnd, MicroBatchChoice, Recovery):
                 f"~{budget.typical_step_seconds():.0f} s, the final reserve ~{budget.final_reserve():.0f} s)"
             )
         return stop_reason
+
+    def begin_compile(self) -> None:
+        """The micro-batch size is fixed: the compile decision, with the eager figure the trial of this
+        session measured for that size (if it ran one)."""
+        budget, state = self.s.budget, self.s.state
+        eager = None
+        if self.trial_steps and state.micro_batch_trial:
+            rows = [r for r in state.micro_batch_trial if r["micro_batch_size"] == state.micro_batch_size]
+            eager = rows[0]["seconds_per_sample"] if rows else None
+        self.compiler.begin(budget.training_end() - budget.clock(), eager)
 
     def end_epoch(self, signals: SignalStop) -> str | None:
         """An epoch ended: count it, re-plan, evaluate/save if due; the stop reason after that."""
@@ -311,7 +344,7 @@ class Trainer(Outputs, RunEnd, MicroBatchChoice, Recovery):
     def run_cycle(self, pending: list[dict], micro: int, window: dict):
         """One optimiser step: this cycle's loader batches as micro-batches of at most `micro` clips."""
         s = self.s
-        parts = micro_batches(pending, micro)
+        parts = micro_batches(pending, micro, s.pad)
         result = None
         for j, part in enumerate(parts):
             part = {k: v for k, v in part.items() if k not in ("indices", "text_lengths")}

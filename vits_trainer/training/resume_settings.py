@@ -8,7 +8,8 @@ command line's values, except:
     --target_hours      this process's budget (--total_hours, the whole run's horizon, is restored)
     --resume            how this session finds the checkpoint
     --checkpoint_dir    where the checkpoint was found (and the feedback --output_dir root)
-    --cpu, --num_workers, --max_ram_gb, --mixed_precision, --mas_backend   this machine's hardware
+    --cpu, --num_workers, --max_ram_gb, --mixed_precision, --mas_backend, --length_buckets, --compile
+                        this machine's hardware
     --report_to         this machine's tracker set-up (logins differ between machines)
 Everything else is restored: data_dir, output_dir, the optimisation (learning rate, accumulation,
 warmup, batch size, loss weights, segment size...), saving and evaluation, seed, freeze, max_steps.
@@ -29,6 +30,8 @@ NOT_RESTORED = frozenset(
         "max_ram_gb",
         "mixed_precision",
         "mas_backend",
+        "length_buckets",
+        "compile",
         "report_to",
         "explicit",
     }
@@ -70,7 +73,16 @@ def _show(value) -> str:
     return "''" if value == "" else str(value)
 
 
-MACHINE = ("cpu", "num_workers", "max_ram_gb", "mixed_precision", "mas_backend", "report_to")
+MACHINE = (
+    "cpu",
+    "num_workers",
+    "max_ram_gb",
+    "mixed_precision",
+    "mas_backend",
+    "length_buckets",
+    "compile",
+    "report_to",
+)
 
 
 def resume_command(script: str, cfg, folder_flag: str, folder: str) -> str:

@@ -107,6 +107,8 @@ class RunEnd:
             "plan": first.to_dict() if first else None,
             **self.micro_batch_used(),
             "micro_batch_trial": state.micro_batch_trial,
+            "length_buckets": s.pad is not None,
+            "compile": self.compiler.summary(),
             "final_model": str(exported) if exported else None,
             "last_checkpoint": str(self.last_checkpoint) if self.last_checkpoint else None,
             "best_model": str(best) if best is not None else None,

@@ -104,13 +104,24 @@ def describe_threads(report: dict) -> str:
     return line
 
 
+def native_bf16() -> bool:
+    """The current GPU computes in bf16 natively (Ampere, compute capability 8.0, and newer).
+    `torch.cuda.is_bf16_supported()` also says yes on older GPUs that only emulate it (slowly): a T4
+    (7.5) trains in fp16 with a loss scaler instead."""
+    import torch
+
+    return torch.cuda.get_device_capability() >= (8, 0)
+
+
 def resolve_precision(requested: str, cpu: bool, log=print) -> str:
     """accelerate's mixed_precision value for this machine; impossible requests fall back with a warning."""
     import torch
 
     cuda = torch.cuda.is_available() and not cpu
     if requested == "auto":
-        return "fp16" if cuda else "no"
+        if not cuda:
+            return "no"
+        return "bf16" if native_bf16() else "fp16"
     if requested == "no":
         return "no"
     if not cuda and requested == "bf16":
@@ -118,7 +129,7 @@ def resolve_precision(requested: str, cpu: bool, log=print) -> str:
     if not cuda:
         log(f"warning: --{requested} needs a CUDA GPU; training in fp32 on the CPU")
         return "no"
-    if requested == "bf16" and not torch.cuda.is_bf16_supported():
+    if requested == "bf16" and not native_bf16():
         log("warning: this GPU has no bf16 support; using fp16 instead")
         return "fp16"
     return requested

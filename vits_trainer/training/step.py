@@ -16,6 +16,8 @@ Order and bookkeeping, and why:
   `AcceleratedOptimizer.step` would call `update()` after each optimiser, so the raw optimisers are
   stepped here instead.
 - Losses and spectrograms are float32 (autocast covers only the networks).
+- `use_compiled(True)` runs the decoder on segments and both discriminator passes compiled
+  (model/compiled.py); whether that pays is decided by the loop (compile_choice.py).
 """
 
 from __future__ import annotations
@@ -25,6 +27,7 @@ from dataclasses import dataclass, field
 
 import torch
 
+from ..model.compiled import compiled, mark_step_begin
 from ..model.losses import (
     LossWeights,
     discriminator_loss,
@@ -109,6 +112,21 @@ class GanStep:
         self.g_params = [p for group in g_optimizer.param_groups for p in group["params"]]
         self.d_params = [p for group in d_optimizer.param_groups for p in group["params"]]
         self.timer = NO_TIMER  # a SectionTimer in the benchmarks (also set on the generator)
+        self.compiled_disc = None  # the discriminator compiled (use_compiled), else None: eager
+
+    def use_compiled(self, on: bool, backend: str | None = None) -> None:
+        """Run the fixed-shape part compiled (decoder on segments, both discriminator passes), or eager
+        again. One process only: under DDP the discriminator's pass must go through its wrapper."""
+        generator = self.accelerator.unwrap_model(self.generator)
+        if not on:
+            self.compiled_disc = None
+            generator.compiled.pop("decoder", None)
+            return
+        if self.accelerator.num_processes > 1:
+            raise ValueError("a compiled step runs in a single process")
+        device_type = self.accelerator.device.type
+        self.compiled_disc = compiled(self.disc_raw, device_type, backend)
+        generator.compiled["decoder"] = compiled(generator.model.decoder, device_type, backend)
 
     def _no_sync(self, sync: bool):
         if sync or self.accelerator.num_processes == 1:
@@ -128,6 +146,10 @@ class GanStep:
         """One micro-batch: `first` clears the gradients, `last` steps the optimisers, `scale` weights
         this micro-batch's losses within the cycle (1 / number of micro-batches)."""
         acc = self.accelerator
+        if self.compiled_disc is not None:
+            mark_step_begin(acc.device.type)
+        d_pass = self.discriminator if self.compiled_disc is None else self.compiled_disc
+        g_pass = self.disc_raw if self.compiled_disc is None else self.compiled_disc
         with self._no_sync(last):
             with acc.autocast():
                 out = self.generator(
@@ -143,7 +165,7 @@ class GanStep:
             # --- discriminator: real vs detached fake, one pass over both halves -----------------
             timer = self.timer
             with timer("discriminator"), acc.autocast():
-                logits, _ = self.discriminator(torch.cat([real, fake.detach()], dim=0))
+                logits, _ = d_pass(torch.cat([real, fake.detach()], dim=0))
             n = real.size(0)
             loss_d = discriminator_loss(logits, n)
             if first:
@@ -155,7 +177,7 @@ class GanStep:
             self.disc_raw.requires_grad_(False)
             try:
                 with timer("discriminator"), acc.autocast():
-                    logits, features = self.disc_raw(torch.cat([real, fake], dim=0))
+                    logits, features = g_pass(torch.cat([real, fake], dim=0))
             finally:
                 self.disc_raw.requires_grad_(True)
             losses = {

@@ -1,0 +1,188 @@
+"""The compiled step (model/compiled.py) computes what the eager one does, and the loop's choice of it
+(training/compile_choice.py): skipped when it cannot pay, measured, undone when slower or failing.
+
+On this CPU the tests compile with the "aot_eager" backend: torch's real graph capture (Dynamo) and
+its forward/backward split (AOTAutograd), without inductor's code generation, which takes minutes of
+C++ compilation on 2 cores. tests/test_gpu.py runs the default backend with CUDA graphs on a GPU.
+"""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+import torch
+
+from tests.helpers import tiny_config, train_tiny
+from tests.test_vits_training import one_batch
+from vits_trainer.model import compiled as compiled_module
+from vits_trainer.training.compile_choice import CompileChoice
+from vits_trainer.training.session import build_session
+from vits_trainer.training.step import GanStep
+
+
+def _session(tmp_path, tone_corpus, tiny_model_dir, **overrides):
+    cfg = tiny_config(tmp_path, tone_corpus, tiny_model_dir, max_steps=1, **overrides)
+    torch.manual_seed(0)
+    return build_session(cfg, time.time())
+
+
+def _run_steps(step: GanStep, batch: dict, steps: int) -> list[dict[str, float]]:
+    out = []
+    for i in range(steps):
+        torch.manual_seed(100 + i)  # the same segments and noise in both runs
+        result = step(batch)
+        out.append({k: float(v) for k, v in result.metrics.items()})
+    return out
+
+
+def test_compiled_and_eager_steps_give_the_same_losses(tmp_path, tiny_model_dir, tone_corpus):
+    """Three full optimiser steps from the same weights on the same batch: every loss and both gradient
+    norms agree, so the compiled graphs (decoder, discriminator with its frozen generator pass) also
+    produce the same gradients and updates."""
+    results = {}
+    for mode in ("eager", "compiled"):
+        s = _session(tmp_path / mode, tone_corpus, tiny_model_dir)
+        step = GanStep(s.accelerator, s.generator, s.discriminator, s.g_optimizer, s.d_optimizer)
+        if mode == "compiled":
+            step.use_compiled(True, backend="aot_eager")
+            assert "decoder" in s.generator_raw.compiled
+        results[mode] = _run_steps(step, one_batch(s), 3)
+        if mode == "compiled":  # the compiled callables never enter the saved weights
+            assert not any("_orig_mod" in k for k in s.model.state_dict())
+            assert not any("_orig_mod" in k for k in s.discriminator_raw.state_dict())
+    for eager, comp in zip(results["eager"], results["compiled"], strict=True):
+        assert eager.keys() == comp.keys()
+        for key in eager:
+            assert comp[key] == pytest.approx(eager[key], rel=1e-4, abs=1e-6), key
+
+
+def test_use_compiled_false_restores_the_eager_step(tmp_path, tiny_model_dir, tone_corpus):
+    s = _session(tmp_path, tone_corpus, tiny_model_dir)
+    step = GanStep(s.accelerator, s.generator, s.discriminator, s.g_optimizer, s.d_optimizer)
+    step.use_compiled(True, backend="aot_eager")
+    step.use_compiled(False)
+    assert step.compiled_disc is None and not s.generator_raw.compiled
+
+
+def test_compile_mode_uses_cuda_graphs_only_on_a_gpu():
+    assert compiled_module.compile_mode("cuda") == "reduce-overhead"
+    assert compiled_module.compile_mode("cpu") == "default"
+
+
+# ---- the loop's choice ---------------------------------------------------------------------------
+
+
+def test_compile_on_trains_compiled_and_reports_the_comparison(
+    tmp_path, tiny_model_dir, tone_corpus, monkeypatch, capsys
+):
+    monkeypatch.setattr(compiled_module, "BACKEND", "aot_eager")  # see the module docstring
+    session, summary = train_tiny(tmp_path, tone_corpus, tiny_model_dir, max_steps=10, compile="on")
+    out = capsys.readouterr().out
+    report = summary["compile"]
+    assert report["setting"] == "on" and report["compiled"] and report["state"] == "on", report
+    assert report["eager_seconds_per_sample"] > 0 and report["compiled_seconds_per_sample"] > 0
+    assert report["compile_seconds"] is not None
+    assert "compile: compiling the decoder and discriminator passes" in out
+    assert "compile: on (--compile on): compiled in" in out
+    assert summary["steps"] == 10 and summary["skipped_steps"] == 0
+    assert "decoder" in session.generator_raw.compiled
+
+
+def test_a_failing_compiled_step_falls_back_to_eager_and_the_run_goes_on(
+    tmp_path, tiny_model_dir, tone_corpus, monkeypatch, capsys
+):
+    """A compiler or driver error inside a compiled step (simulated: the compiled discriminator raises)
+    puts the run back to eager; the step is redone and nothing is skipped."""
+
+    class Broken(torch.nn.Module):
+        def __init__(self, module):
+            super().__init__()
+            self.module = module
+
+        def forward(self, *args):
+            raise RuntimeError("simulated compiler failure\nsecond line")
+
+    monkeypatch.setattr("vits_trainer.training.step.compiled", lambda module, *a, **k: Broken(module))
+    session, summary = train_tiny(tmp_path, tone_corpus, tiny_model_dir, max_steps=6, compile="on")
+    out = capsys.readouterr().out
+    assert summary["steps"] == 6 and summary["skipped_steps"] == 0
+    assert summary["compile"]["state"] == "off" and not summary["compile"]["compiled"]
+    assert (
+        "compile: the compiled step failed (RuntimeError: simulated compiler failure); back to eager" in out
+    )
+    assert not session.generator_raw.compiled
+
+
+def _choice(setting="auto", device="cuda", processes=1, checkpointing=False):
+    calls, lines = [], []
+    choice = CompileChoice(setting, device, processes, checkpointing, calls.append, lines.append)
+    return choice, calls, lines
+
+
+HOUR = 3600.0
+
+
+@pytest.mark.parametrize(
+    "setting, device, processes, checkpointing, left, reason",
+    [
+        ("off", "cuda", 1, False, HOUR, "--compile off"),
+        ("auto", "cpu", 1, False, HOUR, "only on CUDA"),
+        ("auto", "cuda", 2, False, HOUR, "several processes"),
+        ("on", "cuda", 2, False, HOUR, "several processes"),
+        ("auto", "cuda", 1, True, HOUR, "--gradient_checkpointing"),
+        ("auto", "cuda", 1, False, 10 * 60, "10 min of training left, too short"),
+    ],
+)
+def test_compile_stays_off_where_it_cannot_pay_or_run(
+    setting, device, processes, checkpointing, left, reason
+):
+    choice, calls, lines = _choice(setting, device, processes, checkpointing)
+    choice.begin(left, 0.01)
+    assert choice.phase == "off" and not choice.active and calls == []
+    assert reason in choice.reason and lines == [f"compile: off ({choice.reason})"]
+    assert choice.observe(1.0, 8, True) is True  # every later step measures the run
+
+
+def _steps(choice, seconds_per_step: list[float], samples: int = 8) -> list[bool]:
+    return [choice.observe(sec, samples, True) for sec in seconds_per_step]
+
+
+def test_auto_keeps_a_faster_compiled_step_and_the_budget_skips_the_compiling_steps():
+    choice, calls, lines = _choice("auto")
+    choice.begin(2 * HOUR, None)  # no trial figure: eager steps are measured first
+    assert choice.phase == "eager" and calls == []
+    assert _steps(choice, [9.0, 1.0, 1.0]) == [True, True, True]  # a slow warm-up, then 1 s steps
+    assert calls == [True] and choice.phase == "compiling" and choice.eager_reference == 1.0 / 8
+    assert _steps(choice, [60.0, 5.0]) == [False, False]  # compilation: not a step's time
+    assert _steps(choice, [0.5, 0.5, 0.5]) == [True, True, True]
+    assert choice.phase == "on" and calls == [True]
+    summary = choice.summary()
+    assert summary["compiled"] and summary["speedup"] == pytest.approx(2.0)
+    assert summary["compile_seconds"] == pytest.approx(63.0)  # 65 s, less the 2 eager steps they replaced
+    assert "compile: on: compiled in 63 s; a step 0.50 s against 1.00 s eager (2.00x)" in lines[-1]
+    assert "earned back after ~126 steps" in lines[-1]
+
+
+def test_auto_goes_back_to_eager_when_the_compiled_step_is_not_faster():
+    choice, calls, lines = _choice("auto")
+    choice.begin(2 * HOUR, 1.0 / 8)  # the trial's figure for this size
+    assert calls == [True] and choice.phase == "compiling"
+    _steps(choice, [30.0, 2.0, 1.0, 0.99, 1.2])
+    assert calls == [True, False] and choice.phase == "off" and not choice.summary()["compiled"]
+    assert "compile: back to eager: a step 1.00 s against 1.00 s eager" in lines[-1]
+
+
+def test_compile_on_keeps_the_compiled_step_even_when_slower():
+    choice, calls, lines = _choice("on", device="cpu")
+    choice.begin(60.0, 1.0 / 8)  # a short run on a CPU: the user asked for it
+    _steps(choice, [30.0, 2.0, 1.2, 1.2, 1.2])
+    assert calls == [True] and choice.phase == "on" and "(--compile on)" in lines[-1]
+
+
+def test_short_steps_are_not_compared():
+    """An epoch's short last step (a new shape: it compiles again) is not a measurement."""
+    choice, calls, _ = _choice("auto")
+    choice.begin(2 * HOUR, 1.0 / 8)
+    _steps(choice, [30.0, 2.0])
+    assert choice.observe(20.0, 3, clean=False) is True and choice.compiled == []

@@ -1,0 +1,193 @@
+"""Whether the step runs compiled (--compile): decided from the device and the training time left,
+then measured on real steps and undone when it does not pay.
+
+Compiling costs time before it saves any: Dynamo traces the fixed-shape part of the step, inductor
+generates kernels, CUDA graphs are recorded. That time is spent inside the budget like any other, so:
+- `auto` compiles only on CUDA, in a single process, without --gradient_checkpointing, and when at
+  least COMPILE_MIN_MINUTES of training time are left after the micro-batch trial (a run too short to
+  earn compilation back stays eager). On a CPU compiling did not make the step faster.
+- The first COMPILE_STEPS compiled steps are the compilation (they train, but the budget does not
+  take their time as a step's); the next MEASURE_STEPS are compared with eager steps at the same
+  micro-batch size (the trial's, else EAGER_STEPS measured first). With `auto` the compiled step is
+  kept only when it is faster; otherwise the run goes back to eager, and the compilation was the whole
+  cost. `on` keeps it (and reports the comparison).
+- A compiled step that raises (a compiler or driver problem) puts the run back to eager; the loop
+  redoes that step eagerly.
+Each decision is one `compile:` line in the log, and `summary()` goes into train_summary.json.
+"""
+
+from __future__ import annotations
+
+import statistics
+from collections.abc import Callable
+
+COMPILE_MIN_MINUTES = 20.0  # auto: training time that must be left to try compiling
+EAGER_STEPS = 3  # eager steps measured first when no trial measured the size (the first a warm-up)
+COMPILE_STEPS = 2  # the first compiles, the second records CUDA graphs (one more warm-up elsewhere)
+MEASURE_STEPS = 3  # compiled steps compared with the eager ones
+FASTER = 0.97  # kept when a compiled step takes less than this share of an eager one (per sample)
+
+
+class CompileChoice:
+    """The compile decision of one run. `use(on)` switches the step (GanStep.use_compiled)."""
+
+    def __init__(
+        self,
+        setting: str,
+        device_type: str,
+        processes: int,
+        gradient_checkpointing: bool,
+        use: Callable[[bool], None],
+        log: Callable[[str], None],
+    ) -> None:
+        self.setting = setting
+        self.device_type = device_type
+        self.processes = processes
+        self.gradient_checkpointing = gradient_checkpointing
+        self.use = use
+        self.log = log
+        self.phase = (
+            "undecided"  # -> "off" | "eager" (measuring) -> "compiling" -> "measuring" -> "on" | "off"
+        )
+        self.reason = ""
+        self.eager: list[float] = []  # seconds per sample of eager steps (the first may be a warm-up)
+        self.eager_reference: float | None = None
+        self.compile_steps: list[float] = []  # seconds of the compiling steps
+        self.compiled: list[float] = []  # seconds per sample of measured compiled steps
+        self.compile_seconds: float | None = None
+        self.failures = 0
+
+    @property
+    def decided(self) -> bool:
+        return self.phase != "undecided"
+
+    @property
+    def active(self) -> bool:
+        """The step runs compiled now."""
+        return self.phase in ("compiling", "measuring", "on")
+
+    def why_not(self, training_seconds_left: float) -> str | None:
+        """Why this run stays eager, or None when it should try compiling."""
+        if self.setting == "off":
+            return "--compile off"
+        if self.processes > 1:
+            return "not supported with several processes"
+        if self.gradient_checkpointing:
+            return "not combined with --gradient_checkpointing"
+        if self.setting == "on":
+            return None
+        if self.device_type != "cuda":
+            return "auto: only on CUDA (on a CPU the compiled step was not faster)"
+        if training_seconds_left < COMPILE_MIN_MINUTES * 60:
+            return (
+                f"auto: {training_seconds_left / 60:.0f} min of training left, too short to earn back "
+                f"the compilation (it tries from {COMPILE_MIN_MINUTES:.0f} min)"
+            )
+        return None
+
+    def begin(self, training_seconds_left: float, eager_seconds_per_sample: float | None) -> None:
+        """Decide, once the micro-batch size is fixed; `eager_seconds_per_sample`: the trial's figure
+        for that size, if it measured one."""
+        reason = self.why_not(training_seconds_left)
+        if reason is not None:
+            self._off(reason)
+            return
+        self.eager_reference = eager_seconds_per_sample
+        if eager_seconds_per_sample is None:
+            self.phase = "eager"  # measure the eager step first
+        else:
+            self._start_compiling()
+
+    def observe(self, seconds: float, samples: int, clean: bool) -> bool:
+        """One optimiser step ended. `clean`: a whole step at the run's micro-batch size, run once.
+        Returns whether its time measures the run's speed (False for the compiling steps)."""
+        per_sample = seconds / samples if samples else None
+        if self.phase == "eager":
+            if clean and per_sample is not None:
+                self.eager.append(per_sample)
+            if len(self.eager) >= EAGER_STEPS:
+                self.eager_reference = statistics.median(self.eager[1:])
+                self._start_compiling()
+            return True
+        if self.phase == "compiling":
+            self.compile_steps.append(seconds)
+            if len(self.compile_steps) >= COMPILE_STEPS:
+                self.phase = "measuring"
+            return False
+        if self.phase == "measuring":
+            if clean and per_sample is not None:
+                self.compiled.append(per_sample)
+            if len(self.compiled) >= MEASURE_STEPS:
+                self._judge(samples)
+            return True
+        return True
+
+    def failed(self, err: BaseException) -> bool:
+        """A step raised `err`: True when it ran compiled (the run is now eager; redo the step)."""
+        if not self.active:
+            return False
+        self.failures += 1
+        first_line = (str(err).strip().splitlines() or [type(err).__name__])[0][:300]
+        self.use(False)
+        self.phase, self.reason = "off", f"the compiled step failed ({type(err).__name__}: {first_line})"
+        self.log(f"compile: {self.reason}; back to eager, redoing the step")
+        return True
+
+    def summary(self) -> dict:
+        eager, compiled = self.eager_reference, self._compiled_per_sample()
+        return {
+            "setting": self.setting,
+            "compiled": self.phase == "on",
+            "state": self.phase,
+            "reason": self.reason,
+            "compile_seconds": self.compile_seconds,
+            "eager_seconds_per_sample": eager,
+            "compiled_seconds_per_sample": compiled,
+            "speedup": (eager / compiled) if eager and compiled else None,
+        }
+
+    # ---- transitions ----------------------------------------------------------------------------
+
+    def _off(self, reason: str) -> None:
+        self.phase, self.reason = "off", reason
+        self.log(f"compile: off ({reason})")
+
+    def _start_compiling(self) -> None:
+        self.log(
+            "compile: compiling the decoder and discriminator passes"
+            + (" with CUDA graphs" if self.device_type == "cuda" else "")
+            + f" (--compile {self.setting}); the next {COMPILE_STEPS} steps include the compilation"
+        )
+        self.use(True)
+        self.phase = "compiling"
+
+    def _compiled_per_sample(self) -> float | None:
+        return statistics.median(self.compiled) if self.compiled else None
+
+    def _judge(self, samples: int) -> None:
+        eager, compiled = self.eager_reference, self._compiled_per_sample()
+        # what compiling cost beyond the eager steps it replaced
+        self.compile_seconds = max(0.0, sum(self.compile_steps) - COMPILE_STEPS * samples * (eager or 0.0))
+        ratio = eager / compiled if eager and compiled else None
+        measured = (
+            f"a step {compiled * samples:.2f} s against {eager * samples:.2f} s eager"
+            if eager and compiled
+            else "no eager step to compare with"
+        )
+        if self.setting == "on" or (ratio is not None and compiled < FASTER * eager):
+            self.phase = "on"
+            self.reason = f"{ratio:.2f}x the eager step" if ratio else "--compile on"
+            payback = ""
+            if ratio is not None and compiled < eager:
+                payback = (
+                    f", earned back after ~{self.compile_seconds / ((eager - compiled) * samples):.0f} steps"
+                )
+            self.log(
+                f"compile: on{' (--compile on)' if self.setting == 'on' else ''}: compiled in "
+                f"{self.compile_seconds:.0f} s; {measured}{f' ({ratio:.2f}x)' if ratio else ''}{payback}"
+            )
+        else:
+            self.use(False)
+            self.phase = "off"
+            self.reason = f"the compiled step was not faster ({ratio:.2f}x)" if ratio else "not measured"
+            self.log(f"compile: back to eager: {measured}; compiling cost {self.compile_seconds:.0f} s")
