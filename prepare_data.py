@@ -14,7 +14,8 @@ import sys
 from pathlib import Path
 
 from vits_trainer.data.corpus import FORMATS
-from vits_trainer.data.prepare import PrepareSettings, default_workers, prepare
+from vits_trainer.data.prepare import prepare
+from vits_trainer.data.prepare_settings import PrepareSettings, default_workers
 from vits_trainer.errors import ArgumentParser, run_cli
 
 

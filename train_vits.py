@@ -22,7 +22,13 @@ configure_threads()  # before torch and numba load: they read the thread setting
 
 def main(argv: list[str] | None = None) -> int:
     from vits_trainer.errors import ArgumentParser
-    from vits_trainer.training.config import TrainConfig, add_arguments, parse_config
+    from vits_trainer.training.config import (
+        TrainConfig,
+        add_arguments,
+        check_given_paths,
+        check_train_paths,
+        parse_config,
+    )
     from vits_trainer.training.demo import apply_demo_settings
 
     parser = ArgumentParser(description=__doc__.split("\n\n")[0])
@@ -31,9 +37,6 @@ def main(argv: list[str] | None = None) -> int:
     if cfg.demo:
         cfg = apply_demo_settings(cfg, explicit=cfg.explicit)
     cfg.validate()
-    from vits_trainer.safety import check_train_paths
-    from vits_trainer.training.precheck import check_given_paths
-
     if not cfg.demo:  # the demo writes its own data and model
         check_given_paths(cfg)  # a mistyped folder: one line before torch loads
     check_train_paths(cfg)  # overlapping folders, a folder the export would wrongly replace: before any work

@@ -24,7 +24,8 @@ import soundfile as sf
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from vits_trainer.data.prepare import PrepareSettings, default_workers, prepare  # noqa: E402
+from vits_trainer.data.prepare import prepare  # noqa: E402
+from vits_trainer.data.prepare_settings import PrepareSettings, default_workers  # noqa: E402
 from vits_trainer.data.synthetic import random_sentence, synth_text  # noqa: E402
 
 

@@ -10,9 +10,10 @@ import pytest
 import soundfile as sf
 from test_prepare_fixtures import output_rows, run_prepare, skipped_reasons, speech, write_audio
 
-from vits_trainer.data.prepare import PrepareSettings, prepare
+from vits_trainer.data.prepare import prepare
 from vits_trainer.data.prepare_checks import clean_text, safe_id, validate_settings
-from vits_trainer.data.prepare_convert import STATE_NAME
+from vits_trainer.data.prepare_settings import PrepareSettings
+from vits_trainer.data.prepare_state import STATE_NAME
 from vits_trainer.errors import UserError
 
 RATE = 22050

@@ -12,7 +12,8 @@ import numpy as np
 import soundfile as sf
 
 from vits_trainer.data.metadata import read_metadata
-from vits_trainer.data.prepare import PrepareResult, PrepareSettings, prepare
+from vits_trainer.data.prepare import PrepareResult, prepare
+from vits_trainer.data.prepare_settings import PrepareSettings
 from vits_trainer.data.synthetic import synth_text
 
 

@@ -20,14 +20,13 @@ from vits_trainer.errors import UserError, run_cli
 from vits_trainer.safety import (
     EXPORT_MARKER,
     UnsafeOverwrite,
-    check_output_dir,
     check_replaceable,
-    check_train_paths,
     foreign_entries,
     read_marker,
     resolved,
     write_marker,
 )
+from vits_trainer.training.config import check_output_dir, check_train_paths
 
 
 def user_tree(root: Path) -> dict[str, Path]:

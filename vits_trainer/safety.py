@@ -7,8 +7,10 @@ Two rules, checked before anything is written:
   `EXPORT_MARKER` (written last into every exported folder) and holds nothing beyond the files that
   marker lists. A user file dropped into an export is named in the refusal, never deleted.
 
-This module imports no torch: the CLIs call it before their heavy imports, so a path mistake costs
-a fraction of a second and writes nothing.
+This module holds the mechanisms; a command's own check names its folders and flags and calls them
+(training/config.py: check_train_paths; data/prepare_checks.py: check_prepare_sources; below:
+check_feedback_paths). It imports no torch: those checks run before the heavy imports, so a path
+mistake costs a fraction of a second and writes nothing.
 
 Inventory of destructive operations (file:function -> what -> why it is provably the tool's own)
 -----------------------------------------------------------------------------------------------
@@ -90,7 +92,8 @@ def _shown(flag: str, given, real: Path) -> str:
     return f"{flag} {given}" + (f" (= {real})" if str(given) != str(real) else "")
 
 
-def _refuse(flag_a: str, a, real_a: Path, how: str, flag_b: str, b, real_b: Path, why: str) -> None:
+def refuse(flag_a: str, a, real_a: Path, how: str, flag_b: str, b, real_b: Path, why: str) -> None:
+    """Raise the one-line refusal: `<flag_a> <a> (= real) <how> <flag_b> <b> (= real): <why>`."""
     raise UserError(f"{_shown(flag_a, a, real_a)} {how} {_shown(flag_b, b, real_b)}: {why}")
 
 
@@ -102,38 +105,24 @@ def check_output_vs_data(out_flag: str, out, data_flag: str, data) -> None:
     """
     o, d = resolved(out), resolved(data)
     if o == d:
-        _refuse(out_flag, out, o, "is the same folder as", data_flag, data, d, "it would replace the data")
+        refuse(out_flag, out, o, "is the same folder as", data_flag, data, d, "it would replace the data")
     if inside(d, o):
-        _refuse(out_flag, out, o, "contains", data_flag, data, d, "it would replace the data")
+        refuse(out_flag, out, o, "contains", data_flag, data, d, "it would replace the data")
     for part in DATA_PARTS:
         p = d / part
         if inside(o, p) or inside(p, o):
-            _refuse(out_flag, out, o, "overlaps", data_flag, data, d, f"{part} of the data would be replaced")
+            refuse(out_flag, out, o, "overlaps", data_flag, data, d, f"{part} of the data would be replaced")
 
 
 def check_disjoint(flag_a: str, a, flag_b: str, b, why: str) -> None:
     """Two folders that must neither be equal nor nested in either direction."""
     ra, rb = resolved(a), resolved(b)
     if ra == rb:
-        _refuse(flag_a, a, ra, "is the same folder as", flag_b, b, rb, why)
+        refuse(flag_a, a, ra, "is the same folder as", flag_b, b, rb, why)
     if inside(ra, rb):
-        _refuse(flag_a, a, ra, "is inside", flag_b, b, rb, why)
+        refuse(flag_a, a, ra, "is inside", flag_b, b, rb, why)
     if inside(rb, ra):
-        _refuse(flag_a, a, ra, "contains", flag_b, b, rb, why)
-
-
-def check_train_paths(cfg) -> None:
-    """train_vits.py: --data_dir is read; --checkpoint_dir and --output_dir are written and replaced."""
-    check_output_vs_data("--checkpoint_dir", cfg.checkpoint_dir, "--data_dir", cfg.data_dir)
-    check_output_vs_data("--output_dir", cfg.output_dir, "--data_dir", cfg.data_dir)
-    check_disjoint(
-        "--output_dir",
-        cfg.output_dir,
-        "--checkpoint_dir",
-        cfg.checkpoint_dir,
-        "the export replaces --output_dir, and checkpoints must survive it",
-    )
-    check_output_dir(cfg.output_dir, cfg.checkpoint_dir, cfg.overwrite_output_dir, cfg.resume)
+        refuse(flag_a, a, ra, "contains", flag_b, b, rb, why)
 
 
 def check_feedback_paths(cfg) -> None:
@@ -144,7 +133,7 @@ def check_feedback_paths(cfg) -> None:
     check_output_vs_data("--output_dir", root, "--feedback_dir", cfg.feedback_dir)
     base, r = resolved(cfg.base_model), resolved(root)
     if inside(r, base):
-        _refuse(
+        refuse(
             "--output_dir", root, r, "is inside", "--base_model", cfg.base_model, base, "it must stay a model"
         )
     if inside(base, r) and base != r:
@@ -152,7 +141,7 @@ def check_feedback_paths(cfg) -> None:
         rel = base.relative_to(r).parts
         finished = len(rel) == 2 and rel[1] == "model" and (r / rel[0] / "feedback_report.json").is_file()
         if not (finished or rel == ("latest",)):
-            _refuse(
+            refuse(
                 "--base_model",
                 cfg.base_model,
                 base,
@@ -163,7 +152,7 @@ def check_feedback_paths(cfg) -> None:
                 "only <output_dir>/latest or <output_dir>/vN/model of a finished version can be a base",
             )
     elif base == r:
-        _refuse(
+        refuse(
             "--base_model",
             cfg.base_model,
             base,
@@ -183,53 +172,6 @@ def check_feedback_paths(cfg) -> None:
             raise UserError(
                 f"--output_dir {root}: {pointer} is not a pointer written by train_feedback.py; "
                 f"move it away or choose another --output_dir (it would be replaced)"
-            )
-
-
-def check_prepare_sources(source, data_dir) -> None:
-    """prepare_data.py, before the source is read: the source folder/file is never an output."""
-    path = Path(source).expanduser()
-    if not path.exists():
-        return  # a hub dataset id, or a missing path (open_source says so)
-    s, d = resolved(path), resolved(data_dir)
-    if s == d:
-        _refuse(
-            "--source",
-            source,
-            s,
-            "is the same folder as",
-            "--data_dir",
-            data_dir,
-            d,
-            "the source folder would be written over; write the training set somewhere else",
-        )
-    for part in DATA_PARTS:
-        if inside(s, d / part):
-            _refuse(
-                "--source",
-                source,
-                s,
-                "is inside",
-                "--data_dir",
-                data_dir,
-                d,
-                f"{part} is written by prepare_data.py",
-            )
-
-
-def check_prepare_files(files: Iterable[tuple[str, Path]], data_dir, outputs: Iterable[str]) -> None:
-    """Every source file (origin, path) against the files prepare writes: nothing in data_dir/wavs,
-    nothing equal to an output file (`outputs`: names inside data_dir)."""
-    d = resolved(data_dir)
-    wavs = d / "wavs"
-    taken = {d / name for name in outputs}
-    for origin, path in files:
-        p = resolved(path)
-        if inside(p, wavs) or p in taken:
-            raise UserError(
-                f"--source file {path} (= {p}, {origin}) is inside --data_dir {data_dir} (= {d}), where "
-                f"prepare_data.py writes; it would be overwritten: copy the recordings elsewhere or choose "
-                f"another --data_dir"
             )
 
 
@@ -318,34 +260,6 @@ def check_replaceable(folder: Path, flag: str = "") -> None:
             f"{what}: holds {extra[0]!r}{f' and {len(extra) - 1} more' if len(extra) > 1 else ''}, which "
             f"this tool did not write; move it away first (the folder would be replaced)"
         )
-
-
-def check_output_dir(output_dir, checkpoint_dir, overwrite: bool, resume: str) -> None:
-    """Up front, before any training: may this run replace --output_dir at its end?
-
-    Missing or empty: yes. A folder without our marker, or with a file the marker does not list: never.
-    An earlier export: with --overwrite_output_dir; or without it when it is this run's own export
-    being redone on resume (the marker records the checkpoint dir that wrote it, and that dir holds a
-    checkpoint to resume from).
-    """
-    out = Path(output_dir).expanduser()
-    check_replaceable(out, "--output_dir")
-    if not out.is_dir() or not any(out.iterdir()) or overwrite:
-        return
-    marker = read_marker(out) or {}
-    same_run = marker.get("checkpoint_dir") == str(resolved(checkpoint_dir))
-    resuming = resume != "none" and any(Path(checkpoint_dir).expanduser().glob("step_*"))
-    if same_run and resuming:
-        return
-    made_by = (
-        f" (by the run of --checkpoint_dir {marker['checkpoint_dir']})"
-        if marker.get("checkpoint_dir")
-        else ""
-    )
-    raise UserError(
-        f"--output_dir {output_dir}: holds a model exported by an earlier run{made_by}; pass "
-        f"--overwrite_output_dir to replace it, or choose another --output_dir"
-    )
 
 
 def replace_export(tmp: Path, out_dir: Path) -> None:

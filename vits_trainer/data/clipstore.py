@@ -255,85 +255,32 @@ def load_clip_store(
     """
     t0 = time.perf_counter()
     data_dir = Path(data_dir)
-    if not data_dir.is_dir():
-        raise UserError(f"{data_dir}: no such data folder (run prepare_data.py first)")
-    meta_path = data_dir / METADATA_NAME
-    rows, problems = read_metadata(meta_path)
-    report = LoadReport(metadata_problems=problems)
-    if problems:
-        first = "; ".join(f"line {n}: {why}" for n, why in problems[:3])
-        log(f"warning: {meta_path}: {len(problems)} unusable line(s) ignored ({first})")
-    if not rows:
-        raise UserError(f"{meta_path}: no usable rows")
-
+    meta_path, rows, report = _read_listing(data_dir, log)
     wav_paths = [_wav_path(data_dir, r.id) for r in rows]
-    metadata_bytes = meta_path.read_bytes()
-    fingerprint, wav_bytes = _fingerprint(metadata_bytes, wav_paths, sample_rate)
+    fingerprint, wav_bytes = _fingerprint(meta_path.read_bytes(), wav_paths, sample_rate)
     report.timings["fingerprint"] = time.perf_counter() - t0
 
     cache_dir = Path(cache_dir) if cache_dir is not None else data_dir / "cache"
-    audio_path, index_path = cache_dir / AUDIO_NAME, cache_dir / INDEX_NAME
-    index = _read_index(index_path, audio_path, fingerprint)
+    index = _read_index(cache_dir / INDEX_NAME, cache_dir / AUDIO_NAME, fingerprint)
     ram_limit = _ram_limit_bytes(max_ram_gb)
-
     if index is not None:
         report.cache_hit = True
         report.cache_path = str(cache_dir)
+        store = _open_cache(index, cache_dir / AUDIO_NAME, sample_rate, ram_limit, report, log)
     else:
-        t_build = time.perf_counter()
-        why_not = _cache_writable(cache_dir)
-        if why_not is None:
-            free = shutil.disk_usage(cache_dir).free
-            if free < wav_bytes * 1.05:  # int16 mono at the target rate is at most the wav bytes, roughly
-                why_not = f"only {_gb(free)} free, the cache needs about {_gb(wav_bytes)}"
-        if why_not is not None:
-            log(
-                f"warning: cannot write the clip cache in {cache_dir} ({why_not}); loading into RAM "
-                f"without a cache, so every start re-reads the wavs (pass a writable cache dir)"
-            )
-            store = _build_in_ram(rows, wav_paths, sample_rate, _threads(num_workers), report, log, progress)
-        else:
-            log(f"building clip cache in {cache_dir}: {len(rows)} clips, {_gb(wav_bytes)} of wav files")
-            threads = _threads(num_workers)
-            try:
-                index = _build_cache(
-                    rows, wav_paths, sample_rate, fingerprint, cache_dir, threads, report, log, progress
-                )
-                report.cache_path = str(cache_dir)
-            except OSError as err:
-                # reads never raise (bad clips are skipped), so this is writing: usually a full disk
-                log(
-                    f"warning: writing the clip cache in {cache_dir} failed ({err}); loading into RAM instead"
-                )
-                store = _build_in_ram(rows, wav_paths, sample_rate, threads, report, log, progress)
-        report.timings["build"] = time.perf_counter() - t_build
-
-    if index is not None:
-        offsets = np.asarray(index["offsets"], dtype=np.int64)
-        report.skipped = [(s[0], s[1]) for s in index["skipped"]]
-        report.resampled = int(index["resampled"])
-        if report.cache_hit and report.skipped:
-            log(f"warning: {len(report.skipped)} clip(s) skipped (cached result; fix the wavs to rebuild)")
-        nbytes = int(offsets[-1]) * BYTES_PER_SAMPLE
-        hours = int(offsets[-1]) / sample_rate / 3600
-        log(f"{len(index['ids'])} clips, {hours:.2f} hours, {_gb(nbytes)} as int16")
-        t_load = time.perf_counter()
-        if nbytes <= ram_limit:
-            audio: np.ndarray = np.fromfile(audio_path, dtype=np.int16)
-        else:
-            audio = np.memmap(audio_path, dtype=np.int16, mode="r", shape=(int(offsets[-1]),))
-            log(
-                f"audio ({_gb(nbytes)}) exceeds the RAM limit ({_gb(ram_limit)}): memory-mapping "
-                f"{audio_path}; clips are read from disk on demand (the OS page cache helps after epoch 1)"
-            )
-        report.timings["load"] = time.perf_counter() - t_load
-        store = ClipStore(
-            ids=list(index["ids"]),
-            texts=list(index["texts"]),
-            speakers=list(index["speakers"]),
-            offsets=offsets,
-            audio=audio,
-            sample_rate=sample_rate,
+        threads = _threads(num_workers)
+        store = _build_store(
+            rows,
+            wav_paths,
+            sample_rate,
+            fingerprint,
+            wav_bytes,
+            cache_dir,
+            ram_limit,
+            threads,
+            report,
+            log,
+            progress,
         )
 
     report.clips = len(store)
@@ -344,6 +291,117 @@ def load_clip_store(
     if report.clips == 0:
         raise UserError(f"{meta_path}: none of the {len(rows)} listed clips could be read")
     return store, report
+
+
+def _read_listing(data_dir: Path, log: Log) -> tuple[Path, list[MetaRow], LoadReport]:
+    """(metadata.csv, its usable rows, a report holding its unusable lines, which are warned about)."""
+    if not data_dir.is_dir():
+        raise UserError(f"{data_dir}: no such data folder (run prepare_data.py first)")
+    meta_path = data_dir / METADATA_NAME
+    rows, problems = read_metadata(meta_path)
+    report = LoadReport(metadata_problems=problems)
+    if problems:
+        first = "; ".join(f"line {n}: {why}" for n, why in problems[:3])
+        log(f"warning: {meta_path}: {len(problems)} unusable line(s) ignored ({first})")
+    if not rows:
+        raise UserError(f"{meta_path}: no usable rows")
+    return meta_path, rows, report
+
+
+def _build_store(
+    rows: list[MetaRow],
+    wav_paths: list[Path],
+    sample_rate: int,
+    fingerprint: str,
+    wav_bytes: int,
+    cache_dir: Path,
+    ram_limit: int,
+    threads: int,
+    report: LoadReport,
+    log: Log,
+    progress: bool,
+) -> ClipStore:
+    """No usable cache: build it and open it; where no cache can be written, read every clip into RAM."""
+    t_build = time.perf_counter()
+    index = _try_build_cache(
+        rows, wav_paths, sample_rate, fingerprint, wav_bytes, cache_dir, threads, report, log, progress
+    )
+    in_ram = (
+        _build_in_ram(rows, wav_paths, sample_rate, threads, report, log, progress) if index is None else None
+    )
+    report.timings["build"] = time.perf_counter() - t_build
+    if in_ram is not None:
+        return in_ram
+    return _open_cache(index, cache_dir / AUDIO_NAME, sample_rate, ram_limit, report, log)
+
+
+def _try_build_cache(
+    rows: list[MetaRow],
+    wav_paths: list[Path],
+    sample_rate: int,
+    fingerprint: str,
+    wav_bytes: int,
+    cache_dir: Path,
+    threads: int,
+    report: LoadReport,
+    log: Log,
+    progress: bool,
+) -> dict[str, Any] | None:
+    """The new cache's index, or None (after a warning saying why) when no cache could be written."""
+    why_not = _cache_writable(cache_dir)
+    if why_not is None:
+        free = shutil.disk_usage(cache_dir).free
+        if free < wav_bytes * 1.05:  # int16 mono at the target rate is at most the wav bytes, roughly
+            why_not = f"only {_gb(free)} free, the cache needs about {_gb(wav_bytes)}"
+    if why_not is not None:
+        log(
+            f"warning: cannot write the clip cache in {cache_dir} ({why_not}); loading into RAM "
+            f"without a cache, so every start re-reads the wavs (pass a writable cache dir)"
+        )
+        return None
+    log(f"building clip cache in {cache_dir}: {len(rows)} clips, {_gb(wav_bytes)} of wav files")
+    try:
+        index = _build_cache(
+            rows, wav_paths, sample_rate, fingerprint, cache_dir, threads, report, log, progress
+        )
+    except OSError as err:
+        # reads never raise (bad clips are skipped), so this is writing: usually a full disk
+        log(f"warning: writing the clip cache in {cache_dir} failed ({err}); loading into RAM instead")
+        return None
+    report.cache_path = str(cache_dir)
+    return index
+
+
+def _open_cache(
+    index: dict[str, Any], audio_path: Path, sample_rate: int, ram_limit: int, report: LoadReport, log: Log
+) -> ClipStore:
+    """The store of a complete cache: read into RAM, or memory-mapped when it exceeds `ram_limit`."""
+    offsets = np.asarray(index["offsets"], dtype=np.int64)
+    report.skipped = [(s[0], s[1]) for s in index["skipped"]]
+    report.resampled = int(index["resampled"])
+    if report.cache_hit and report.skipped:
+        log(f"warning: {len(report.skipped)} clip(s) skipped (cached result; fix the wavs to rebuild)")
+    nbytes = int(offsets[-1]) * BYTES_PER_SAMPLE
+    hours = int(offsets[-1]) / sample_rate / 3600
+    log(f"{len(index['ids'])} clips, {hours:.2f} hours, {_gb(nbytes)} as int16")
+    t_load = time.perf_counter()
+    if nbytes <= ram_limit:
+        audio: np.ndarray = np.fromfile(audio_path, dtype=np.int16)
+    else:
+        audio = np.memmap(audio_path, dtype=np.int16, mode="r", shape=(int(offsets[-1]),))
+        log(
+            f"audio ({_gb(nbytes)}) exceeds the RAM limit ({_gb(ram_limit)}): memory-mapping "
+            f"{audio_path}; clips are read from disk on demand (the OS page cache helps after epoch 1)"
+        )
+    report.timings["load"] = time.perf_counter() - t_load
+    return ClipStore(
+        ids=list(index["ids"]),
+        texts=list(index["texts"]),
+        speakers=list(index["speakers"]),
+        offsets=offsets,
+        audio=audio,
+        sample_rate=sample_rate,
+    )
 
 
 def _threads(num_workers: int) -> int:

@@ -1,9 +1,10 @@
 """Source readers for prepare_data.py: turn a corpus on disk into candidate rows (a `datasets` dataset: corpus_hf.py).
 
 Every reader returns a `Source` whose rows are `Candidate`s (an id, the raw text, a speaker, and where
-the audio is) or `Problem`s (a row that could not even be parsed). Nothing here decodes audio or
-judges the text: prepare_checks.py does the checks, so every format gets exactly the same rules.
-Problems in the *source as a whole* (missing file, missing column, unknown layout) raise UserError.
+the audio is) or `Problem`s (a row that could not even be parsed), defined in corpus_rows.py. Nothing
+here decodes audio or judges the text: prepare_checks.py does the checks, so every format gets exactly
+the same rules. Problems in the *source as a whole* (missing file, missing column, unknown layout)
+raise UserError.
 """
 
 from __future__ import annotations
@@ -11,55 +12,17 @@ from __future__ import annotations
 import csv
 import json
 import re
-from collections.abc import Callable, Iterable
-from dataclasses import dataclass, field
+from collections.abc import Iterable
 from pathlib import Path
 
 from ..errors import UserError
 from ..hub import looks_like_path
 from .audio import AUDIO_EXTENSIONS
+from .corpus_rows import AUDIO_COLUMNS, TEXT_COLUMNS, Candidate, Problem, Row, Source, pick_column, resolve_in
 
 FORMATS = ("auto", "ljspeech", "commonvoice", "csv", "hf", "audiofolder", "pairs")
-TEXT_COLUMNS = ("sentence", "text", "transcription", "normalized_text")
-AUDIO_COLUMNS = ("audio", "path", "file_name", "file", "audio_path", "audio_file", "wav", "filename")
 AUDIOFOLDER_METADATA = ("metadata.csv", "metadata.jsonl", "metadata.parquet")
 HF_DATA_SUFFIXES = (".parquet", ".arrow")
-
-
-@dataclass(frozen=True)
-class Candidate:
-    """One source row. Exactly one of `audio_path` / `audio_key` is set (or neither: missing audio)."""
-
-    source_id: str
-    text: str
-    speaker: str
-    origin: str  # where the row came from, for the report: "metadata.csv:12", "train[7]", a path
-    audio_path: Path | None = None
-    audio_key: int | None = None  # row index for Source.fetch_audio (audio held as bytes in a dataset)
-
-
-@dataclass(frozen=True)
-class Problem:
-    """A row that could not be turned into a Candidate."""
-
-    origin: str
-    reason: str
-    detail: str
-    source_id: str = ""
-
-
-Row = Candidate | Problem
-AudioFetcher = Callable[[list[int]], list[bytes | None]]
-
-
-@dataclass
-class Source:
-    format: str
-    location: str  # the --source value, resolved when it is a path
-    rows: list[Row]
-    folder: Path | None = None  # local folder holding the source (None for a hub dataset)
-    fetch_audio: AudioFetcher | None = None
-    notes: list[str] = field(default_factory=list)
 
 
 def open_source(
@@ -303,22 +266,6 @@ def _table_rows(
             yield Candidate(clip_id, text, speaker or "0", origin, audio_path=audio)
 
 
-def pick_column(
-    path: Path, header: list[str], wanted: str | None, defaults: tuple[str, ...], flag: str
-) -> str:
-    if wanted is not None:
-        if wanted not in header:
-            raise UserError(f"{path}: {flag} {wanted} is not a column (columns: {', '.join(header)})")
-        return wanted
-    for name in defaults:
-        if name in header:
-            return name
-    raise UserError(
-        f"{path}: no {flag[2:].replace('_column', '')} column found (tried {', '.join(defaults)}; "
-        f"columns: {', '.join(header)}); pass {flag}"
-    )
-
-
 # --- audiofolder: metadata.csv/.jsonl/.parquet with a file_name column, read without `datasets` ---------
 
 
@@ -490,11 +437,6 @@ def _has_bad_utf8(text: str) -> bool:
     return any("\udc80" <= ch <= "\udcff" for ch in text)
 
 
-def resolve_in(root: Path | None, rel: str) -> Path:
-    p = Path(rel).expanduser()
-    return p if p.is_absolute() or root is None else root / p
-
-
 def _path_id(rel: str) -> str:
     """An id from an audio path: a relative path without its extension (folders kept, made safe later);
     an absolute path gives just its stem."""
@@ -502,7 +444,3 @@ def _path_id(rel: str) -> str:
     if p.is_absolute():
         return p.stem
     return str(p.with_suffix("")) if p.suffix else str(p)
-
-
-def one_line(err: BaseException) -> str:
-    return (" ".join(str(err).split()) or type(err).__name__)[:300]

@@ -10,7 +10,7 @@ from pathlib import Path
 
 from ..errors import UserError
 from ..hub import download_hint, go_offline_if_unreachable
-from .corpus import TEXT_COLUMNS, Candidate, Problem, Row, Source, one_line, pick_column, resolve_in
+from .corpus_rows import TEXT_COLUMNS, Candidate, Problem, Row, Source, pick_column, resolve_in
 
 
 def read_hf(
@@ -105,7 +105,7 @@ def _load_dataset(source: str, split: str | None):
         try:
             return datasets.load_dataset(source, split=split or "train"), split or "train", None
         except Exception as err:
-            why = f"not in the local cache; {offline}" if offline else one_line(err)
+            why = f"not in the local cache; {offline}" if offline else _one_line(err)
             raise UserError(
                 f"--source {source}: no such file or folder, and no Hugging Face hub dataset of that name "
                 f"could be loaded ({why}); for a hub dataset, download it where there is network "
@@ -117,7 +117,7 @@ def _load_dataset(source: str, split: str | None):
         else:
             loaded = datasets.load_dataset(str(path))
     except Exception as err:
-        raise UserError(f"--source {source}: datasets could not load it ({one_line(err)})") from None
+        raise UserError(f"--source {source}: datasets could not load it ({_one_line(err)})") from None
     if isinstance(loaded, datasets.Dataset):
         if split is not None and split != "train":
             raise UserError(f"--source {source}: a single dataset (no splits); drop --split {split}")
@@ -128,3 +128,7 @@ def _load_dataset(source: str, split: str | None):
     if split not in names:
         raise UserError(f"--source {source}: pass --split (one of: {', '.join(names)})")
     return loaded[split], split, path
+
+
+def _one_line(err: BaseException) -> str:
+    return (" ".join(str(err).split()) or type(err).__name__)[:300]

@@ -7,8 +7,8 @@ settings) and `<data_dir>/.prepare_state.json` (what each WAV was made from, so 
 Order of checks for a row: parse (source reader) -> id -> text -> speaker filter -> vocabulary ->
 --max_samples -> audio (missing, unreadable, empty, NaN/Inf, silent, duration). A failing row is
 skipped and listed in the report with its reason; the run never stops for a bad row. This module
-runs those steps and writes the report; the checks are in prepare_checks.py, the conversion (and the
-audio checks, made on the decoded clip) in prepare_convert.py.
+runs those steps and writes the report; the settings are in prepare_settings.py, the checks in
+prepare_checks.py, the conversion (and the audio checks, made on the decoded clip) in prepare_convert.py.
 """
 
 from __future__ import annotations
@@ -17,52 +17,31 @@ import os
 import statistics
 from collections import Counter
 from collections.abc import Callable
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from ..errors import UserError
 from ..jsonfile import write_json_atomic
-from ..safety import check_prepare_files, check_prepare_sources
 from .audio import is_temp_wav
-from .corpus import Source, open_source
+from .corpus import open_source
+from .corpus_rows import Source
 from .metadata import METADATA_NAME, WAVS_DIR, MetaRow, write_metadata
 from .prepare_checks import (
     Skip,
     Vocabulary,
-    check_data_dir,
+    check_output_folder,
+    check_prepare_files,
+    check_prepare_sources,
     check_prepare_wavs,
     plan_rows,
     resolve_target,
     validate_settings,
 )
-from .prepare_convert import CLIP_FRACTION, STATE_NAME, AudioTarget, convert_all, load_state
+from .prepare_convert import CLIP_FRACTION, AudioTarget, convert_all
+from .prepare_settings import PrepareSettings
+from .prepare_state import STATE_NAME, load_state
 
 REPORT_NAME = "prepare_report.json"
-
-
-@dataclass
-class PrepareSettings:
-    source: str
-    data_dir: Path = Path("training")
-    format: str = "auto"
-    split: str | None = None
-    audio_column: str | None = None
-    text_column: str | None = None
-    speaker_column: str | None = None
-    id_column: str | None = None
-    sample_rate: int | None = None
-    model_name: str | None = None
-    min_seconds: float = 0.5
-    max_seconds: float = 20.0
-    trim_silence: bool = False
-    trim_top_db: float = 40.0
-    lowercase: bool = False
-    drop_unknown_chars: bool = False
-    speakers: list[str] | None = None
-    max_samples: int = 0
-    num_workers: int = field(default_factory=lambda: default_workers())
-    clean: bool = False
-    progress: bool = True
 
 
 @dataclass
@@ -80,7 +59,7 @@ def prepare(settings: PrepareSettings, log: Callable[[str], None] = print) -> Pr
     """Run the whole preparation; raise UserError for bad input (nothing written) or when no row survives."""
     validate_settings(settings)
     data_dir = Path(settings.data_dir).expanduser()
-    check_data_dir(data_dir)
+    check_output_folder(data_dir)
     check_prepare_sources(settings.source, data_dir)  # the source is never an output (before reading it)
     sample_rate, vocab, model_notes = resolve_target(settings)
     source = open_source(
@@ -294,7 +273,3 @@ def _counts(counter: dict, limit: int = 0) -> str:
     items = list(counter.items())
     text = ", ".join(f"{k} {v}" for k, v in (items[:limit] if limit else items))
     return text + (f", ... ({len(items) - limit} more)" if limit and len(items) > limit else "")
-
-
-def default_workers() -> int:
-    return os.cpu_count() or 1

@@ -1,4 +1,5 @@
-"""prepare_data.py's checks: settings, the output folder, the target model, and every row before audio.
+"""prepare_data.py's checks: settings, the output folder (no source file is an output), the target
+model, and every row before audio.
 
 A row is checked in this order: parse (source reader) -> id -> text -> speaker filter -> vocabulary ->
 --max_samples; `plan_rows` returns the survivors and every skip with its reason. The audio checks
@@ -13,18 +14,20 @@ import os
 import re
 import unicodedata
 from collections import Counter
+from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 from ..errors import UserError
 from ..hub import read_model_config, resolve_model_dir
-from .corpus import Candidate, Problem, Source
+from ..safety import DATA_PARTS, inside, refuse, resolved
+from .corpus_rows import Candidate, Problem, Source
 from .metadata import WAVS_DIR
-from .prepare_convert import STATE_NAME
+from .prepare_state import STATE_NAME
 
 if TYPE_CHECKING:
-    from .prepare import PrepareSettings
+    from .prepare_settings import PrepareSettings
 
 DEFAULT_SAMPLE_RATE = 16000
 LINE_BREAKS = frozenset("\n\r\x0b\x0c\x1c\x1d\x1e\x85\u2028\u2029")  # what str.splitlines() splits on
@@ -86,8 +89,8 @@ def validate_settings(s: PrepareSettings) -> None:
         raise UserError(f"--num_workers must be >= 0, got {s.num_workers}")
 
 
-def check_data_dir(data_dir: Path) -> None:
-    """Fail early (before anything is written) when `data_dir` cannot be created or written."""
+def check_output_folder(data_dir: Path) -> None:
+    """Fail early (before anything is written) when the output `data_dir` cannot be created or written."""
     if data_dir.exists() and not data_dir.is_dir():
         raise UserError(f"--data_dir {data_dir}: exists and is not a folder")
     wavs = data_dir / WAVS_DIR
@@ -242,3 +245,50 @@ def check_prepare_wavs(wavs_dir: Path, ids: list[str], old_state: dict, clean: b
             f"it (not in {STATE_NAME}); move it away first, or run without --clean"
         )
     return owned
+
+
+def check_prepare_sources(source, data_dir) -> None:
+    """Before the source is read: the source folder/file is never an output."""
+    path = Path(source).expanduser()
+    if not path.exists():
+        return  # a hub dataset id, or a missing path (open_source says so)
+    s, d = resolved(path), resolved(data_dir)
+    if s == d:
+        refuse(
+            "--source",
+            source,
+            s,
+            "is the same folder as",
+            "--data_dir",
+            data_dir,
+            d,
+            "the source folder would be written over; write the training set somewhere else",
+        )
+    for part in DATA_PARTS:
+        if inside(s, d / part):
+            refuse(
+                "--source",
+                source,
+                s,
+                "is inside",
+                "--data_dir",
+                data_dir,
+                d,
+                f"{part} is written by prepare_data.py",
+            )
+
+
+def check_prepare_files(files: Iterable[tuple[str, Path]], data_dir, outputs: Iterable[str]) -> None:
+    """Every source file (origin, path) against the files prepare writes: nothing in data_dir/wavs,
+    nothing equal to an output file (`outputs`: names inside data_dir)."""
+    d = resolved(data_dir)
+    wavs = d / WAVS_DIR
+    taken = {d / name for name in outputs}
+    for origin, path in files:
+        p = resolved(path)
+        if inside(p, wavs) or p in taken:
+            raise UserError(
+                f"--source file {path} (= {p}, {origin}) is inside --data_dir {data_dir} (= {d}), where "
+                f"prepare_data.py writes; it would be overwritten: copy the recordings elsewhere or choose "
+                f"another --data_dir"
+            )

@@ -2,13 +2,12 @@
 
 Each clip is converted in a worker process, so the checks that need the decoded audio (empty,
 NaN/Inf, silent, duration) are made here. `.prepare_state.json` records what each WAV was made from,
-so a re-run with the same source and settings reuses it instead of converting again.
+so a re-run with the same source and settings reuses it instead of converting again (prepare_state.py).
 """
 
 from __future__ import annotations
 
 import hashlib
-import json
 import math
 import sys
 from concurrent.futures import FIRST_COMPLETED, Future, ProcessPoolExecutor, wait
@@ -21,15 +20,14 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from ..errors import UserError
-from ..jsonfile import write_json_atomic
 from .audio import AudioReadError, audio_duration, read_audio, resample, write_wav
-from .corpus import Source
+from .corpus_rows import Source
+from .prepare_state import save_state
 
 if TYPE_CHECKING:
-    from .prepare import PrepareSettings
     from .prepare_checks import Planned
+    from .prepare_settings import PrepareSettings
 
-STATE_NAME = ".prepare_state.json"
 # Bump when the conversion changes, so WAVs made by an older version are re-made, not reused.
 CONVERSION_VERSION = 1
 # "Silent": peak below -50 dBFS or RMS below -60 dBFS. Real speech peaks far above -20 dBFS even when
@@ -320,20 +318,3 @@ def _reusable(previous: dict | None, fingerprint: dict, target: AudioTarget, out
         return out_path.stat().st_size == previous.get("wav_size")
     except OSError:
         return False
-
-
-# --- state: what each WAV was made from --------------------------------------------------------------
-
-
-def load_state(data_dir: Path) -> dict:
-    try:
-        state = json.loads((data_dir / STATE_NAME).read_text(encoding="utf-8"))
-    except (OSError, ValueError):
-        return {}  # no state (first run) or a damaged one: everything is simply converted again
-    return state if isinstance(state, dict) and isinstance(state.get("clips"), dict) else {}
-
-
-def save_state(data_dir: Path, source: Source, clips: dict[str, dict]) -> None:
-    write_json_atomic(
-        data_dir / STATE_NAME, {"version": 1, "source": source.location, "clips": clips}, indent=None
-    )

@@ -1,4 +1,5 @@
-"""The run's settings: one dataclass, its command line, and validation of the combinations.
+"""The run's settings: one dataclass, its command line, validation of the combinations, and the
+folders they name, checked before torch is imported.
 
 Every field carries its help text; `--help` shows each default. The resolved settings are stored in
 every checkpoint and in the run folder, so a run can always be explained and resumed.
@@ -10,9 +11,13 @@ import argparse
 import dataclasses
 import math
 from dataclasses import dataclass, field, fields
+from pathlib import Path
 from typing import ClassVar
 
+from ..data.metadata import METADATA_NAME
 from ..errors import UserError
+from ..hub import looks_like_path, resolve_model_dir
+from ..safety import check_disjoint, check_output_vs_data, check_replaceable, read_marker, resolved
 
 
 def _f(default, help: str, **kw):
@@ -306,3 +311,91 @@ def parse_config(parser: argparse.ArgumentParser, argv: list[str] | None, cls=Tr
     cfg = config_from_args(args, cls)
     cfg.explicit = frozenset(given)
     return cfg
+
+
+# ---- the folders the flags name, checked without torch ------------------------------------------
+# train_vits.py calls check_given_paths and check_train_paths before its heavy imports (a mistyped
+# path costs a fraction of a second, not the ~8 s of importing torch); the session calls the same
+# folder checks once a resumed run's settings are known.
+
+
+def check_data_dir(value: str) -> Path:
+    """--data_dir: a prepared folder with its metadata.csv."""
+    data_dir = Path(value)
+    if not data_dir.is_dir():
+        raise UserError(f"--data_dir {data_dir}: no such folder (run prepare_data.py first)")
+    if not (data_dir / METADATA_NAME).is_file():
+        raise UserError(f"{data_dir / METADATA_NAME}: no such file (run prepare_data.py first)")
+    return data_dir
+
+
+def check_resume_path(value: str) -> Path:
+    """--resume PATH (not auto/none): an existing folder; whether it is a usable checkpoint is read later."""
+    path = Path(value).expanduser()
+    if not path.is_dir():
+        raise UserError(f"--resume {value}: no such checkpoint folder")
+    return path
+
+
+def check_discriminator_dir(value: str) -> Path:
+    """--discriminator: an existing folder (its weights are looked for when it is loaded)."""
+    folder = Path(value)
+    if not folder.is_dir():
+        raise UserError(f"--discriminator {folder}: no such folder")
+    return folder
+
+
+def check_given_paths(cfg: TrainConfig) -> None:
+    """The folder flags given on the command line. Only those: a resumed run takes the others from its
+    checkpoint, and the session checks them once it is read."""
+    given = cfg.explicit or frozenset()
+    if "data_dir" in given:
+        check_data_dir(cfg.data_dir)
+    if "model_name" in given and looks_like_path(cfg.model_name):
+        resolve_model_dir(cfg.model_name)  # a folder: checked on the spot (a hub id waits for the session)
+    if "discriminator" in given and cfg.discriminator:
+        check_discriminator_dir(cfg.discriminator)
+    if "resume" in given and cfg.resume not in ("auto", "none"):
+        check_resume_path(cfg.resume)
+
+
+def check_train_paths(cfg: TrainConfig) -> None:
+    """train_vits.py: --data_dir is read; --checkpoint_dir and --output_dir are written and replaced."""
+    check_output_vs_data("--checkpoint_dir", cfg.checkpoint_dir, "--data_dir", cfg.data_dir)
+    check_output_vs_data("--output_dir", cfg.output_dir, "--data_dir", cfg.data_dir)
+    check_disjoint(
+        "--output_dir",
+        cfg.output_dir,
+        "--checkpoint_dir",
+        cfg.checkpoint_dir,
+        "the export replaces --output_dir, and checkpoints must survive it",
+    )
+    check_output_dir(cfg.output_dir, cfg.checkpoint_dir, cfg.overwrite_output_dir, cfg.resume)
+
+
+def check_output_dir(output_dir, checkpoint_dir, overwrite: bool, resume: str) -> None:
+    """Up front, before any training: may this run replace --output_dir at its end?
+
+    Missing or empty: yes. A folder without our marker, or with a file the marker does not list: never.
+    An earlier export: with --overwrite_output_dir; or without it when it is this run's own export
+    being redone on resume (the marker records the checkpoint dir that wrote it, and that dir holds a
+    checkpoint to resume from).
+    """
+    out = Path(output_dir).expanduser()
+    check_replaceable(out, "--output_dir")
+    if not out.is_dir() or not any(out.iterdir()) or overwrite:
+        return
+    marker = read_marker(out) or {}
+    same_run = marker.get("checkpoint_dir") == str(resolved(checkpoint_dir))
+    resuming = resume != "none" and any(Path(checkpoint_dir).expanduser().glob("step_*"))
+    if same_run and resuming:
+        return
+    made_by = (
+        f" (by the run of --checkpoint_dir {marker['checkpoint_dir']})"
+        if marker.get("checkpoint_dir")
+        else ""
+    )
+    raise UserError(
+        f"--output_dir {output_dir}: holds a model exported by an earlier run{made_by}; pass "
+        f"--overwrite_output_dir to replace it, or choose another --output_dir"
+    )

@@ -22,9 +22,8 @@ from ..model.discriminator import (
     load_discriminator,
 )
 from ..model.vits import VitsGenerator, apply_decoder_weight_norm, freeze_parts, load_vits_model
-from .config import TrainConfig
+from .config import TrainConfig, check_discriminator_dir
 from .modelfolder import check_model_folder
-from .precheck import check_discriminator_dir
 from .trainstate import LoadedCheckpoint
 
 

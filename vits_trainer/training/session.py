@@ -27,11 +27,10 @@ from ..runlock import RunLock, is_main_process
 from ..safety import remove_created_on_error
 from .budget import Budget
 from .checkpoint import find_resumable, list_checkpoints, verify_checkpoint
-from .config import TrainConfig
+from .config import TrainConfig, check_data_dir, check_resume_path
 from .datasplit import DataSplit, check_vocabulary, describe_data, load_store, make_loaders, split_data
 from .lr_schedule import BudgetLR, make_scheduler
 from .networks import estimate_checkpoint_bytes, load_model, load_or_create_discriminator, make_generator
-from .precheck import check_data_dir, check_resume_path
 from .resume_settings import restore_settings
 from .runtime import Logger, make_accelerator, quiet_transformers, resolve_precision
 from .step import make_optimizer

@@ -1,0 +1,72 @@
+"""What every source reader returns: a `Source` whose rows are `Candidate`s (an id, the raw text, a
+speaker, and where the audio is) or `Problem`s (a row that could not even be parsed), plus the column
+and path helpers the readers share (corpus.py's own formats, corpus_hf.py's `datasets` one).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from ..errors import UserError
+
+TEXT_COLUMNS = ("sentence", "text", "transcription", "normalized_text")
+AUDIO_COLUMNS = ("audio", "path", "file_name", "file", "audio_path", "audio_file", "wav", "filename")
+
+
+@dataclass(frozen=True)
+class Candidate:
+    """One source row. Exactly one of `audio_path` / `audio_key` is set (or neither: missing audio)."""
+
+    source_id: str
+    text: str
+    speaker: str
+    origin: str  # where the row came from, for the report: "metadata.csv:12", "train[7]", a path
+    audio_path: Path | None = None
+    audio_key: int | None = None  # row index for Source.fetch_audio (audio held as bytes in a dataset)
+
+
+@dataclass(frozen=True)
+class Problem:
+    """A row that could not be turned into a Candidate."""
+
+    origin: str
+    reason: str
+    detail: str
+    source_id: str = ""
+
+
+Row = Candidate | Problem
+AudioFetcher = Callable[[list[int]], list[bytes | None]]
+
+
+@dataclass
+class Source:
+    format: str
+    location: str  # the --source value, resolved when it is a path
+    rows: list[Row]
+    folder: Path | None = None  # local folder holding the source (None for a hub dataset)
+    fetch_audio: AudioFetcher | None = None
+    notes: list[str] = field(default_factory=list)
+
+
+def pick_column(
+    path: Path, header: list[str], wanted: str | None, defaults: tuple[str, ...], flag: str
+) -> str:
+    if wanted is not None:
+        if wanted not in header:
+            raise UserError(f"{path}: {flag} {wanted} is not a column (columns: {', '.join(header)})")
+        return wanted
+    for name in defaults:
+        if name in header:
+            return name
+    raise UserError(
+        f"{path}: no {flag[2:].replace('_column', '')} column found (tried {', '.join(defaults)}; "
+        f"columns: {', '.join(header)}); pass {flag}"
+    )
+
+
+def resolve_in(root: Path | None, rel: str) -> Path:
+    p = Path(rel).expanduser()
+    return p if p.is_absolute() or root is None else root / p
