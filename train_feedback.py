@@ -26,7 +26,8 @@ configure_threads()  # before torch and numba load: they read the thread setting
 
 def main(argv: list[str] | None = None) -> int:
     from vits_trainer.errors import ArgumentParser
-    from vits_trainer.feedback.round import HIDDEN_FLAGS, FeedbackConfig, run_feedback
+    from vits_trainer.feedback.config import HIDDEN_FLAGS, FeedbackConfig
+    from vits_trainer.feedback.round import run_feedback
     from vits_trainer.training.config import add_arguments, parse_config
 
     parser = ArgumentParser(description=__doc__.split("\n\n")[0])

@@ -23,10 +23,11 @@ from tests.helpers import PYTHON, ROOT, TINY_SETTINGS, cli_args, train_tiny
 from vits_trainer.data.clipstore import load_clip_store
 from vits_trainer.data.synthetic import make_corpus
 from vits_trainer.errors import UserError
+from vits_trainer.feedback.config import HIDDEN_FLAGS, FeedbackConfig
 from vits_trainer.feedback.judgement import paired_judgement
 from vits_trainer.feedback.promotion import promotion
-from vits_trainer.feedback.replay import check_inputs, original_val_ids
-from vits_trainer.feedback.round import HIDDEN_FLAGS, FeedbackConfig, FeedbackRun, run_feedback
+from vits_trainer.feedback.replay import check_feedback_inputs, original_val_ids
+from vits_trainer.feedback.round import FeedbackRun, run_feedback
 from vits_trainer.feedback.versions import REPORT_NAME, choose_version, read_latest, write_latest
 from vits_trainer.training.checkpoint import write_checkpoint
 
@@ -217,7 +218,7 @@ def test_unknown_characters_are_reported_before_training(tmp_path, tiny_model_di
     (feedback / "metadata.csv").write_text("\n".join(rows) + "\n")
     lines: list[str] = []
     base = {"model": tiny_model_dir, "data": tone_corpus}
-    inputs = check_inputs(feedback_cfg(tmp_path / "out", base, feedback), lines.append)
+    inputs = check_feedback_inputs(feedback_cfg(tmp_path / "out", base, feedback), lines.append)
     assert inputs.unknown_characters == {"fb00000": ["q", "x"], "fb00001": ["q", "r", "s", "x", "y", "z"]}
     assert inputs.usable == 2 and inputs.unusable[0][0] == "fb00001"
     text = "\n".join(lines)
@@ -235,7 +236,7 @@ def test_replay_mix_per_epoch_and_no_validation_clip_replayed(tmp_path, light_ba
     cfg = feedback_cfg(tmp_path / "out", base, feedback_dir, replay_ratio=ratio)
     lines: list[str] = []
     run = FeedbackRun(cfg, time.time(), lines.append)
-    run.inputs = check_inputs(cfg, lines.append)
+    run.inputs = check_feedback_inputs(cfg, lines.append)
     store, _ = load_clip_store(base["data"], 16000, log=lines.append, progress=False)
     val_ids, source = original_val_ids(run.inputs.base_model, store.ids, cfg, lines.append)
     assert sorted(val_ids) == sorted(base["val_ids"])
@@ -453,7 +454,7 @@ def test_data_fn_keeps_the_feedback_split_of_a_resumed_version(tmp_path, light_b
     cfg = feedback_cfg(tmp_path / "out", base, feedback_dir)
     lines: list[str] = []
     run = FeedbackRun(cfg, time.time(), lines.append)
-    run.inputs, run.version = check_inputs(cfg, lines.append), tmp_path / "out" / "v1"
+    run.inputs, run.version = check_feedback_inputs(cfg, lines.append), tmp_path / "out" / "v1"
     run.info = {
         "feedback_split": {"train": ["fb00000", "fb00001", "fb00002"], "eval": ["fb00003"], "held_out": True}
     }
@@ -480,7 +481,7 @@ def test_a_rerecorded_validation_sentence_is_evaluated_never_trained(tmp_path, l
     cfg = feedback_cfg(tmp_path / "out", light_base, feedback)
     lines: list[str] = []
     run = FeedbackRun(cfg, time.time(), lines.append)
-    run.inputs = check_inputs(cfg, lines.append)
+    run.inputs = check_feedback_inputs(cfg, lines.append)
     store, _ = load_clip_store(light_base["data"], 16000, log=lines.append, progress=False)
     split = run.data_fn(cfg, store, run.inputs.text, {"0": 0}, 256, None, lines.append)
     assert "fbval" in split.val_sets["feedback"].ids()

@@ -1,4 +1,5 @@
-"""The package's layers import only downwards: root modules <- data <- model <- training <- feedback.
+"""The package's layers import only downwards: root modules <- data <- model <- training <- feedback,
+and inside each folder the modules import one another without a cycle.
 
 The subpackages' docstrings promise it; this reads every import statement and holds them to it.
 """
@@ -15,6 +16,15 @@ def _layer_of(module: str) -> str:
     return parts[1] if len(parts) >= 2 and parts[1] in LAYERS else ""
 
 
+def _module_path(module: str) -> Path | None:
+    """The file of a vits_trainer module (a package: its __init__.py), or None."""
+    base = PACKAGE.joinpath(*module.split(".")[1:])
+    for path in (base.with_suffix(".py"), base / "__init__.py"):
+        if path.is_file():
+            return path
+    return None
+
+
 def _imports(path: Path) -> set[str]:
     """Absolute names of the vits_trainer modules that `path` imports."""
     own = "vits_trainer." + ".".join(path.relative_to(PACKAGE).with_suffix("").parts)
@@ -28,6 +38,8 @@ def _imports(path: Path) -> set[str]:
                 name = node.module or ""
             if name.startswith("vits_trainer"):
                 found |= {f"{name}.{a.name}" for a in node.names} if node.module is None else {name}
+                # `from .pkg import module` imports that module too
+                found |= {f"{name}.{a.name}" for a in node.names if _module_path(f"{name}.{a.name}")}
         elif isinstance(node, ast.Import):
             found |= {a.name for a in node.names if a.name.startswith("vits_trainer")}
     return found
@@ -49,3 +61,55 @@ def test_every_subpackage_says_what_it_may_import():
     for layer in LAYERS[1:]:
         doc = ast.get_docstring(ast.parse((PACKAGE / layer / "__init__.py").read_text())) or ""
         assert "May import" in doc, layer
+
+
+def _cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """The strongly connected components of more than one module, or of one that imports itself."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    found = []
+
+    def visit(node: str) -> None:  # Tarjan's algorithm
+        index[node] = low[node] = len(index)
+        stack.append(node)
+        for other in sorted(graph[node]):
+            if other not in index:
+                visit(other)
+                low[node] = min(low[node], low[other])
+            elif other in stack:
+                low[node] = min(low[node], index[other])
+        if low[node] == index[node]:
+            component = []
+            while not component or component[-1] != node:
+                component.append(stack.pop())
+            if len(component) > 1 or node in graph[node]:
+                found.append(sorted(component))
+
+    for node in sorted(graph):
+        if node not in index:
+            visit(node)
+    return found
+
+
+def test_no_import_cycle_inside_a_folder():
+    """Every import statement counts, also one inside a function or under TYPE_CHECKING: in a cycle no
+    module can be read, tested or moved without the others."""
+    wrong = []
+    for folder in [PACKAGE, *(PACKAGE / layer for layer in LAYERS[1:])]:
+        files = {_module_name(path): path.name for path in sorted(folder.glob("*.py"))}
+        graph = {
+            files[name]: {files[other] for other in _imports(_module_path(name)) if other in files}
+            for name in files
+        }
+        for component in _cycles(graph):
+            edges = sorted(f"{a} -> {b}" for a in component for b in graph[a] if b in component)
+            wrong.append(
+                f"{folder.relative_to(PACKAGE.parent)}/: {', '.join(component)} ({'; '.join(edges)})"
+            )
+    assert not wrong, "import cycles inside a folder:\n" + "\n".join(wrong)
+
+
+def _module_name(path: Path) -> str:
+    parts = path.relative_to(PACKAGE).with_suffix("").parts
+    return ".".join(["vits_trainer", *(parts[:-1] if parts[-1] == "__init__" else parts)])

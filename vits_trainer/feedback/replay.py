@@ -18,6 +18,7 @@ import numpy as np
 
 from ..data.metadata import METADATA_NAME, SPLIT_FILE, WAVS_DIR, read_metadata
 from ..errors import UserError
+from .config import MIN_HELD_OUT_CLIPS
 from .judgement import MIN_JUDGED_CLIPS
 from .versions import REPORT_NAME
 
@@ -25,9 +26,7 @@ if TYPE_CHECKING:
     from ..data.clipstore import ClipStore
     from ..data.items import TrainingItems
     from ..data.text import TextEncoder
-    from .round import FeedbackConfig
-
-MIN_HELD_OUT_CLIPS = 5  # fewer usable feedback clips: evaluate on all of them, and train on them too
+    from .config import FeedbackConfig
 
 
 @dataclass
@@ -45,7 +44,7 @@ class Inputs:
     unusable: list[tuple[str, str]] = field(default_factory=list)  # (clip id, reason)
 
 
-def check_inputs(cfg: FeedbackConfig, log) -> Inputs:
+def check_feedback_inputs(cfg: FeedbackConfig, log) -> Inputs:
     """Every input a feedback run needs, checked before anything is written; one UserError line each."""
     base = Path(cfg.base_model).expanduser()
     if not base.is_dir():
@@ -238,7 +237,7 @@ def _main_process_first():
 
 class FeedbackData:
     """The data half of a `FeedbackRun` (its base class): build_session's `data_fn` and the feedback
-    split. Uses the run's `cfg`, `inputs` (check_inputs), `info` (feedback_run.json) and `version`;
+    split. Uses the run's `cfg`, `inputs` (check_feedback_inputs), `info` (feedback_run.json) and `version`;
     sets its `feedback_train` and `feedback_eval` items."""
 
     cfg: FeedbackConfig

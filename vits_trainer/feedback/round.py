@@ -34,22 +34,21 @@ round cannot be judged and is never promoted: add feedback clips.
 from __future__ import annotations
 
 import json
-import math
 import os
 import shutil
 import time
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from pathlib import Path
-from typing import TYPE_CHECKING, ClassVar
+from typing import TYPE_CHECKING
 
 from ..errors import UserError
 from ..jsonfile import write_json_atomic
 from ..runlock import RunLock, is_main_process
-from ..training.config import TrainConfig, _f
 from ..training.resume_settings import resume_command
+from .config import HIDDEN_FLAGS, FeedbackConfig
 from .judgement import SEED_AFTER, SEED_BEFORE, paired_judgement
 from .promotion import loss_values, mel_change, promotion
-from .replay import MIN_HELD_OUT_CLIPS, FeedbackData, Inputs, check_inputs, subset
+from .replay import FeedbackData, Inputs, check_feedback_inputs, subset
 from .versions import REPORT_NAME, RUN_NAME, choose_version, read_latest, write_latest
 
 # torch/transformers are imported where used: a bad command line is reported without paying for them
@@ -57,69 +56,6 @@ if TYPE_CHECKING:
     from ..data.items import TrainingItems
 
 SAMPLE_RESERVE_FACTOR = 1.25  # the after-samples get this multiple of the before-samples' time
-# settings a feedback run derives or does not support: hidden from its command line
-HIDDEN_FLAGS = ("model_name", "checkpoint_dir", "max_samples", "extend_vocab", "demo", "overwrite_output_dir")
-
-
-@dataclass
-class FeedbackConfig(TrainConfig):
-    """TrainConfig plus the feedback inputs; model_name/checkpoint_dir are derived per version."""
-
-    hidden_flags: ClassVar[tuple[str, ...]] = HIDDEN_FLAGS
-
-    base_model: str = _f(
-        "training/checkpoints/best_model",
-        "the model to improve: a folder from train_vits.py or an earlier feedback run "
-        "(e.g. training/feedback_models/latest)",
-    )
-    feedback_dir: str = _f(
-        "feedback", "feedback clips: wavs/ + metadata.csv, made with prepare_data.py --data_dir FEEDBACK"
-    )
-    replay_ratio: float = _f(
-        1.0, "original training clips replayed per feedback clip, drawn afresh every epoch (0 = none)"
-    )
-    max_regression: float = _f(
-        0.02, "promote only if the original validation mel got at most this much worse (0.02 = 2 %%)"
-    )
-    sample_sentences: int = _f(
-        50, "feedback sentences synthesised to WAV before and after, held-out ones first (0 = none)"
-    )
-    feedback_val_fraction: float = _f(
-        0.2,
-        f"feedback clips held out for the before/after comparison (with fewer than {MIN_HELD_OUT_CLIPS} "
-        "clips, or 0: all of them are evaluated and also trained on)",
-    )
-    # --- runner settings with other defaults or meanings here ---
-    output_dir: str = _f(
-        "training/feedback_models",
-        "versions v1, v2, ... (model/, checkpoints/, feedback_report.json); latest.json names the current one",
-    )
-    val_fraction: float = _f(
-        0.02,
-        "only when the base model has no recorded split: the --val_fraction it was trained with "
-        "(its held-out split is then recomputed with --seed)",
-    )
-    target_hours: float = _f(0.5, "wall-clock budget of this process, start-up to exit included")
-    learning_rate: float = _f(
-        1e-5, "peak learning rate (lower than a first fine-tuning: the model is already trained)"
-    )
-    save_minutes: float = _f(10.0, "checkpoint at least this often (and at epoch ends, overhead permitting)")
-    resume: str = _f(
-        "auto",
-        "auto (continue the newest version if it is unfinished, else start a new one) | none (always a "
-        "new version) | PATH of a checkpoint folder inside a version",
-    )
-
-    def validate(self) -> None:
-        super().validate()
-        if not (math.isfinite(self.replay_ratio) and self.replay_ratio >= 0):
-            raise UserError(f"--replay_ratio must be 0 or more (got {self.replay_ratio})")
-        if not (math.isfinite(self.max_regression) and self.max_regression >= 0):
-            raise UserError(f"--max_regression must be 0 or more (got {self.max_regression})")
-        if self.sample_sentences < 0:
-            raise UserError(f"--sample_sentences must be 0 or more (got {self.sample_sentences})")
-        if not 0.0 <= self.feedback_val_fraction <= 0.5:
-            raise UserError(f"--feedback_val_fraction must be in [0, 0.5] (got {self.feedback_val_fraction})")
 
 
 # ---- the run -----------------------------------------------------------------------------------------
@@ -127,7 +63,7 @@ class FeedbackConfig(TrainConfig):
 
 class FeedbackRun(FeedbackData):
     """One version: picks its folder, builds the data split for the shared session (FeedbackData,
-    feedback_data.py), runs the loop, writes samples, report and pointer."""
+    replay.py), runs the loop, writes samples, report and pointer."""
 
     def __init__(self, cfg: FeedbackConfig, process_start: float, log):
         self.cfg = cfg
@@ -233,23 +169,65 @@ class FeedbackRun(FeedbackData):
     # -- the whole run -------------------------------------------------------------------------------
 
     def run(self) -> dict:
-        cfg, log = self.cfg, self.log
-        self.version, self.resuming = choose_version(self.root, cfg.resume)
+        self.open_version()
+        created = not self.version.exists()  # only a folder this process makes is removed on bad input
+        self.log(f"{'continuing' if self.resuming else 'starting'} {self.version}")
+        self.clear_restarted_version()
+        self.warn_without_discriminator()
+        session = self.start_session(created)
+        if session.is_main:
+            self.measure_before(session)
+        self.reserve_time_for_after(session)
+        summary = self.train(session)
+        if summary["stopped_reason"] == "signal":
+            return self.interrupted(summary)
+        if not session.is_main:
+            return {"version": self.version.name, "status": "done", "summary": summary}
+        return self.judge(session, summary)
+
+    def open_version(self) -> None:
+        """Which version this run writes; when it continues one, that version's settings and set-up."""
+        self.version, self.resuming = choose_version(self.root, self.cfg.resume)
         if self.resuming:  # the version's own settings (base, feedback, data, LR...), before checking them
-            cfg = self.cfg = self.restore_settings(cfg)
-        self.inputs = check_inputs(cfg, log)
-        if self.resuming:
-            try:
-                self.info = json.loads((self.version / RUN_NAME).read_text(encoding="utf-8"))
-            except (OSError, ValueError):
-                log(f"warning: {self.version / RUN_NAME} is missing; the feedback split is recomputed")
-            if self.info.get("base_model") not in (None, str(self.inputs.base_model.resolve())):
-                log(
-                    f"note: {self.version.name} started from {self.info['base_model']}; it continues from its "
-                    f"checkpoint (--base_model is used only for a new version)"
-                )
-        created = not self.version.exists()
-        log(f"{'continuing' if self.resuming else 'starting'} {self.version}")
+            self.cfg = self.restore_settings(self.cfg)
+        self.inputs = check_feedback_inputs(self.cfg, self.log)
+        if not self.resuming:
+            return
+        try:
+            self.info = json.loads((self.version / RUN_NAME).read_text(encoding="utf-8"))
+        except (OSError, ValueError):
+            self.log(f"warning: {self.version / RUN_NAME} is missing; the feedback split is recomputed")
+        if self.info.get("base_model") not in (None, str(self.inputs.base_model.resolve())):
+            self.log(
+                f"note: {self.version.name} started from {self.info['base_model']}; it continues from its "
+                f"checkpoint (--base_model is used only for a new version)"
+            )
+
+    def clear_restarted_version(self) -> None:
+        """A new version whose folder exists never saved a checkpoint: it starts again from nothing."""
+        if not self.resuming and self.version.exists():
+            # vN/ is a version folder numbered by choose_version under the root, which overlaps no data
+            # folder and no base model (check_feedback_paths); checkpoints/ and samples/ are ours
+            shutil.rmtree(self.version / "checkpoints", ignore_errors=True)
+            shutil.rmtree(self.version / "samples", ignore_errors=True)
+
+    def warn_without_discriminator(self) -> None:
+        if (
+            not self.resuming
+            and self.cfg.discriminator == ""
+            and not (self.inputs.base_model / "discriminator.safetensors").is_file()
+        ):
+            self.log(
+                f"warning: {self.inputs.base_model} has no discriminator.safetensors: a fresh discriminator "
+                f"starts from scratch, so the first steps' adversarial signal is noise (keep the base "
+                f"model's discriminator beside it next time)"
+            )
+
+    def start_session(self, created: bool):
+        """The runner's session on this version's folders, with the feedback data split (data_fn)."""
+        from ..training.session import build_session
+
+        cfg = self.cfg
         session_cfg = replace(
             cfg,
             model_name=str(self.inputs.base_model),
@@ -257,46 +235,30 @@ class FeedbackRun(FeedbackData):
             output_dir=str(self.version / "model"),
             # a new version's checkpoint dir is empty: "none" also guards against reusing a stranger's
             resume=cfg.resume if self.resuming else "none",
-            explicit=None,  # settings already restored above: build_session uses them as they are
+            explicit=None,  # settings already restored by open_version: build_session uses them as they are
         )
-        if not self.resuming and self.version.exists():  # never saved a checkpoint: start it again
-            # vN/ is a version folder numbered by choose_version under the root, which overlaps no data
-            # folder and no base model (check_feedback_paths); checkpoints/ and samples/ are ours
-            shutil.rmtree(self.version / "checkpoints", ignore_errors=True)
-            shutil.rmtree(self.version / "samples", ignore_errors=True)
-        if (
-            not self.resuming
-            and cfg.discriminator == ""
-            and not (self.inputs.base_model / "discriminator.safetensors").is_file()
-        ):
-            log(
-                f"warning: {self.inputs.base_model} has no discriminator.safetensors: a fresh discriminator "
-                f"starts from scratch, so the first steps' adversarial signal is noise (keep the base "
-                f"model's discriminator beside it next time)"
-            )
-
-        from ..training.loop import Trainer
-        from ..training.session import build_session
-
         try:
-            session = build_session(session_cfg, self.process_start, data_fn=self.data_fn)
+            return build_session(session_cfg, self.process_start, data_fn=self.data_fn)
         except UserError:
             if created:  # bad input found while setting up: leave nothing behind (this process made vN/)
                 shutil.rmtree(self.version, ignore_errors=True)
             raise
-        main = session.is_main
-        if main:
-            if not self.resuming:
-                self.info.update(
-                    base_model=str(self.inputs.base_model.resolve()),
-                    feedback_dir=str(Path(cfg.feedback_dir).resolve()),
-                    data_dir=str(Path(cfg.data_dir).resolve()),
-                    unknown_characters=self.inputs.unknown_characters,
-                    started=time.strftime("%Y-%m-%dT%H:%M:%S%z"),
-                )
-            self.before_samples(session)
-            self.before_per_clip(session)
-            write_json_atomic(self.version / RUN_NAME, self.info)
+
+    def measure_before(self, session) -> None:
+        """Main process: the version's set-up, the base model's samples and per-clip losses, saved."""
+        if not self.resuming:
+            self.info.update(
+                base_model=str(self.inputs.base_model.resolve()),
+                feedback_dir=str(Path(self.cfg.feedback_dir).resolve()),
+                data_dir=str(Path(self.cfg.data_dir).resolve()),
+                unknown_characters=self.inputs.unknown_characters,
+                started=time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+            )
+        self.before_samples(session)
+        self.before_per_clip(session)
+        write_json_atomic(self.version / RUN_NAME, self.info)
+
+    def reserve_time_for_after(self, session) -> None:
         # the after-samples and per-clip evaluation come after the loop's final export: keep their time
         # out of its budget
         reserve = (
@@ -306,16 +268,21 @@ class FeedbackRun(FeedbackData):
         )
         session.budget.extra_final_seconds = reserve
 
-        summary = Trainer(session).train()
-        if summary["stopped_reason"] == "signal":
-            log(
-                f"stopped by a signal at step {summary['steps']}; continue with: "
-                + resume_command("train_feedback.py", cfg, "--output_dir", self.root)
-            )
-            return {"version": self.version.name, "status": "interrupted", "summary": summary}
-        if not main:
-            return {"version": self.version.name, "status": "done", "summary": summary}
+    def train(self, session) -> dict:
+        from ..training.loop import Trainer
 
+        return Trainer(session).train()
+
+    def interrupted(self, summary: dict) -> dict:
+        self.log(
+            f"stopped by a signal at step {summary['steps']}; continue with: "
+            + resume_command("train_feedback.py", self.cfg, "--output_dir", self.root)
+        )
+        return {"version": self.version.name, "status": "interrupted", "summary": summary}
+
+    def judge(self, session, summary: dict) -> dict:
+        """Main process, after training: the after-samples, the per-clip judgement, the report and,
+        when promoted, the `latest` pointer."""
         # the after-samples may use the reserve kept for them, not the safety margin
         deadline = session.budget.deadline() - session.budget.safety_seconds()
         self.write_samples(
@@ -334,8 +301,8 @@ class FeedbackRun(FeedbackData):
             )
         report = self.report(session, summary, per_clip_after)
         write_json_atomic(self.version / REPORT_NAME, report)
-        log(f"report: {self.version / REPORT_NAME}")
-        log(report["message"])
+        self.log(f"report: {self.version / REPORT_NAME}")
+        self.log(report["message"])
         return report
 
     def restore_settings(self, cfg: FeedbackConfig) -> FeedbackConfig:
