@@ -17,21 +17,21 @@ from vits_trainer.training import loop, microbatch  # noqa: E402
 RANK = int(os.environ.get("RANK", "0"))
 PREFERRED = 8 if RANK == 0 else 16  # rank 1 alone would choose 16
 real_observe = microbatch.MicroBatchTrial.observe
-real_finish = loop.Trainer.finish
+real_end_run = loop.Trainer.end_run
 
 
 def observe(self, size, seconds, samples, clean=True):
     return real_observe(self, size, seconds * (1.0 if size == PREFERRED else 100.0), samples, clean)
 
 
-def finish(self, stop_reason):
+def end_run(self, stop_reason):
     out = Path(os.environ["MICRO_OUT"]) / f"rank{RANK}.json"
-    out.write_text(json.dumps({"chosen": self.s.state.micro_batch_size, "last": self.last_micro}))
-    return real_finish(self, stop_reason)
+    out.write_text(json.dumps({"chosen": self.s.state.micro_batch_size, "last": self.micro.last_micro}))
+    return real_end_run(self, stop_reason)
 
 
 microbatch.MicroBatchTrial.observe = observe
-loop.Trainer.finish = finish
+loop.Trainer.end_run = end_run
 
 if __name__ == "__main__":
     sys.exit(train_vits.main(sys.argv[1:]))

@@ -538,15 +538,15 @@ def test_skipped_final_evaluation_is_not_measured_and_not_promoted(
 ):
     """The final evaluation is made to not fit: the loop's own skip path runs (its cost estimate is set
     huge when finish() decides, in-process), so there is nothing measured after training."""
-    from vits_trainer.training.loop import Trainer
+    from vits_trainer.training.run_end import RunEnd
 
-    real_finish = Trainer.finish
+    real_finish = RunEnd.finish
 
-    def finish_with_no_time_to_evaluate(self, stop_reason):
+    def finish_with_no_time_to_evaluate(self, stop_reason, loop_figures):
         monkeypatch.setattr(self.s.budget, "eval_seconds", lambda: 1e9)
-        return real_finish(self, stop_reason)
+        return real_finish(self, stop_reason, loop_figures)
 
-    monkeypatch.setattr(Trainer, "finish", finish_with_no_time_to_evaluate)
+    monkeypatch.setattr(RunEnd, "finish", finish_with_no_time_to_evaluate)
     lines: list[str] = []
     cfg = feedback_cfg(tmp_path / "models", light_base, feedback_dir, max_steps=3, sample_sentences=0)
     torch.manual_seed(0)

@@ -111,15 +111,15 @@ def test_recovery_from_a_damaged_checkpoint_falls_back_to_the_starting_weights(
     torch.manual_seed(0)
     session = build_session(cfg, time.time())
     trainer = Trainer(session)
-    step = trainer.save_checkpoint("test")
+    step = trainer.outputs.save_checkpoint("test")
     flip_byte(step / "generator.safetensors")
     with torch.no_grad():  # weights that moved since the start: the fallback must put them back
         for p in session.model.parameters():
             p.add_(1.0)
-    trainer.recover()
+    trainer.recovery.recover()
     out = capsys.readouterr().out
     assert f"recovery cannot reload {step}" in out and "reloaded the starting weights" in out
-    start = trainer.initial_weights[0]
+    start = trainer.recovery.initial_weights[0]
     assert all(torch.equal(v.cpu(), start[k]) for k, v in session.model.state_dict().items())
     assert session.state.recoveries == 1
 
@@ -129,15 +129,15 @@ def test_a_damaged_checkpoint_mid_run_does_not_end_the_run(
 ):
     """Inf KL from the 4th training forward on: recovery after 3 skips, with the only checkpoint
     (saved every step) damaged just before it is needed."""
-    import vits_trainer.training.loop as loop_module
+    from vits_trainer.training.recovery import Recovery
 
-    real_recover = loop_module.Trainer.recover
+    real_recover = Recovery.recover
 
     def damage_then_recover(self):
-        flip_byte(self.last_checkpoint / "generator.safetensors")
+        flip_byte(self.last_checkpoint() / "generator.safetensors")
         return real_recover(self)
 
-    monkeypatch.setattr(loop_module.Trainer, "recover", damage_then_recover)
+    monkeypatch.setattr(Recovery, "recover", damage_then_recover)
     make_kl_infinite(monkeypatch, 4, 6)
     _, summary = train_tiny(
         tmp_path, tone_corpus, tiny_model_dir, max_steps=8, save_minutes=0.001, max_consecutive_skips=3

@@ -17,16 +17,17 @@ import math
 import os
 import signal
 import time
-from pathlib import Path
+from dataclasses import dataclass, field
 
 import torch
 
+from .agreement import Agreement
 from .compile_choice import CompileChoice
 from .cpushare import cpu_share
 from .evaluate import move_batch
-from .microbatch import MicroBatchTrial, micro_batches, per_process_batch
-from .microbatch_choice import MicroBatchChoice
-from .outputs import Outputs
+from .microbatch import micro_batches
+from .microbatch_choice import MicroBatchPolicy
+from .outputs import RunOutputs
 from .recovery import Recovery, is_out_of_memory
 from .reporting import MetricsLog, Progress
 from .run_end import RunEnd
@@ -75,17 +76,53 @@ class SignalStop:
             signal.signal(sig, handler)
 
 
-class Trainer(Outputs, RunEnd, MicroBatchChoice, Recovery):
-    """One run of the loop over a built session. The loop and its step bookkeeping are here; the
-    evaluations, checkpoints and exports along the way (outputs.py), the end of the run (run_end.py),
-    the micro-batch choice (microbatch_choice.py) and the recovery from non-finite steps
-    (recovery.py) are its other parts, mixed in."""
+@dataclass
+class StepWindow:
+    """What the steps since the last metric line added up to (reset after each line)."""
+
+    samples: int = 0
+    seconds: float = 0.0
+    wait: float = 0.0  # waiting for the loader
+    steps: int = 0
+    micro: int = 0  # micro-batches run
+    sums: dict = field(default_factory=dict)  # per loss: the sum over micro-batches (on the device)
+
+    def add_micro_batch(self, metrics: dict) -> None:
+        self.micro += 1
+        for k, v in metrics.items():
+            self.sums[k] = self.sums.get(k, 0.0) + v.float()
+
+    def forget_cycle(self) -> None:
+        """A cycle is redone (after an out-of-memory error, a failed compiled step): its sums go."""
+        self.sums, self.micro = {}, 0
+
+    def add_step(self, seconds: float, samples: int) -> None:
+        self.samples += samples
+        self.seconds += seconds
+        self.steps += 1
+
+
+class Trainer:
+    """One run of the loop over a built session, composed of parts that own their state:
+    - `micro` (microbatch_choice.MicroBatchPolicy): how many clips go through the networks at once;
+    - `compiler` (compile_choice.CompileChoice): whether the step runs compiled;
+    - `outputs` (outputs.RunOutputs): evaluations, checkpoints and exports along the way;
+    - `recovery` (recovery.Recovery): skipped steps, and the way back from a run of them;
+    - `run_end` (run_end.RunEnd): the final evaluation, export and train_summary.json;
+    - `agreement` (agreement.Agreement): rank 0's decisions on every rank.
+    The Trainer itself is the loop: epochs, the optimiser steps in them, when to stop, what to log."""
 
     def __init__(self, session: Session):
         self.s = session
         cfg = session.cfg
         self.metrics = MetricsLog(session.checkpoint_dir / "metrics.jsonl", session.is_main)
+        self.agreement = Agreement(session.accelerator)
         self.step_fn = gan_step(session)
+        self.threads = thread_report()
+        pinned = "OMP_NUM_THREADS" in (self.threads.get("set_by_user") or "")
+        self.cpu_share = cpu_share(self.threads["torch_threads"], pinned)  # follows the machine's load
+        self.threads["adaptive"] = self.cpu_share is not None
+        self.micro = MicroBatchPolicy(session, self.metrics, self.agreement, self.step_fn.abandon_cycle)
         self.compiler = CompileChoice(
             cfg.compile,
             session.device.type,
@@ -94,32 +131,229 @@ class Trainer(Outputs, RunEnd, MicroBatchChoice, Recovery):
             self.step_fn.use_compiled,
             session.log,
         )
+        self.outputs = RunOutputs(session, self.metrics, self.agreement, self.threads, self.micro.used)
+        self.recovery = Recovery(session, self.metrics, lambda: self.outputs.last_checkpoint, self.clip_ids)
+        self.run_end = RunEnd(session, self.outputs, self.agreement)
         self.accumulation = cfg.gradient_accumulation_steps  # loader batches per optimiser step
-        self.step_clips = per_process_batch(cfg)  # clips per optimiser step, per process
-        self.trial: MicroBatchTrial | None = None  # the micro-batch trial while it runs
-        self.trial_steps: list[tuple[int, float, int, bool]] = []  # (size, seconds, samples, clean)
-        self.last_micro: int | None = None  # the micro-batch size the last step ran at
-        self.last_eval = self.last_save = time.time()
         self.data_wait = 0.0
         self.train_seconds = 0.0
         self.resumed_from_step = session.budget.global_step if session.resumed_from else None
-        self.last_checkpoint: Path | None = session.resumed_from
-        self.last_val: dict | None = None
-        self.last_val_step: int | None = None
-        self.final_eval_skipped: str | None = None  # why the final evaluation did not run
         self.budget_stop: dict | None = None  # what the budget weighed when it ended the run
-        self.threads = thread_report()
-        pinned = "OMP_NUM_THREADS" in (self.threads.get("set_by_user") or "")
-        self.cpu_share = cpu_share(self.threads["torch_threads"], pinned)  # follows the machine's load
-        self.threads["adaptive"] = self.cpu_share is not None
         self.warmup_reported: str | None = None
-        # what a recovery falls back to before the first checkpoint exists (CPU copies)
-        self.initial_weights = (
-            {k: v.detach().cpu().clone() for k, v in session.model.state_dict().items()},
-            {k: v.detach().cpu().clone() for k, v in session.discriminator_raw.state_dict().items()},
-        )
+        self.window = StepWindow()
 
-    # ---- helpers --------------------------------------------------------------------------------
+    # ---- the loop --------------------------------------------------------------------------------
+
+    def train(self) -> dict:
+        s = self.s
+        signals = SignalStop(s.log)
+        progress = Progress(s.log, s.is_main, s.device)
+        stop_reason = self.start_run(signals)
+        while stop_reason is None:
+            stop_reason = self.run_epoch(signals, progress)
+            if stop_reason is None:
+                stop_reason = self.end_epoch(signals)
+        progress.close()
+        signals.restore()
+        return self.end_run(stop_reason)
+
+    def run_epoch(self, signals: SignalStop, progress: Progress) -> str | None:
+        """The rest of the current epoch, one optimiser step per cycle of loader batches; the stop
+        reason if the run ends inside it."""
+        s, state = self.s, self.s.state
+        s.sampler.set_epoch(state.epoch)
+        s.sampler.set_start(state.batch_in_epoch)
+        n_batches = len(s.sampler)
+        b = state.batch_in_epoch
+        pending: list[dict] = []  # this cycle's batches (CPU), kept to retry the cycle after an OOM
+        it = iter(s.loader) if b < n_batches else iter(())
+        t_step = time.perf_counter()
+        while b < n_batches:
+            t0 = time.perf_counter()
+            try:
+                batch = next(it)
+            except StopIteration:
+                break
+            wait = time.perf_counter() - t0
+            self.data_wait += wait
+            self.window.wait += wait
+            cycle_start = (b // self.accumulation) * self.accumulation
+            cycle_length = min(self.accumulation, n_batches - cycle_start)
+            pending.append(batch)
+            b += 1
+            if b - cycle_start < cycle_length:
+                continue  # the step's clips are gathered first, then cut into micro-batches
+            stop_reason = self.optimizer_step(pending, t_step, signals, progress, b, n_batches)
+            pending = []
+            if stop_reason:
+                return stop_reason
+            t_step = time.perf_counter()  # logging and saving are not part of the next step's time
+        return None
+
+    def optimizer_step(
+        self,
+        pending: list[dict],
+        t_step: float,
+        signals: SignalStop,
+        progress: Progress,
+        position: int,
+        n_batches: int,
+    ) -> str | None:
+        """One optimiser step on a cycle's loader batches (`pending`, ending at batch `position` of the
+        epoch's `n_batches`), and its bookkeeping: the budget, the micro-batch trial, the compile
+        decision, the stop decision, logging and saving. The stop reason, if the run ends here."""
+        s, cfg, budget, state = self.s, self.s.cfg, self.s.budget, self.s.state
+        trial_size = self.micro.trial.current() if self.micro.trial is not None else None
+        result, micro, clean = self.run_step(pending)
+        self.micro.last_micro = micro
+        now = time.perf_counter()
+        seconds = now - t_step
+        samples = sum(x["indices"].numel() for x in pending) * s.accelerator.num_processes
+        # a trial's steps count, but measure the run only once its size is chosen; compiling steps count,
+        # but are not a step's time either
+        measured = trial_size is None
+        if measured and self.compiler.decided:
+            full = samples == self.micro.step_clips * s.accelerator.num_processes
+            measured = self.compiler.observe(seconds, samples, clean and full)
+        budget.observe_step(seconds, samples, measured=measured)
+        if trial_size is not None and self.micro.trial is not None:
+            self.micro.observe_trial_step(trial_size, seconds, samples, clean)
+        if self.micro.trial is None and not self.compiler.decided:
+            self.begin_compile()
+        save_due = time.time() - self.outputs.last_save >= cfg.save_minutes * 60
+        stop_reason, save_now = self.stop_decision(
+            signals, save_due and budget.can_afford(budget.save_seconds())
+        )
+        s.g_scheduler.step()  # after the decision: every rank now has the same LR progress
+        s.d_scheduler.step()
+        self.train_seconds += seconds
+        self.window.add_step(seconds, samples)
+        state.samples_seen += samples
+        state.batch_in_epoch = position  # a checkpoint from here on resumes after this step
+        self.recovery.after_step(result, pending)
+        self.follow_load()
+        if budget.current_plan is None and budget.benchmark_done():
+            self.make_plan(progress)
+        if self.warmup_reported is None:
+            self.report_warmup_cap()
+        if budget.global_step % cfg.log_every == 0:
+            self.log_step(progress, n_batches - position)
+            self.window = StepWindow()
+        if save_now and not stop_reason:  # a stop saves anyway, at the end
+            self.outputs.save_checkpoint("interval")
+        return stop_reason
+
+    def run_step(self, pending: list[dict]):
+        """The cycle's forward/backward passes and optimiser step, redone after an out-of-memory error
+        (smaller micro-batches) or a failed compiled step (eager). (result, micro-batch size, clean:
+        it ran once)."""
+        micro = self.micro.size()
+        try:
+            return self.run_cycle(pending, micro, self.window), micro, True
+        except Exception as err:
+            if is_out_of_memory(err):
+                result, micro = self.micro.retry_after_oom(pending, self.window, micro, self.run_cycle)
+            elif self.compiler.failed(err):  # now eager: the same cycle again
+                self.step_fn.abandon_cycle()
+                self.window.forget_cycle()
+                result = self.run_cycle(pending, micro, self.window)
+            else:
+                raise
+            return result, micro, False
+
+    def run_cycle(self, pending: list[dict], micro: int, window: StepWindow):
+        """One optimiser step: this cycle's loader batches as micro-batches of at most `micro` clips."""
+        s = self.s
+        parts = micro_batches(pending, micro, s.pad)
+        result = None
+        for j, part in enumerate(parts):
+            part = {k: v for k, v in part.items() if k not in ("indices", "text_lengths")}
+            part = move_batch(part, s.device)
+            result = self.step_fn.micro_step(part, j == 0, j == len(parts) - 1, 1.0 / len(parts))
+            window.add_micro_batch(result.metrics)
+        return result
+
+    # ---- the start and the end -------------------------------------------------------------------
+
+    def start_run(self, signals: SignalStop) -> str | None:
+        """Before the first step: trackers, the start evaluation (a new run), the micro-batch choice;
+        the stop reason when not even one step fits."""
+        s, cfg, budget = self.s, self.s.cfg, self.s.budget
+        if cfg.report_to != "none":
+            s.accelerator.init_trackers("vits_trainer", config=_flat_config(cfg.to_dict()))
+        s.log(describe_threads(self.threads))
+        if s.resumed_from is None and s.val_loaders:
+            self.outputs.warm_up_first_calls()
+            self.outputs.run_eval("start", export_best=False)  # baseline, and an eval time for the plan
+            self.outputs.estimate_step_from_eval(self.micro.step_clips)
+        warning = budget.horizon_warning()
+        if warning:
+            s.log(f"warning: {warning}")
+        budget.start_training()
+        self.micro.start()
+        if self.micro.trial is None:  # the micro-batch is known: compile now, or after the trial
+            self.begin_compile()
+        # asked before the first step too: a step that cannot finish before the deadline is not started
+        stop_reason, _ = self.stop_decision(signals)
+        if stop_reason == "budget":
+            s.log(
+                f"budget: no time for a training step ({budget.remaining():.0f} s left, a step takes "
+                f"~{budget.typical_step_seconds():.0f} s, the final reserve ~{budget.final_reserve():.0f} s)"
+            )
+        return stop_reason
+
+    def begin_compile(self) -> None:
+        """The micro-batch size is fixed: the compile decision, with the eager figure the trial of this
+        session measured for that size (if it ran one)."""
+        budget, state = self.s.budget, self.s.state
+        eager = None
+        if self.micro.trial_steps and state.micro_batch_trial:
+            rows = [r for r in state.micro_batch_trial if r["micro_batch_size"] == state.micro_batch_size]
+            eager = rows[0]["seconds_per_sample"] if rows else None
+        self.compiler.begin(budget.training_end() - budget.clock(), eager)
+
+    def end_epoch(self, signals: SignalStop) -> str | None:
+        """An epoch ended: count it, re-plan, evaluate/save if due; the stop reason after that."""
+        budget, state = self.s.budget, self.s.state
+        state.epoch += 1
+        state.batch_in_epoch = 0
+        state.epochs_completed += 1
+        if budget.current_plan is not None:
+            budget.replan()
+        self.outputs.epoch_end_housekeeping()
+        stop_reason, _ = self.stop_decision(signals)
+        return stop_reason
+
+    def end_run(self, stop_reason: str | None) -> dict:
+        """After the last step: the end of the run (run_end.py), the thread setting restored, the lock
+        released; the summary."""
+        s = self.s
+        if self.cpu_share is not None:
+            self.threads["thread_changes"] = self.cpu_share.changes
+            self.threads["torch_threads_at_end"] = self.cpu_share.threads
+        summary = self.run_end.finish(stop_reason, self.loop_figures())
+        if self.cpu_share is not None and self.cpu_share.changes:  # the process's own setting again
+            self.cpu_share.apply(self.cpu_share.max_threads)  # (a notebook goes on using it)
+        if s.run_lock is not None:  # the run has ended: the next one may use the folder
+            s.run_lock.release()
+        return summary
+
+    def loop_figures(self) -> dict:
+        """What the loop measured and chose, for train_summary.json."""
+        return {
+            # over every step of this session (the budget's own figure skips the warm-up steps)
+            "samples_per_second": (
+                self.s.budget.session_samples / self.train_seconds if self.train_seconds else 0.0
+            ),
+            "threads": self.threads,
+            "budget_stop": self.budget_stop,
+            "resumed_from_step": self.resumed_from_step,
+            "data_wait_fraction": self.data_wait / max(self.train_seconds, 1e-9),
+            **self.micro.used(),
+            "compile": self.compiler.summary(),
+        }
+
+    # ---- decisions and helpers ------------------------------------------------------------------
 
     def stop_decision(self, signals: SignalStop, want_save: bool = False) -> tuple[str | None, bool]:
         """(stop reason, save now?) as the main process sees them (its clock, its signals), the same on
@@ -143,183 +377,9 @@ class Trainer(Outputs, RunEnd, MicroBatchChoice, Recovery):
             s.budget.share_progress(progress)
         return {0: None, 1: "budget", 2: "signal", 3: "max_steps"}[code], want_save
 
-    def agree(self, flag: bool) -> bool:
-        """The main process's yes/no on every rank (decisions that lead to collective operations)."""
-        return bool(self.shared_int(int(flag)))
-
-    def shared_int(self, value: int) -> int:
-        """The main process's integer on every rank."""
-        s = self.s
-        if s.accelerator.num_processes == 1:
-            return value
-        from accelerate.utils import broadcast
-
-        return int(broadcast(torch.tensor([float(value)], device=s.device), from_process=0).item())
-
     def clip_ids(self, indices: list[torch.Tensor]) -> list[str]:
         train = self.s.data.train
         return [train.clip_id(int(i)) for t in indices for i in t.tolist()]
-
-    # ---- the loop --------------------------------------------------------------------------------
-
-    def train(self) -> dict:
-        s, cfg, budget, state = self.s, self.s.cfg, self.s.budget, self.s.state
-        acc = s.accelerator
-        signals = SignalStop(s.log)
-        progress = Progress(s.log, s.is_main, s.device)
-        stop_reason = self.start_run(signals)
-        window = self.new_window()
-        while stop_reason is None:
-            s.sampler.set_epoch(state.epoch)
-            s.sampler.set_start(state.batch_in_epoch)
-            n_batches = len(s.sampler)
-            b = state.batch_in_epoch
-            pending: list[dict] = []  # this cycle's batches (CPU), kept to retry the cycle after an OOM
-            it = iter(s.loader) if b < n_batches else iter(())
-            t_step = time.perf_counter()
-            while b < n_batches:
-                t0 = time.perf_counter()
-                try:
-                    batch = next(it)
-                except StopIteration:
-                    break
-                wait = time.perf_counter() - t0
-                self.data_wait += wait
-                window["wait"] += wait
-                cycle_start = (b // self.accumulation) * self.accumulation
-                cycle_length = min(self.accumulation, n_batches - cycle_start)
-                pending.append(batch)
-                b += 1
-                if b - cycle_start < cycle_length:
-                    continue  # the step's clips are gathered first, then cut into micro-batches
-                size = self.trial.current() if self.trial is not None else None
-                micro, clean = self.micro_size(), True
-                try:
-                    result = self.run_cycle(pending, micro, window)
-                except Exception as err:
-                    if is_out_of_memory(err):
-                        result, micro = self.retry_after_oom(pending, window, micro)
-                    elif self.compiler.failed(err):  # now eager: the same cycle again
-                        self.step_fn.abandon_cycle()
-                        window["sums"], window["micro"] = {}, 0
-                        result = self.run_cycle(pending, micro, window)
-                    else:
-                        raise
-                    clean = False
-                self.last_micro = micro
-
-                # ---- an optimiser step ended --------------------------------------------------
-                now = time.perf_counter()
-                seconds, t_step = now - t_step, now
-                samples = sum(x["indices"].numel() for x in pending) * acc.num_processes
-                # a trial's steps count, but measure the run only once its size is chosen; compiling
-                # steps count, but are not a step's time either
-                measured = size is None
-                if measured and self.compiler.decided:
-                    full = samples == self.step_clips * acc.num_processes
-                    measured = self.compiler.observe(seconds, samples, clean and full)
-                budget.observe_step(seconds, samples, measured=measured)
-                if size is not None and self.trial is not None:
-                    self.observe_trial_step(size, seconds, samples, clean)
-                if self.trial is None and not self.compiler.decided:
-                    self.begin_compile()
-                save_due = time.time() - self.last_save >= cfg.save_minutes * 60
-                stop_reason, save_now = self.stop_decision(
-                    signals, save_due and budget.can_afford(budget.save_seconds())
-                )
-                s.g_scheduler.step()  # after the decision: every rank now has the same LR progress
-                s.d_scheduler.step()
-                self.train_seconds += seconds
-                window["samples"] += samples
-                window["seconds"] += seconds
-                window["steps"] += 1
-                state.samples_seen += samples
-                state.batch_in_epoch = b
-                self.after_step(result, pending)
-                pending = []
-                self.follow_load()
-
-                if budget.current_plan is None and budget.benchmark_done():
-                    self.make_plan(progress)
-                if self.warmup_reported is None:
-                    self.report_warmup_cap()
-                if budget.global_step % cfg.log_every == 0:
-                    self.log_step(window, progress, n_batches - b)
-                    window = self.new_window()
-                if save_now and not stop_reason:  # a stop saves anyway, at the end
-                    self.save_checkpoint("interval")
-                if stop_reason:
-                    break
-                t_step = time.perf_counter()  # logging and saving are not part of the next step's time
-            if stop_reason:
-                break
-            stop_reason = self.end_epoch(signals)
-        progress.close()
-        signals.restore()
-        return self.end_run(stop_reason)
-
-    def start_run(self, signals: SignalStop) -> str | None:
-        """Before the first step: trackers, the start evaluation (a new run), the micro-batch choice;
-        the stop reason when not even one step fits."""
-        s, cfg, budget = self.s, self.s.cfg, self.s.budget
-        if cfg.report_to != "none":
-            s.accelerator.init_trackers("vits_trainer", config=_flat_config(cfg.to_dict()))
-        s.log(describe_threads(self.threads))
-        if s.resumed_from is None and s.val_loaders:
-            self.warm_up_first_calls()
-            self.run_eval("start", export_best=False)  # baseline, and a measured eval time for the plan
-            self.estimate_step_from_eval()
-        warning = budget.horizon_warning()
-        if warning:
-            s.log(f"warning: {warning}")
-        budget.start_training()
-        self.start_micro_batch()
-        if self.trial is None:  # the micro-batch is known: compile now, or after the trial
-            self.begin_compile()
-        # asked before the first step too: a step that cannot finish before the deadline is not started
-        stop_reason, _ = self.stop_decision(signals)
-        if stop_reason == "budget":
-            s.log(
-                f"budget: no time for a training step ({budget.remaining():.0f} s left, a step takes "
-                f"~{budget.typical_step_seconds():.0f} s, the final reserve ~{budget.final_reserve():.0f} s)"
-            )
-        return stop_reason
-
-    def begin_compile(self) -> None:
-        """The micro-batch size is fixed: the compile decision, with the eager figure the trial of this
-        session measured for that size (if it ran one)."""
-        budget, state = self.s.budget, self.s.state
-        eager = None
-        if self.trial_steps and state.micro_batch_trial:
-            rows = [r for r in state.micro_batch_trial if r["micro_batch_size"] == state.micro_batch_size]
-            eager = rows[0]["seconds_per_sample"] if rows else None
-        self.compiler.begin(budget.training_end() - budget.clock(), eager)
-
-    def end_epoch(self, signals: SignalStop) -> str | None:
-        """An epoch ended: count it, re-plan, evaluate/save if due; the stop reason after that."""
-        budget, state = self.s.budget, self.s.state
-        state.epoch += 1
-        state.batch_in_epoch = 0
-        state.epochs_completed += 1
-        if budget.current_plan is not None:
-            budget.replan()
-        self.epoch_end_housekeeping()
-        stop_reason, _ = self.stop_decision(signals)
-        return stop_reason
-
-    def end_run(self, stop_reason: str | None) -> dict:
-        """After the last step: the end of the run (run_end.py), the thread setting restored, the lock
-        released; the summary."""
-        s = self.s
-        if self.cpu_share is not None:
-            self.threads["thread_changes"] = self.cpu_share.changes
-            self.threads["torch_threads_at_end"] = self.cpu_share.threads
-        summary = self.finish(stop_reason)
-        if self.cpu_share is not None and self.cpu_share.changes:  # the process's own setting again
-            self.cpu_share.apply(self.cpu_share.max_threads)  # (a notebook goes on using it)
-        if s.run_lock is not None:  # the run has ended: the next one may use the folder
-            s.run_lock.release()
-        return summary
 
     def follow_load(self) -> None:
         """Fewer threads while other processes keep this run's CPUs busy, all of them again once they stop."""
@@ -337,24 +397,6 @@ class Trainer(Outputs, RunEnd, MicroBatchChoice, Recovery):
                 }
             )
 
-    @staticmethod
-    def new_window() -> dict:
-        return {"samples": 0, "seconds": 0.0, "wait": 0.0, "steps": 0, "micro": 0, "sums": {}}
-
-    def run_cycle(self, pending: list[dict], micro: int, window: dict):
-        """One optimiser step: this cycle's loader batches as micro-batches of at most `micro` clips."""
-        s = self.s
-        parts = micro_batches(pending, micro, s.pad)
-        result = None
-        for j, part in enumerate(parts):
-            part = {k: v for k, v in part.items() if k not in ("indices", "text_lengths")}
-            part = move_batch(part, s.device)
-            result = self.step_fn.micro_step(part, j == 0, j == len(parts) - 1, 1.0 / len(parts))
-            window["micro"] += 1
-            for k, v in result.metrics.items():
-                window["sums"][k] = window["sums"].get(k, 0.0) + v.float()
-        return result
-
     # ---- planning and progress ------------------------------------------------------------------
 
     def report_warmup_cap(self) -> None:
@@ -366,20 +408,20 @@ class Trainer(Outputs, RunEnd, MicroBatchChoice, Recovery):
 
     def make_plan(self, progress: Progress) -> None:
         s = self.s
-        effective = self.step_clips * s.accelerator.num_processes
+        effective = self.micro.step_clips * s.accelerator.num_processes
         plan = s.budget.plan(s.data.samples_per_epoch, effective)
         s.log(plan.describe())
         self.report_warmup_cap()
         progress.set_total(plan.optimizer_steps + (self.resumed_from_step or 0), s.budget.global_step)
         self.metrics.write({"event": "plan", "step": s.budget.global_step, **plan.to_dict()})
 
-    def log_step(self, window: dict, progress: Progress, batches_left: int) -> None:
-        s = self.s
-        micro = max(1, window["micro"])
-        values = {k: float(v) / micro for k, v in window["sums"].items()}  # the one sync of a log step
+    def log_step(self, progress: Progress, batches_left: int) -> None:
+        s, window = self.s, self.window
+        micro = max(1, window.micro)
+        values = {k: float(v) / micro for k, v in window.sums.items()}  # the one sync of a log step
         values = {k: (v if math.isfinite(v) else None) for k, v in values.items()}  # strict JSON
-        values["samples_per_second"] = window["samples"] / max(window["seconds"], 1e-9)
-        values["data_wait_fraction"] = window["wait"] / max(window["seconds"], 1e-9)
+        values["samples_per_second"] = window.samples / max(window.seconds, 1e-9)
+        values["data_wait_fraction"] = window.wait / max(window.seconds, 1e-9)
         values["lr"] = s.g_optimizer.param_groups[0]["lr"]
         values["skipped_steps"] = s.state.skipped_steps
         values["recoveries"] = s.state.recoveries

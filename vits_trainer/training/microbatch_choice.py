@@ -1,14 +1,12 @@
-"""How many clips a Trainer's micro-batches hold: a forced size, a resumed run's choice, or the trial
-(microbatch.py) run over the first steps, and the retry with smaller micro-batches after running out
-of memory; mixed into loop.Trainer.
-
-Apart from loop.py so the loop reads as the loop; `MicroBatchChoice` uses the Trainer's session `s`,
-`metrics`, `step_clips`, `trial`, `trial_steps`, `last_micro`, `agree`/`shared_int` and `run_cycle`.
+"""How many clips a run's micro-batches hold (`MicroBatchPolicy`, one part of loop.Trainer): a forced
+size, a resumed run's choice, or the trial (microbatch.py) run over the first steps, and the retry with
+smaller micro-batches after running out of memory.
 """
 
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 
 from ..errors import UserError
 from .microbatch import (
@@ -19,28 +17,40 @@ from .microbatch import (
     accumulation_for,
     candidates,
     hardware_id,
+    per_process_batch,
 )
 from .recovery import free_memory, is_out_of_memory
 
 
-class MicroBatchChoice:
-    """The micro-batch size of a `Trainer` (its base class)."""
+class MicroBatchPolicy:
+    """The micro-batch size of a run. Owns the trial while it runs (`trial`), its steps (`trial_steps`)
+    and the size the last step ran at (`last_micro`); the chosen size lives in the session's state."""
 
-    def micro_size(self) -> int:
+    def __init__(self, session, metrics, agreement, abandon_cycle: Callable[[], None]) -> None:
+        self.s = session
+        self.metrics = metrics
+        self.agreement = agreement
+        self.abandon_cycle = abandon_cycle  # the step's: drop a failed cycle's gradients
+        self.step_clips = per_process_batch(session.cfg)  # clips per optimiser step, per process
+        self.trial: MicroBatchTrial | None = None  # the trial while it runs
+        self.trial_steps: list[tuple[int, float, int, bool]] = []  # (size, seconds, samples, clean)
+        self.last_micro: int | None = None  # the micro-batch size the last step ran at
+
+    def size(self) -> int:
         """Clips per micro-batch for the next step: the trial's size while it runs, else the chosen one,
         divided by the out-of-memory split."""
         s = self.s
         base = self.trial.current() if self.trial is not None else s.state.micro_batch_size
         return max(1, math.ceil((base or s.cfg.batch_size) / s.state.split))
 
-    def describe_micro(self, micro: int) -> str:
+    def describe(self, micro: int) -> str:
         per = " per process" if self.s.accelerator.num_processes > 1 else ""
         return (
             f"{micro} clips x {accumulation_for(self.step_clips, micro)} (gradient accumulation) = "
             f"{self.step_clips} clips per optimiser step{per}"
         )
 
-    def start_micro_batch(self) -> None:
+    def start(self) -> None:
         """Before the first step: a forced size, a resumed run's choice, or a trial (or no choice to make)."""
         s, cfg, state = self.s, self.s.cfg, self.s.state
         forced = cfg.forced_micro_batch()
@@ -49,13 +59,13 @@ class MicroBatchChoice:
             if state.micro_batch_size != forced:
                 state.split = 1  # the user's size: an earlier run's out-of-memory division no longer applies
             state.micro_batch_size, state.micro_batch_hardware = forced, here
-            s.log(f"micro-batch: {self.describe_micro(forced)} (--micro_batch_size {forced})")
+            s.log(f"micro-batch: {self.describe(forced)} (--micro_batch_size {forced})")
             return
         options = candidates(cfg)
         chosen = state.micro_batch_size
         keep = chosen is not None and state.micro_batch_hardware == here and self.step_clips % chosen == 0
-        if self.agree(keep):  # rank 0's view: every rank must trial, or not, together
-            s.log(f"micro-batch: {self.describe_micro(self.micro_size())} (chosen earlier on this hardware)")
+        if self.agreement.flag(keep):  # rank 0's view: every rank must trial, or not, together
+            s.log(f"micro-batch: {self.describe(self.size())} (chosen earlier on this hardware)")
             return
         if chosen is not None:  # (a checkpoint of an older version chose nothing: its split stays)
             changed = state.micro_batch_hardware != here
@@ -67,13 +77,11 @@ class MicroBatchChoice:
             state.micro_batch_size = options[0]
             return
         steps, why = self.trial_length(len(options))
-        steps = self.shared_int(steps)
+        steps = self.agreement.integer(steps)
         if steps == 0:
             state.micro_batch_size = cfg.batch_size
             if s.is_main:
-                s.log(
-                    f"micro-batch trial skipped ({why}): {self.describe_micro(cfg.batch_size)} (--batch_size)"
-                )
+                s.log(f"micro-batch trial skipped ({why}): {self.describe(cfg.batch_size)} (--batch_size)")
             return
         state.micro_batch_size = None
         self.trial, self.trial_steps = MicroBatchTrial(options, steps), []
@@ -111,7 +119,9 @@ class MicroBatchChoice:
         assert trial is not None
         self.trial = None
         fastest = trial.fastest()
-        chosen = self.shared_int(fastest if fastest is not None else (trial.sizes or [s.cfg.batch_size])[0])
+        chosen = self.agreement.integer(
+            fastest if fastest is not None else (trial.sizes or [s.cfg.batch_size])[0]
+        )
         s.state.micro_batch_size, s.state.micro_batch_trial = chosen, trial.table()
         # the chosen size's steps after its warm-up measured the run from here on: the benchmark keeps them
         ran = [(sec, n, clean) for size, sec, n, clean in self.trial_steps if size == chosen][1:]
@@ -119,7 +129,7 @@ class MicroBatchChoice:
         requested, rate = trial.seconds_per_sample(s.cfg.batch_size), trial.seconds_per_sample(chosen)
         ratio = f", {requested / rate:.2f}x the requested {s.cfg.batch_size}" if requested and rate else ""
         s.log(trial.describe())
-        s.log(f"micro-batch: {self.describe_micro(chosen)}: the fastest in the trial{ratio}")
+        s.log(f"micro-batch: {self.describe(chosen)}: the fastest in the trial{ratio}")
         self.metrics.write(
             {"event": "micro_batch", "step": s.budget.global_step, "chosen": chosen, "trial": trial.table()}
         )
@@ -133,18 +143,19 @@ class MicroBatchChoice:
         if self.trial.done:
             self.finish_trial()
 
-    def micro_batch_used(self) -> dict:
+    def used(self) -> dict:
         """The micro-batch size and gradient accumulation the run trains with (the last step's)."""
-        micro = self.last_micro or self.micro_size()
+        micro = self.last_micro or self.size()
         return {
             "micro_batch_size": micro,
             "gradient_accumulation_steps": accumulation_for(self.step_clips, micro),
         }
 
-    def retry_after_oom(self, pending: list[dict], window: dict, failed: int):
+    def retry_after_oom(self, pending: list[dict], window, failed: int, run_cycle: Callable):
         """Free memory and redo this cycle from its start with a smaller micro-batch (same clips): during
         the trial the size that failed (and every larger one) is ruled out and the fastest measured one
-        is used; otherwise, or when none is left, the micro-batch is halved. (result, micro size)."""
+        is used; otherwise, or when none is left, the micro-batch is halved. `run_cycle(pending, micro,
+        window)` runs the cycle. (result, micro size)."""
         s = self.s
         if s.accelerator.num_processes > 1:
             raise UserError(
@@ -153,8 +164,8 @@ class MicroBatchChoice:
                 f"--batch_size) and resume"
             )
         while True:
-            self.step_fn.abandon_cycle()
-            window["sums"], window["micro"] = {}, 0
+            self.abandon_cycle()
+            window.forget_cycle()
             free_memory()
             micro = None
             if self.trial is not None:
@@ -168,11 +179,11 @@ class MicroBatchChoice:
                 )
                 self.trial.exclude(failed)
                 if not self.trial.done:
-                    micro = self.micro_size()
+                    micro = self.size()
                 else:
                     self.finish_trial()
                     if s.state.micro_batch_size < failed:  # a smaller size was measured: it fits
-                        micro = self.micro_size()
+                        micro = self.size()
             if micro is None:
                 before = failed
                 if before <= 1:
@@ -181,7 +192,7 @@ class MicroBatchChoice:
                         "shorter clips (prepare_data.py --max_seconds), use --bf16/--fp16, or a smaller model"
                     )
                 s.state.split *= 2
-                micro = self.micro_size()
+                micro = self.size()
                 s.log(
                     f"out of memory at step {s.budget.global_step + 1}: micro-batch {before} -> {micro} "
                     f"clips, gradient accumulation {accumulation_for(self.step_clips, before)} -> "
@@ -189,7 +200,7 @@ class MicroBatchChoice:
                 )
                 self.metrics.write({"event": "oom", "step": s.budget.global_step, "split": s.state.split})
             try:
-                return self.run_cycle(pending, micro, window), micro
+                return run_cycle(pending, micro, window), micro
             except Exception as err:
                 if not is_out_of_memory(err):
                     raise

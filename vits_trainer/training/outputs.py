@@ -1,14 +1,12 @@
-"""What a run writes while it trains: evaluations (with samples, alignments and pictures), checkpoints
-and exports (best_model), and when the epoch-end ones are due; mixed into loop.Trainer.
-
-Apart from loop.py so the loop reads as the loop; `Outputs` uses the Trainer's session `s`, `metrics`
-and bookkeeping (last_eval, last_save, last_checkpoint, last_val).
+"""What a run writes while it trains (`RunOutputs`, one part of loop.Trainer): evaluations (with samples,
+alignments and pictures), checkpoints and exports (best_model), and when the epoch-end ones are due.
 """
 
 from __future__ import annotations
 
 import json
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
@@ -34,8 +32,21 @@ OVERHEAD_SHARE = 0.1  # epoch-end evals/saves are skipped when they would exceed
 STEP_SECONDS_PER_EVAL_CLIP_SECONDS = 1.0
 
 
-class Outputs:
-    """Evaluations, checkpoints and exports of a `Trainer` (its base class)."""
+class RunOutputs:
+    """Evaluations, checkpoints and exports of a run. Owns when each last happened (`last_eval`,
+    `last_save`), the newest checkpoint written (`last_checkpoint`) and the last evaluation's results
+    (`last_val`, at `last_val_step`)."""
+
+    def __init__(self, session, metrics, agreement, threads: dict, micro_used: Callable[[], dict]) -> None:
+        self.s = session
+        self.metrics = metrics
+        self.agreement = agreement
+        self.threads = threads  # the thread settings, stored in every checkpoint
+        self.micro_used = micro_used  # the micro-batch size and accumulation in use, likewise
+        self.last_eval = self.last_save = time.time()
+        self.last_checkpoint: Path | None = session.resumed_from
+        self.last_val: dict | None = None
+        self.last_val_step: int | None = None
 
     def run_eval(self, tag: str, export_best: bool = True) -> dict:
         s = self.s
@@ -123,7 +134,7 @@ class Outputs:
             "model_source": s.model_source,
             "git_revision": git_revision(),
             "threads": self.threads,
-            **self.micro_batch_used(),
+            **self.micro_used(),
             "versions": {"torch": torch.__version__, "transformers": _version("transformers")},
         }
 
@@ -180,11 +191,13 @@ class Outputs:
         s, budget = self.s, self.s.budget
         since_eval = time.time() - self.last_eval
         eval_due = bool(s.val_loaders) and since_eval * OVERHEAD_SHARE >= budget.eval_seconds()
-        if self.agree(eval_due and budget.can_afford(budget.eval_seconds() + budget.export_seconds())):
+        if self.agreement.flag(
+            eval_due and budget.can_afford(budget.eval_seconds() + budget.export_seconds())
+        ):
             self.run_eval(f"epoch {s.state.epoch}")
         since_save = time.time() - self.last_save
         save_due = since_save * OVERHEAD_SHARE >= budget.save_seconds()
-        if self.agree(save_due and budget.can_afford(budget.save_seconds())):
+        if self.agreement.flag(save_due and budget.can_afford(budget.save_seconds())):
             self.save_checkpoint("epoch")
 
     def warm_up_first_calls(self) -> None:
@@ -207,14 +220,15 @@ class Outputs:
         if cfg.eval_samples and s.is_main:
             warm_up_pictures()
 
-    def estimate_step_from_eval(self) -> None:
-        """The budget's step time before the first step: the start evaluation's time per clip, scaled."""
+    def estimate_step_from_eval(self, step_clips: int) -> None:
+        """The budget's step time before the first step: the start evaluation's time per clip, scaled to
+        a step of `step_clips` clips per process."""
         s = self.s
         clips = sum(len(v) for v in s.data.val_sets.values())
         if clips <= 0:
             return
         per_clip = s.budget.eval_seconds() / clips
-        samples = self.step_clips * s.accelerator.num_processes
+        samples = step_clips * s.accelerator.num_processes
         s.budget.set_estimates(step_seconds=STEP_SECONDS_PER_EVAL_CLIP_SECONDS * per_clip * samples)
 
 

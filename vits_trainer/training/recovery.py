@@ -3,7 +3,7 @@
 - Non-finite steps are skipped by the step itself (no weights touched). After `--max_consecutive_skips`
   of them in a row the run is stuck in a bad region: `Recovery` reloads the last good weights (the
   newest checkpoint, else the weights the run started from), halves the learning rate and leaves
-  fp16 for bf16 (where supported) or fp32, and says so in one line (`Recovery`, part of loop.Trainer).
+  fp16 for bf16 (where supported) or fp32, and says so in one line (`Recovery`, one part of loop.Trainer).
 - Out-of-memory inside a step: the caller frees what it holds and retries the cycle with every batch
   split in two (half the micro-batch, twice the accumulation: the same effective batch; microbatch.py).
 """
@@ -11,6 +11,8 @@
 from __future__ import annotations
 
 import gc
+from collections.abc import Callable
+from pathlib import Path
 
 import torch
 
@@ -80,8 +82,22 @@ MIN_CALIBRATION_SCALE = 2.0**-4
 
 
 class Recovery:
-    """Skipped steps and the recovery of a `Trainer` (its base class, mixed into loop.Trainer): uses its
-    session `s`, `metrics`, `last_checkpoint`, `initial_weights` and `clip_ids`."""
+    """Skipped steps and the recovery of a run (one part of loop.Trainer). Owns the weights the run
+    started from (`initial_weights`, CPU copies): what a recovery falls back to before the first
+    checkpoint exists. `last_checkpoint()` is the newest complete checkpoint; `clip_ids(indices)`
+    names a step's clips in the log."""
+
+    def __init__(
+        self, session, metrics, last_checkpoint: Callable[[], Path | None], clip_ids: Callable
+    ) -> None:
+        self.s = session
+        self.metrics = metrics
+        self.last_checkpoint = last_checkpoint
+        self.clip_ids = clip_ids
+        self.initial_weights = (
+            {k: v.detach().cpu().clone() for k, v in session.model.state_dict().items()},
+            {k: v.detach().cpu().clone() for k, v in session.discriminator_raw.state_dict().items()},
+        )
 
     def after_step(self, result, pending: list[dict]) -> None:
         """Count skipped (non-finite) steps; after too many in a row, recover."""
@@ -115,9 +131,10 @@ class Recovery:
         s = self.s
         count = s.state.consecutive_skips
         parts = None
-        if self.last_checkpoint is not None:
+        last_checkpoint = self.last_checkpoint()
+        if last_checkpoint is not None:
             try:  # read every part first: a damaged one must not leave the weights half restored
-                ckpt = LoadedCheckpoint(self.last_checkpoint, verify_checkpoint(self.last_checkpoint))
+                ckpt = LoadedCheckpoint(last_checkpoint, verify_checkpoint(last_checkpoint))
                 parts = [
                     ckpt.tensors("generator.safetensors"),
                     ckpt.tensors("discriminator.safetensors"),
@@ -125,19 +142,19 @@ class Recovery:
                     ckpt.object("optimizer_d.pt"),
                 ]
             except CheckpointError as err:  # the run goes on from the starting weights, and says so
-                s.log(f"warning: recovery cannot reload {self.last_checkpoint}: {err}")
+                s.log(f"warning: recovery cannot reload {last_checkpoint}: {err}")
                 self.metrics.write(
                     {
                         "event": "damaged_checkpoint",
                         "step": s.budget.global_step,
-                        "path": str(self.last_checkpoint),
+                        "path": str(last_checkpoint),
                     }
                 )
         if parts is not None:
             restore_weights(s.model, s.discriminator_raw, parts[0], parts[1])
             s.g_optimizer.load_state_dict(parts[2])
             s.d_optimizer.load_state_dict(parts[3])
-            source = f"checkpoint {self.last_checkpoint.name}"
+            source = f"checkpoint {last_checkpoint.name}"
         else:
             restore_weights(s.model, s.discriminator_raw, *self.initial_weights)
             s.g_optimizer.state.clear()

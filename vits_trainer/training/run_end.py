@@ -1,6 +1,6 @@
-"""The end of a run: the final evaluation (when it still fits), the last checkpoint, the export of the
-final model, best_model updated when the final weights are the best, and train_summary.json; mixed
-into loop.Trainer.
+"""The end of a run (`RunEnd`, one part of loop.Trainer): the final evaluation (when it still fits), the
+last checkpoint, the export of the final model, best_model updated when the final weights are the
+best, and train_summary.json.
 
 Apart from loop.py because it runs once, after the loop, and decides what the run leaves behind.
 """
@@ -18,33 +18,43 @@ from .reporting import plot_losses
 
 
 class RunEnd:
-    """`finish` and the summary of a `Trainer` (its base class)."""
+    """`finish` and the summary of a run; `outputs` (outputs.RunOutputs) evaluates, saves and exports.
+    Owns why the final evaluation did not run (`final_eval_skipped`)."""
 
-    def finish(self, stop_reason: str | None) -> dict:
-        s, budget = self.s, self.s.budget
+    def __init__(self, session, outputs, agreement) -> None:
+        self.s = session
+        self.outputs = outputs
+        self.agreement = agreement
+        self.final_eval_skipped: str | None = None
+
+    def finish(self, stop_reason: str | None, loop_figures: dict) -> dict:
+        """The run's end; `loop_figures`: what the loop measured, for the summary (samples_per_second,
+        threads, budget_stop, resumed_from_step, data_wait_fraction, the micro-batch and compile
+        choices)."""
+        s, budget, outputs = self.s, self.s.budget, self.outputs
         if stop_reason != "signal" and s.val_loaders:
             # the last steps may have been slower than planned (a busy machine): the checkpoint and the
             # export come first, the final evaluation only if it still fits
             left = budget.remaining() - (
                 budget.save_seconds() + budget.export_seconds() + budget.safety_seconds()
             )
-            if self.agree(left >= budget.eval_seconds()):
-                self.run_eval("final", export_best=False)
+            if self.agreement.flag(left >= budget.eval_seconds()):
+                outputs.run_eval("final", export_best=False)
             else:
                 self.final_eval_skipped = f"no time left: {max(0.0, left):.0f} s left for it, it takes ~{budget.eval_seconds():.0f} s"
                 s.log(f"final evaluation skipped: {self.final_eval_skipped}")
         elif stop_reason == "signal":
             self.final_eval_skipped = "stopped by a signal"
         final_is_best = bool(s.state.val_history) and s.state.best_step == budget.global_step
-        self.save_checkpoint(stop_reason or "end")
+        outputs.save_checkpoint(stop_reason or "end")
         t0 = time.perf_counter()
         exported = None
         try:
-            exported = self.export(s.output_dir)
+            exported = outputs.export(s.output_dir)
         except (OSError, UnsafeOverwrite) as err:
             s.log(
                 f"error: exporting the final model to {s.output_dir} failed ({getattr(err, 'strerror', None) or err}); "
-                f"the last good checkpoint is {self.last_checkpoint}"
+                f"the last good checkpoint is {outputs.last_checkpoint}"
             )
         if exported and final_is_best:
             best = s.checkpoint_dir / "best_model"
@@ -59,7 +69,7 @@ class RunEnd:
             except (OSError, UnsafeOverwrite) as err:  # the final model is exported; only this copy failed
                 s.log(f"warning: best model not updated ({getattr(err, 'strerror', None) or err})")
         budget.observe_export(time.perf_counter() - t0)
-        summary = self.summary(stop_reason, exported)
+        summary = self.summary(stop_reason, exported, loop_figures)
         if s.is_main:
             if exported:
                 write_export_file(exported, "train_summary.json", json.dumps(summary, indent=1))  # + marker
@@ -76,8 +86,8 @@ class RunEnd:
         s.accelerator.wait_for_everyone()
         return summary
 
-    def summary(self, stop_reason: str | None, exported: Path | None) -> dict:
-        s, budget, state = self.s, self.s.budget, self.s.state
+    def summary(self, stop_reason: str | None, exported: Path | None, loop_figures: dict) -> dict:
+        s, budget, state, outputs = self.s, self.s.budget, self.s.state, self.outputs
         first = budget.first_plan
         best = existing_best_model(s.checkpoint_dir, state.best_model_step)
         return {
@@ -88,29 +98,29 @@ class RunEnd:
             "epochs_planned": first.epochs if first else None,
             "epochs_completed": state.epochs_completed,
             "epochs_trained": state.samples_seen / max(1, s.data.samples_per_epoch),
-            # measured over every step of this session (the budget's own figure skips the warm-up steps)
-            "samples_per_second": budget.session_samples / self.train_seconds if self.train_seconds else 0.0,
-            "threads": self.threads,
+            "samples_per_second": loop_figures["samples_per_second"],
+            "threads": loop_figures["threads"],
             "best_val_loss": state.best_val,
             "best_step": state.best_step,
             # the evaluation of the final weights only; never an earlier one standing in for it
-            "final_val": self.last_val if self.last_val_step == budget.global_step else None,
+            "final_val": outputs.last_val if outputs.last_val_step == budget.global_step else None,
             "final_eval_skipped": (
-                None if self.last_val_step == budget.global_step else self.final_eval_skipped or "not run"
+                None if outputs.last_val_step == budget.global_step else self.final_eval_skipped or "not run"
             ),
             "stopped_reason": stop_reason or "end",
-            "budget_stop": self.budget_stop,
-            "resumed_from_step": self.resumed_from_step,
-            "data_wait_fraction": self.data_wait / max(self.train_seconds, 1e-9),
+            "budget_stop": loop_figures["budget_stop"],
+            "resumed_from_step": loop_figures["resumed_from_step"],
+            "data_wait_fraction": loop_figures["data_wait_fraction"],
             "preload_seconds": s.preload_seconds,
             "skipped_steps": state.skipped_steps,
             "plan": first.to_dict() if first else None,
-            **self.micro_batch_used(),
+            "micro_batch_size": loop_figures["micro_batch_size"],
+            "gradient_accumulation_steps": loop_figures["gradient_accumulation_steps"],
             "micro_batch_trial": state.micro_batch_trial,
             "length_buckets": s.pad is not None,
-            "compile": self.compiler.summary(),
+            "compile": loop_figures["compile"],
             "final_model": str(exported) if exported else None,
-            "last_checkpoint": str(self.last_checkpoint) if self.last_checkpoint else None,
+            "last_checkpoint": str(outputs.last_checkpoint) if outputs.last_checkpoint else None,
             "best_model": str(best) if best is not None else None,
             "best_model_step": state.best_model_step if best is not None else None,
         }
