@@ -77,7 +77,7 @@ class CompileChoice:
         if self.setting == "on":
             return None
         if self.device_type != "cuda":
-            return "auto: only on CUDA (on a CPU the compiled step was not faster)"
+            return "auto: only on CUDA (CUDA graphs are what it gains; on a CPU compiling takes minutes)"
         if training_seconds_left < COMPILE_MIN_MINUTES * 60:
             return (
                 f"auto: {training_seconds_left / 60:.0f} min of training left, too short to earn back "
