@@ -306,7 +306,7 @@ def test_lr_warmup_then_cosine_to_min_exactly_at_training_end():
     b = Budget(1000, 0.0, clock=clock, benchmark_skip_steps=0)
     lr = BudgetLR(b, warmup_steps=10, min_lr_ratio=0.05)
     b.start_training()
-    assert b.lr_progress() == 0.0
+    assert lr.progress() == 0.0
     factors = []
     for _ in range(10):
         factors.append(lr.factor(b.global_step))
@@ -322,18 +322,19 @@ def test_lr_warmup_then_cosine_to_min_exactly_at_training_end():
     after = factors[10:]
     assert all(x >= y for x, y in zip(after, after[1:], strict=False))
     clock.t = b.training_end()
-    assert b.lr_progress() == 1.0
+    assert lr.progress() == 1.0
     assert lr.factor(b.global_step) == 0.05  # exactly the minimum at progress 1
     clock.advance(5.0)
     assert lr.factor(b.global_step) == 0.05  # constant after
     # Midway (in progress since warmup ended) the cosine is halfway between peak and minimum.
-    start = b.lr_decay_start
+    start = lr.decay_start
     clock2 = FakeClock(0.0)
     b2 = Budget(1000, 0.0, clock=clock2)
     b2.start_training()
-    b2.lr_decay_start = start
+    lr2 = BudgetLR(b2, warmup_steps=0)
+    lr2.decay_start = start
     clock2.t = (start + (1 - start) / 2) * 990.0
-    assert BudgetLR(b2, warmup_steps=0).factor(10**6) == pytest.approx(0.525)
+    assert lr2.factor(10**6) == pytest.approx(0.525)
 
 
 def test_lr_reaches_min_at_deadline_despite_drift():
@@ -401,9 +402,9 @@ def test_total_hours_across_two_sessions():
     run_steps(b1, clock, 600, seconds=1.0, samples=8)
     f1 = lr1.factor(b1.global_step)
     assert f1 == pytest.approx((640 + 1) / warmup)
-    p1 = b1.lr_progress()
+    p1 = lr1.progress()
     assert p1 == pytest.approx(650 / total)
-    state = b1.state_dict()
+    state, lr_state = b1.state_dict(), lr1.state_dict()
     assert state["spent_seconds"] == pytest.approx(650.0) and state["global_step"] == 640
 
     # Session 2: a new process an hour later.
@@ -411,8 +412,9 @@ def test_total_hours_across_two_sessions():
     b2 = Budget(target, 10_000.0, total_seconds=total, clock=clock2, benchmark_skip_steps=1)
     b2.load_state_dict(state)
     lr2 = BudgetLR(b2, warmup_steps=2000, max_warmup_fraction=0.5)
+    lr2.load_state_dict(lr_state)
     assert lr2.effective_warmup_steps == warmup  # the cap belongs to the horizon
-    assert b2.lr_progress() == pytest.approx(p1)  # progress continues where session 1 left it
+    assert lr2.progress() == pytest.approx(p1)  # progress continues where session 1 left it
     assert lr2.factor(b2.global_step) == pytest.approx(f1)  # no warmup restart
     assert b2.step_seconds() == pytest.approx(1.0)  # the prior until re-measured
     clock2.advance(10.0)
@@ -428,7 +430,7 @@ def test_total_hours_across_two_sessions():
     assert all(x >= y for x, y in zip(after, after[1:], strict=False))
     # The rest of the total (950 s) ends within session 2's 1000 s: LR at the minimum by the end.
     assert factors[-1] == pytest.approx(0.05, abs=1e-3)
-    assert b2.horizon_warning() is not None  # the total ends before this session's training would
+    assert lr2.horizon_warning() is not None  # the total ends before this session's training would
 
 
 def test_total_hours_last_session_reaches_min_despite_shortfall():
@@ -439,29 +441,31 @@ def test_total_hours_last_session_reaches_min_despite_shortfall():
     b.load_state_dict({"spent_seconds": 985.0, "global_step": 900})
     lr = BudgetLR(b, warmup_steps=10)
     b.start_training()
-    assert b.horizon_warning() is None
+    assert lr.horizon_warning() is None
     clock.t = b.training_end()
-    assert b.lr_progress() == 1.0 and lr.factor(b.global_step) == 0.05
+    assert lr.progress() == 1.0 and lr.factor(b.global_step) == 0.05
 
 
 def test_total_already_spent():
     clock = FakeClock(0.0)
     b = Budget(1000, 0.0, total_seconds=3600, clock=clock)
-    b.load_state_dict({"spent_seconds": 4000.0, "global_step": 5000, "lr_decay_start": 0.01})
+    b.load_state_dict({"spent_seconds": 4000.0, "global_step": 5000})
     lr = BudgetLR(b, warmup_steps=100)
-    assert b.lr_progress() == 1.0
+    lr.load_state_dict({"decay_start": 0.01})
+    assert lr.progress() == 1.0
     assert lr.factor(b.global_step) == 0.05
-    assert "already spent" in (b.horizon_warning() or "")
+    assert "already spent" in (lr.horizon_warning() or "")
 
 
 def test_without_total_each_session_is_its_own_horizon():
     clock = FakeClock(0.0)
     b = Budget(1000, 0.0, clock=clock)
-    b.load_state_dict({"spent_seconds": 4000.0, "global_step": 5000, "lr_decay_start": 0.7})
-    assert b.lr_decay_start is None and b.lr_progress() == 0.0
+    b.load_state_dict({"spent_seconds": 4000.0, "global_step": 5000})
     lr = BudgetLR(b, warmup_steps=100)
+    lr.load_state_dict({"decay_start": 0.7})
+    assert lr.decay_start is None and lr.progress() == 0.0
     assert lr.factor(b.global_step) == 1.0  # warmup already done in an earlier session: straight to peak
-    assert b.horizon_warning() is None
+    assert lr.horizon_warning() is None
 
 
 def test_state_dict_round_trip_priors():
@@ -503,13 +507,14 @@ def test_make_scheduler_round_trip():
     lr_now = opt.param_groups[0]["lr"]
     assert lr_now == pytest.approx(0.1 * lr.factor(b.global_step))
     assert 0.05 * 0.1 < lr_now < 0.1
-    states = (b.state_dict(), sched.state_dict(), opt.state_dict())
+    states = (b.state_dict(), sched.state_dict(), opt.state_dict(), lr.state_dict())
 
     for optimizer_first in (False, True):
         clock2 = FakeClock(clock())  # a new process starting right now
         b2 = Budget(target, clock2(), total_seconds=total, clock=clock2)
         b2.load_state_dict(states[0])
         lr2 = BudgetLR(b2, warmup_steps=5)
+        lr2.load_state_dict(states[3])
         param2 = torch.nn.Parameter(torch.zeros(2))
         opt2 = torch.optim.AdamW([param2], lr=0.1)
         if optimizer_first:
@@ -604,3 +609,31 @@ def test_one_outlier_step_does_not_move_the_end(outlier_at):
 
     assert end_with(True) == pytest.approx(end_with(False), abs=1.5)
     assert end_with(True) <= 120
+
+
+def test_lr_schedule_state_carries_the_cosine_start_across_sessions():
+    total, target = 4000.0, 1000.0
+    clock = FakeClock(0.0)
+    b1 = Budget(target, 0.0, total_seconds=total, clock=clock, benchmark_skip_steps=1)
+    lr1 = BudgetLR(b1, warmup_steps=10)
+    b1.start_training()
+    for _ in range(200):
+        run_steps(b1, clock, 1, seconds=1.0, samples=8)
+        f1 = lr1.factor(b1.global_step)  # the scheduler asks after every step
+    assert lr1.decay_start is not None and f1 < 1.0  # past warmup, on the cosine
+    assert "lr_decay_start" not in b1.state_dict()  # the budget keeps time, the schedule its own state
+
+    clock2 = FakeClock(50_000.0)
+    b2 = Budget(target, 50_000.0, total_seconds=total, clock=clock2)
+    b2.load_state_dict(b1.state_dict())
+    lr2 = BudgetLR(b2, warmup_steps=10)
+    lr2.load_state_dict(lr1.state_dict())
+    assert lr2.decay_start == lr1.decay_start
+    assert lr2.factor(b2.global_step) == pytest.approx(f1, abs=1e-3)  # no jump back to the peak
+
+
+def test_reserve_after_loop_moves_the_training_end():
+    b = Budget(1000, 0.0, clock=FakeClock(0.0))
+    end = b.training_end()
+    b.reserve_after_loop(30.0)
+    assert b.training_end() == pytest.approx(end - 30.0)

@@ -266,7 +266,7 @@ class FeedbackRun(FeedbackData):
             * (float(self.info.get("sample_seconds", 0.0)) + float(self.info.get("per_clip_seconds", 0.0)))
             + 1.0
         )
-        session.budget.extra_final_seconds = reserve
+        session.budget.reserve_after_loop(reserve)
 
     def train(self, session) -> dict:
         from ..training.loop import Trainer

@@ -1,5 +1,5 @@
-"""The time budget: clock, throughput measurement, training plan, deadline, and the progress of the
-learning-rate horizon (the schedule built on it, `BudgetLR`, is in lr_schedule.py).
+"""The time budget: clock, throughput measurement, training plan, deadline. The learning-rate
+schedule that follows it (`BudgetLR`) is in lr_schedule.py and only reads it.
 
 One `Budget` per process. It is counted from *process start* (the CLI passes
 ``psutil.Process().create_time()``), so model loading, the benchmark, evals, saves and the final export
@@ -11,7 +11,7 @@ Typical loop::
     budget = Budget(target_h * 3600, process_start, total_seconds=total_h * 3600 if total_h else None)
     budget.set_estimates(save_seconds=..., export_seconds=...)   # from model size, until measured
     budget.load_state_dict(ckpt["budget"])                       # on resume
-    lr = BudgetLR(budget, warmup_steps=args.warmup_steps)      # lr_schedule.py
+    lr = BudgetLR(budget, warmup_steps=args.warmup_steps)      # lr_schedule.py (+ its own state)
     sched = make_scheduler(optimizer, lr)
     budget.start_training()
     while not budget.should_stop():
@@ -24,9 +24,8 @@ Typical loop::
     final eval, save (state_dict() goes into the checkpoint), export: observe_* each
 
 Multi-process: only the main process's clock decides. `should_stop` is a pure function of this object's
-state and its clock, so rank 0 evaluates it and broadcasts the answer. The learning rate depends on the
-clock too; ranks must use the same value, so pass rank 0's broadcast progress through
-``make_scheduler(..., progress_fn=...)``.
+state and its clock, so rank 0 evaluates it and broadcasts the answer (the learning rate, which follows
+the clock too, is shared the same way: `BudgetLR.share_progress`).
 """
 
 from __future__ import annotations
@@ -76,7 +75,7 @@ class _Stat:
         return max(self.ema, self.last)
 
 
-def _hhmm(wall: float, now: float) -> str:
+def hhmm(wall: float, now: float) -> str:
     t = time.localtime(wall)
     if time.localtime(now)[:3] == t[:3]:
         return time.strftime("%H:%M", t)
@@ -117,7 +116,7 @@ class Plan:
         lines = [
             f"plan: {self.epochs:.1f} epochs ({self.full_epochs} full) of {self.steps_per_epoch:,} steps, "
             f"{self.optimizer_steps:,} steps, ~{self.samples_per_second:.1f} samples/s, "
-            f"training ends ~{_hhmm(self.train_end_wall, now)}, run ends ~{_hhmm(self.run_end_wall, now)} "
+            f"training ends ~{hhmm(self.train_end_wall, now)}, run ends ~{hhmm(self.run_end_wall, now)} "
             f"(budget {self.budget_seconds / 3600:.2f} h)",
             f"plan: {self.seconds_per_epoch:,.0f} s per epoch; final reserve: eval {self.eval_seconds:.0f} s "
             f"+ save {self.save_seconds:.0f} s + export {self.export_seconds:.0f} s "
@@ -193,16 +192,12 @@ class Budget:
         self._events = {"eval": _Stat(), "save": _Stat(), "export": _Stat()}
         self._estimates: dict[str, float] = {}
         self._priors: dict[str, float] = {}  # from the previous session's state
-        self._progress_floor = 0.0
         self._geometry: tuple[int, int, float, float] | None = None
         self.first_plan: Plan | None = None
         self.current_plan: Plan | None = None
-        # LR bookkeeping kept here so one state_dict carries it: progress at which warmup ended (the
-        # cosine starts there, at peak) and the horizon's planned step count (caps the warmup).
-        self.lr_decay_start: float | None = None
+        # the horizon's planned optimizer steps (across sessions with total_seconds): caps the LR warmup
         self.planned_horizon_steps: int | None = None
-        self._shared_progress: float | None = None  # rank 0's progress in multi-process runs
-        self.extra_final_seconds = 0.0  # work a caller does after the loop ends (e.g. feedback samples)
+        self._after_loop_seconds = 0.0  # work the caller does after the loop's export (reserve_after_loop)
 
     # ---- time -------------------------------------------------------------------------------------
 
@@ -397,8 +392,13 @@ class Budget:
             + self.save_seconds()
             + self.export_seconds()
             + self.safety_seconds()
-            + self.extra_final_seconds
+            + self._after_loop_seconds
         )
+
+    def reserve_after_loop(self, seconds: float) -> None:
+        """Keep `seconds` of the final reserve for work the caller does after the loop's final export
+        (a feedback round's after-samples), so the loop stops early enough for it."""
+        self._after_loop_seconds = max(0.0, float(seconds))
 
     # ---- decisions --------------------------------------------------------------------------------
 
@@ -489,7 +489,7 @@ class Budget:
         if self.total_seconds is not None:
             # Later sessions are assumed to train at this session's rate per second of budget left.
             beyond = 0.0
-            if not self._last_session():
+            if not self.last_session():
                 beyond = max(0.0, self.total_seconds - self.spent_before - self.target_seconds)
             rate = remaining_steps / max(self.deadline() - now, 1e-9)
             horizon_steps = self.global_step + remaining_steps + int(beyond * rate)
@@ -511,66 +511,11 @@ class Budget:
             created_wall=now,
         )
 
-    # ---- learning-rate horizon --------------------------------------------------------------------
-
-    def _last_session(self) -> bool:
-        """Whether the total horizon ends within (or just after) this session."""
+    def last_session(self) -> bool:
+        """With ``total_seconds``: whether the total ends within (or just after) this session."""
         assert self.total_seconds is not None
         horizon_end = self.total_seconds - self.spent_before  # seconds after this process started
         return horizon_end <= self.target_seconds + _LAST_SESSION_SLACK * self.total_seconds
-
-    def lr_progress(self) -> float:
-        """Fraction of the LR horizon spent, in [0, 1]; never decreases within a session.
-
-        With ``total_seconds``: (spent_before + elapsed) / total, except in the horizon's last session (the
-        total runs out within it, or less than 3 % of the total would be left after it): there the horizon
-        ends no later than this session's training end, so the minimum LR is reached by the last step, not
-        during the final export or in a session that never comes. Without it: this session's training
-        window, from `start_training` to `training_end` (0 before training starts). Clamped to 1 once
-        the horizon is over, e.g. a total already spent on resume (see `horizon_warning`).
-        """
-        if self._shared_progress is not None:
-            progress = self._shared_progress
-        elif self.total_seconds is None:
-            if self.training_start is None:
-                progress = 0.0
-            else:
-                window = self.training_end() - self.training_start
-                progress = 1.0 if window <= 0 else (self.clock() - self.training_start) / window
-        else:
-            horizon_end = self.total_seconds - self.spent_before  # seconds after this process started
-            if self._last_session():
-                horizon_end = min(horizon_end, self.target_seconds - self.final_reserve())
-            denominator = self.spent_before + horizon_end
-            progress = 1.0 if denominator <= 0 else self.spent_seconds() / denominator
-        # Reserves are re-measured while training, which moves the horizon's end a little; the ratchet
-        # keeps the LR monotone anyway.
-        progress = max(self._progress_floor, min(1.0, max(0.0, progress)))
-        self._progress_floor = progress
-        return progress
-
-    def share_progress(self, progress: float) -> None:
-        """Multi-process runs: use rank 0's progress (broadcast each step) so every rank sets the same LR;
-        replicas whose learning rates differ by a hair would drift apart."""
-        self._shared_progress = float(progress)
-
-    def horizon_warning(self) -> str | None:
-        """A line for the caller to print when --total_hours does not fit this session sensibly."""
-        if self.total_seconds is None:
-            return None
-        spent = self.spent_seconds()
-        if spent >= self.total_seconds:
-            return (
-                f"--total_hours {self.total_seconds / 3600:.2f} is already spent ({spent / 3600:.2f} h): "
-                "the learning rate stays at its minimum"
-            )
-        if self.total_seconds - self.spent_before < self.target_seconds - self.final_reserve():
-            end = self.process_start + self.total_seconds - self.spent_before
-            return (
-                f"--total_hours {self.total_seconds / 3600:.2f} ends before this session's training "
-                f"(at ~{_hhmm(end, self.clock())}): the learning rate stays at its minimum after that"
-            )
-        return None
 
     # ---- persistence ------------------------------------------------------------------------------
 
@@ -591,16 +536,15 @@ class Budget:
             "eval_seconds": measured_or_prior("eval"),
             "save_seconds": measured_or_prior("save"),
             "export_seconds": measured_or_prior("export"),
-            "lr_decay_start": self.lr_decay_start,
             "planned_horizon_steps": self.planned_horizon_steps,
         }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Restore from a previous session (call before training starts).
 
-        Spent time and the global step continue; measured costs become priors until re-measured. The LR
-        bookkeeping carries over only with ``total_seconds`` (one horizon across sessions); without it this
-        session is a new horizon.
+        Spent time and the global step continue; measured costs become priors until re-measured. The
+        horizon's planned steps carry over only with ``total_seconds`` (one horizon across sessions);
+        without it this session is a new horizon.
         """
         version = state.get("version", STATE_VERSION)
         if version > STATE_VERSION:
@@ -615,10 +559,4 @@ class Budget:
             "export": state.get("export_seconds"),
         }
         self._priors = {k: float(v) for k, v in priors.items() if v is not None}
-        if self.total_seconds is not None:
-            self.lr_decay_start = state.get("lr_decay_start")
-            self.planned_horizon_steps = state.get("planned_horizon_steps")
-        else:
-            self.lr_decay_start = None
-            self.planned_horizon_steps = None
-        self._progress_floor = 0.0
+        self.planned_horizon_steps = state.get("planned_horizon_steps") if self.total_seconds else None

@@ -286,7 +286,7 @@ class Trainer:
             self.outputs.warm_up_first_calls()
             self.outputs.run_eval("start", export_best=False)  # baseline, and an eval time for the plan
             self.outputs.estimate_step_from_eval(self.micro.step_clips)
-        warning = budget.horizon_warning()
+        warning = s.budget_lr.horizon_warning()
         if warning:
             s.log(f"warning: {warning}")
         budget.start_training()
@@ -371,10 +371,10 @@ class Trainer:
         if s.accelerator.num_processes > 1:
             from accelerate.utils import broadcast
 
-            packet = torch.tensor([code, float(want_save), s.budget.lr_progress()], device=s.device)
+            packet = torch.tensor([code, float(want_save), s.budget_lr.progress()], device=s.device)
             code, save, progress = broadcast(packet, from_process=0).tolist()
             code, want_save = int(code), bool(save)
-            s.budget.share_progress(progress)
+            s.budget_lr.share_progress(progress)
         return {0: None, 1: "budget", 2: "signal", 3: "max_steps"}[code], want_save
 
     def clip_ids(self, indices: list[torch.Tensor]) -> list[str]:

@@ -1,22 +1,27 @@
 """The learning-rate schedule that follows the time budget: linear warmup in optimizer steps, then a
-cosine over the fraction of the budget spent, as a torch LambdaLR.
+cosine over the fraction of the horizon spent, as a torch LambdaLR.
 
-Apart from `budget.py` (the clock and the plan) because it only reads a `Budget` (its global step, its
-LR progress and the LR bookkeeping it saves in its state) and a reader of either needs not the other.
+It reads a `Budget` (budget.py: the clock, the global step, the plan's step count) and owns its own
+state: where the cosine started, the progress ratchet, rank 0's shared progress. That state goes into
+the checkpoint beside the budget's (`BudgetLR.state_dict`).
 
     lr = BudgetLR(budget, warmup_steps=args.warmup_steps)
+    lr.load_state_dict(ckpt["lr_schedule"])  # on resume
     sched = make_scheduler(optimizer, lr)    # sched.step() after each Budget.observe_step
     if lr.warmup_message(): print(lr.warmup_message())   # once the plan is made
+    set_peak_lr([(optimizer, sched)], peak, lr)          # a new peak (a recovery halves it)
 
-Multi-process: ranks must set the same LR, so pass rank 0's broadcast progress through
-``make_scheduler(..., progress_fn=...)``.
+Multi-process: ranks must set the same LR, so rank 0's progress is broadcast each step and handed to
+`BudgetLR.share_progress` on every rank.
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
-from typing import TYPE_CHECKING
+from collections.abc import Callable, Iterable
+from typing import TYPE_CHECKING, Any
+
+from .budget import hhmm
 
 if TYPE_CHECKING:
     import torch
@@ -50,6 +55,9 @@ class BudgetLR:
         self.warmup_steps = int(warmup_steps)
         self.min_lr_ratio = float(min_lr_ratio)
         self.max_warmup_fraction = float(max_warmup_fraction)
+        self.decay_start: float | None = None  # progress at which warmup ended: the cosine starts there
+        self._shared_progress: float | None = None  # rank 0's progress in multi-process runs
+        self._progress_floor = 0.0  # progress never goes back within a session
 
     @property
     def effective_warmup_steps(self) -> int:
@@ -75,20 +83,101 @@ class BudgetLR:
     def factor(self, optimizer_step: int, progress: float | None = None) -> float:
         """LR multiplier for global optimizer step ``optimizer_step`` (0-based).
 
-        ``progress``: horizon progress to use instead of this process's `Budget.lr_progress` (multi-process:
-        rank 0's broadcast value).
+        ``progress``: horizon progress to use instead of `progress()`.
         """
         warmup = self.effective_warmup_steps
         if optimizer_step < warmup:
             return (optimizer_step + 1) / warmup
-        p = self.budget.lr_progress() if progress is None else min(1.0, max(0.0, progress))
-        if self.budget.lr_decay_start is None:
-            self.budget.lr_decay_start = p  # warmup just ended: the cosine starts at peak from here
-        start = self.budget.lr_decay_start
+        p = self.progress() if progress is None else min(1.0, max(0.0, progress))
+        if self.decay_start is None:
+            self.decay_start = p  # warmup just ended: the cosine starts at peak from here
+        start = self.decay_start
         if p >= 1.0 or start >= 1.0:
             return self.min_lr_ratio
         q = min(1.0, max(0.0, (p - start) / (1.0 - start)))
         return self.min_lr_ratio + (1.0 - self.min_lr_ratio) * 0.5 * (1.0 + math.cos(math.pi * q))
+
+    # ---- the horizon: how much of it is spent -----------------------------------------------------
+
+    def progress(self) -> float:
+        """Fraction of the LR horizon spent, in [0, 1]; never decreases within a session.
+
+        With ``total_seconds``: (spent_before + elapsed) / total, except in the horizon's last session (the
+        total runs out within it, or less than 3 % of the total would be left after it): there the horizon
+        ends no later than this session's training end, so the minimum LR is reached by the last step, not
+        during the final export or in a session that never comes. Without it: this session's training
+        window, from `Budget.start_training` to `Budget.training_end` (0 before training starts). Clamped
+        to 1 once the horizon is over, e.g. a total already spent on resume (see `horizon_warning`).
+        """
+        b = self.budget
+        if self._shared_progress is not None:
+            progress = self._shared_progress
+        elif b.total_seconds is None:
+            if b.training_start is None:
+                progress = 0.0
+            else:
+                window = b.training_end() - b.training_start
+                progress = 1.0 if window <= 0 else (b.clock() - b.training_start) / window
+        else:
+            horizon_end = b.total_seconds - b.spent_before  # seconds after this process started
+            if b.last_session():
+                horizon_end = min(horizon_end, b.target_seconds - b.final_reserve())
+            denominator = b.spent_before + horizon_end
+            progress = 1.0 if denominator <= 0 else b.spent_seconds() / denominator
+        # Reserves are re-measured while training, which moves the horizon's end a little; the ratchet
+        # keeps the LR monotone anyway.
+        progress = max(self._progress_floor, min(1.0, max(0.0, progress)))
+        self._progress_floor = progress
+        return progress
+
+    def share_progress(self, progress: float) -> None:
+        """Multi-process runs: use rank 0's progress (broadcast each step) so every rank sets the same LR;
+        replicas whose learning rates differ by a hair would drift apart."""
+        self._shared_progress = float(progress)
+
+    def horizon_warning(self) -> str | None:
+        """A line for the caller to print when --total_hours does not fit this session sensibly."""
+        b = self.budget
+        if b.total_seconds is None:
+            return None
+        spent = b.spent_seconds()
+        if spent >= b.total_seconds:
+            return (
+                f"--total_hours {b.total_seconds / 3600:.2f} is already spent ({spent / 3600:.2f} h): "
+                "the learning rate stays at its minimum"
+            )
+        if b.total_seconds - b.spent_before < b.target_seconds - b.final_reserve():
+            end = b.process_start + b.total_seconds - b.spent_before
+            return (
+                f"--total_hours {b.total_seconds / 3600:.2f} ends before this session's training "
+                f"(at ~{hhmm(end, b.clock())}): the learning rate stays at its minimum after that"
+            )
+        return None
+
+    # ---- persistence ------------------------------------------------------------------------------
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"decay_start": self.decay_start}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Restore from a previous session (call before training starts). Where the cosine started
+        carries over only with a total horizon (``--total_hours``); without it each session is its own."""
+        start = state.get("decay_start")
+        self.decay_start = None if start is None or self.budget.total_seconds is None else float(start)
+
+
+def set_peak_lr(
+    pairs: Iterable[tuple[torch.optim.Optimizer, torch.optim.lr_scheduler.LambdaLR]],
+    peak: float,
+    budget_lr: BudgetLR,
+) -> None:
+    """Make `peak` the top of each (optimizer, scheduler)'s schedule, and set this step's LR from it."""
+    lr = peak * budget_lr.factor(budget_lr.budget.global_step)
+    for optimizer, scheduler in pairs:
+        scheduler.base_lrs = [peak for _ in optimizer.param_groups]
+        for group in optimizer.param_groups:
+            group["initial_lr"] = peak
+            group["lr"] = lr
 
 
 def lr_lambda_for(

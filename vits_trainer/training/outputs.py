@@ -128,6 +128,7 @@ class RunOutputs:
             "global_step": s.budget.global_step,
             "train_state": s.state.to_dict(),
             "budget": s.budget.state_dict(),
+            "lr_schedule": s.budget_lr.state_dict(),
             "val_ids": s.data.val_ids,
             "speakers": s.speakers,
             "config": s.cfg.to_dict(),

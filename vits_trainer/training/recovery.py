@@ -18,8 +18,8 @@ import torch
 
 from ..model.discriminator import VitsDiscriminator
 from .checkpoint import CheckpointError, verify_checkpoint
+from .lr_schedule import set_peak_lr
 from .runtime import native_bf16
-from .session import apply_lr_scale
 from .trainstate import LoadedCheckpoint
 
 
@@ -161,7 +161,7 @@ class Recovery:
             s.d_optimizer.state.clear()
             source = "the starting weights"
         s.state.lr_scale *= 0.5
-        apply_lr_scale(s)
+        set_peak_lr(s.lr_pairs(), s.cfg.learning_rate * s.state.lr_scale, s.budget_lr)
         old = s.accelerator.mixed_precision
         new = next_precision(old)
         if new is not None:

@@ -29,7 +29,7 @@ from .budget import Budget
 from .checkpoint import find_resumable, list_checkpoints, verify_checkpoint
 from .config import TrainConfig, check_data_dir, check_resume_path
 from .datasplit import DataSplit, check_vocabulary, describe_data, load_store, make_loaders, split_data
-from .lr_schedule import BudgetLR, make_scheduler
+from .lr_schedule import BudgetLR, make_scheduler, set_peak_lr
 from .networks import estimate_checkpoint_bytes, load_model, load_or_create_discriminator, make_generator
 from .resume_settings import restore_settings
 from .runtime import Logger, make_accelerator, quiet_transformers, resolve_precision
@@ -68,6 +68,10 @@ class Session:
     load_report: dict
     model_source: str
     run_lock: object | None = None  # runlock.RunLock of --checkpoint_dir (main process), released by the loop
+
+    def lr_pairs(self) -> list[tuple]:
+        """(optimizer, its LR scheduler) for the generator and the discriminator."""
+        return [(self.g_optimizer, self.g_scheduler), (self.d_optimizer, self.d_scheduler)]
 
     @property
     def device(self) -> torch.device:
@@ -136,16 +140,6 @@ def check_disk_space(folders: list[Path], needed: int) -> None:
                 f"not enough disk space in {folder}: {free / 2**30:.1f} GB free, about {needed / 2**30:.1f} GB "
                 f"needed for two checkpoints and the exported models"
             )
-
-
-def apply_lr_scale(s: Session) -> None:
-    """--learning_rate times the scale left by recoveries, as the peak of both schedules."""
-    peak = s.cfg.learning_rate * s.state.lr_scale
-    for optimizer, scheduler in ((s.g_optimizer, s.g_scheduler), (s.d_optimizer, s.d_scheduler)):
-        scheduler.base_lrs = [peak for _ in optimizer.param_groups]
-        for group in optimizer.param_groups:
-            group["initial_lr"] = peak
-            group["lr"] = peak * s.budget_lr.factor(s.budget.global_step)
 
 
 def build_session(
@@ -225,6 +219,10 @@ def _build_session(
     saved_budget = trainer_state["budget"] if ckpt is not None else None
     budget = _make_budget(cfg, process_start, ckpt_bytes, saved_budget)
     budget_lr = BudgetLR(budget, cfg.warmup_steps, min_lr_ratio=cfg.min_lr_ratio)
+    if ckpt is not None:  # checkpoints before the schedule had its own state kept it in the budget's
+        budget_lr.load_state_dict(
+            trainer_state.get("lr_schedule") or {"decay_start": saved_budget.get("lr_decay_start")}
+        )
     g_sched = make_scheduler(g_opt, budget_lr)
     d_sched = make_scheduler(d_opt, budget_lr)
     generator_prepared, discriminator_prepared = _prepare(
@@ -260,7 +258,8 @@ def _build_session(
         load_report=report.to_dict(),
         model_source=model_source,
     )
-    apply_lr_scale(session)  # the peak is always this session's --learning_rate (x recoveries' scale)
+    # the peak is always this session's --learning_rate (x recoveries' scale)
+    set_peak_lr(session.lr_pairs(), cfg.learning_rate * state.lr_scale, budget_lr)
     if state.split > 1:
         log(f"micro-batch: divided by {state.split} (an earlier out-of-memory retry)")
     return session
