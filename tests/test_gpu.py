@@ -1,7 +1,7 @@
 """The CUDA paths: mixed precision, the GPU alignment search, recovery out of fp16, the runner on a GPU.
 
-CI has no GPU, so every test here is skipped there; they run on a machine with one (see docs/performance.md
-for how they were run). They use the same tiny model and tone-language corpus
+CI has no GPU, so every test here is skipped there; they run on a machine with one (`bash bench/gpu_check.sh
+LOG_DIR`, see docs/performance.md). They use the same tiny model and tone-language corpus
 as the CPU tests, with `cpu=False`.
 """
 

@@ -17,7 +17,7 @@ import soxr
 
 # Extensions treated as audio when scanning folders (all decodable by the bundled libsndfile).
 AUDIO_EXTENSIONS = (".wav", ".flac", ".ogg", ".opus", ".mp3")
-# soxr "HQ": 20-bit precision, ~95% passband; transparent for speech and about 1 ms per 3 s clip.
+# soxr "HQ": 20-bit precision, ~95% passband; transparent for speech and fast.
 RESAMPLE_QUALITY = "HQ"
 
 
@@ -80,7 +80,7 @@ def write_wav(path: str | Path, audio: np.ndarray, sample_rate: int) -> int:
     # A per-process temp name so parallel workers never share one; a leading dot hides it from globs.
     tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
     try:
-        # The stdlib writer: a plain 44-byte header + samples, ~5x faster than libsndfile for short clips.
+        # The stdlib writer: a plain 44-byte header + samples, much faster than libsndfile for short clips.
         with wave.open(str(tmp), "wb") as w:
             w.setnchannels(1)
             w.setsampwidth(2)

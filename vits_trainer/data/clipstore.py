@@ -1,6 +1,6 @@
 """The clip store: every clip of a data_dir preloaded as int16, and its packed on-disk cache.
 
-Reading WAVs from disk per sample starved the GPU (1.7 samples/s), so all clips are loaded once at
+Reading WAVs from disk per sample starves a GPU (bench/bench_train.py loader), so all clips are loaded once at
 start into one int16 array (half the RAM of float32) with offsets. The array is built once into a
 packed cache (`audio_int16.bin` + `index.json`) so the next start is a single sequential read, or a
 memory map when the set does not fit in RAM. Tokenizing and batching live in items.py, sampler.py

@@ -1,7 +1,7 @@
 """The CUDA alignment search as one Triton kernel: one program per batch item, the frame loop inside it.
 
 The batched torch path launches a few small kernels per frame, so on a GPU it is bound by launch latency
-(20-36 ms for 128 tokens x 512 frames, batch 16, on an H100; this kernel: 0.4 ms). Here each program
+(bench/bench_mas.py; figures in docs/performance.md). Here each program
 walks its item's frames in a loop, all tokens of a frame at once, and then backtracks, all in one launch.
 Same arithmetic as the other backends (value = log_likelihood + max(from previous token, from same
 token), float32, one rounding, ties stay on the same token), so the path is bit-identical to the

@@ -368,10 +368,9 @@ class Budget:
 
     def _next_step_seconds(self) -> float:
         # The typical step, and as much again as headroom: on a shared machine a step can take twice its
-        # usual time, and that overrun would otherwise come out of the final evaluation (measured: 0.2-0.4
-        # s left over after a 60 s run's last step, with 0.4 s steps). One step of a multi-hour run is a
-        # negligible price. Typical is a median, not the slowest recent step: one slow step doubled and
-        # taken as the rule ended short runs at 0.4-0.8 of their budgets.
+        # usual time, and that overrun would otherwise come out of the final evaluation. One step of a
+        # multi-hour run is a negligible price. Typical is a median, not the slowest recent step: one slow
+        # step doubled and taken as the rule would end short runs well before their deadlines.
         if not self._recent_steps and self._warmup_step_times:
             # Only warm-up steps so far: they are the slow ones (compilation, allocator), so the fastest is
             # already an upper bound with headroom in it; doubled, one slow first step would end a short

@@ -24,7 +24,7 @@ from safetensors.torch import save as save_safetensors_bytes
 from ..errors import UserError
 from ..safety import remove_dead_writers_temp
 
-try:  # xxhash comes with `datasets`; ~10x faster than sha256 on a GB-sized checkpoint
+try:  # xxhash comes with `datasets`; much faster than sha256 on a GB-sized checkpoint
     import xxhash
 
     def _digest(data: bytes) -> str:

@@ -5,7 +5,8 @@ Compiling costs time before it saves any: Dynamo traces the fixed-shape part of 
 generates kernels, CUDA graphs are recorded. That time is spent inside the budget like any other, so:
 - `auto` compiles only on CUDA, in a single process, without --gradient_checkpointing, and when at
   least COMPILE_MIN_MINUTES of training time are left after the micro-batch trial (a run too short to
-  earn compilation back stays eager). On a CPU compiling did not make the step faster.
+  earn compilation back stays eager). A CPU stays eager: CUDA graphs, the main gain, exist only on a
+  GPU, and inductor's code generation takes minutes on a few cores.
 - The first COMPILE_STEPS compiled steps are the compilation (they train, but the budget does not
   take their time as a step's); the next MEASURE_STEPS are compared with eager steps at the same
   micro-batch size (the trial's, else EAGER_STEPS measured first). With `auto` the compiled step is

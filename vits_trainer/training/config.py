@@ -315,7 +315,7 @@ def parse_config(parser: argparse.ArgumentParser, argv: list[str] | None, cls=Tr
 
 # ---- the folders the flags name, checked without torch ------------------------------------------
 # train_vits.py calls check_given_paths and check_train_paths before its heavy imports (a mistyped
-# path costs a fraction of a second, not the ~8 s of importing torch); the session calls the same
+# path costs a fraction of a second, not the seconds of importing torch); the session calls the same
 # folder checks once a resumed run's settings are known.
 
 

@@ -2,9 +2,8 @@
 
 Why: a step is many short parallel regions, and each waits for its slowest thread. When other processes
 keep the cores busy, one of our threads is always waiting for a CPU, so two threads are far slower than
-one. bench/bench_threads.py (tiny model, batch 8, 2 cores, other work on the machine): 2 threads 4.1 s
-a step, 1 thread 0.93 s; beside two more `while True: pass` processes 11.0 s against 3.1 s. On a quiet
-machine two threads are the faster (0.38 s against ~0.6 s). Load changes over a run of hours, so the
+one; on a quiet machine two threads are the faster (figures: docs/performance.md, "Threads on a shared
+CPU", from bench/bench_threads.py). Load changes over a run of hours, so the
 count is not fixed at start-up: every `interval` seconds the CPU time others used on this process's
 CPUs is measured (/proc/stat's busy time minus this process's own, /proc/self/stat), and the thread
 count becomes the CPUs they left free, rounded, between 1 and the configured count. A change needs two

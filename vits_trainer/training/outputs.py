@@ -202,12 +202,11 @@ class RunOutputs:
             self.save_checkpoint("epoch")
 
     def warm_up_first_calls(self) -> None:
-        """Pay the one-time costs of an evaluation's libraries before the start evaluation is timed: its
-        time is the budget's estimate for every later evaluation, the final one included, until another
-        is measured (a short run measures none). Quiet, 2 cores: the alignment search's numba
-        compilation 1.0 s, librosa's DTW 1.8 s, matplotlib 0.6 s, against ~0.8 s for the evaluation
-        itself; beside two CPU-bound processes the start evaluation took 8 s and the final one ~2 s, so
-        the final reserve kept ~6 s of a 120 s run unused. The time is spent either way."""
+        """Pay the one-time costs of an evaluation's libraries (numba's alignment search, librosa's DTW,
+        matplotlib) before the start evaluation is timed: its time is the budget's estimate for every
+        later evaluation, the final one included, until another is measured (a short run measures none),
+        and first-call costs in it would make the final reserve too large. The time is spent either way;
+        figures in docs/performance.md ("Evaluation warm-up")."""
         s, cfg = self.s, self.s.cfg
         log_lik = torch.zeros(1, 2, 3, device=s.device)
         maximum_path(

@@ -44,10 +44,8 @@ def configure_threads() -> dict[str, str | int | None]:
     GNU OpenMP threads (torch's and numba's) busy-wait ~300k iterations between parallel regions by
     default, so beside another CPU-bound process (a second run, a notebook, the DataLoader workers)
     they spin against it and the step stalls; never spinning (OMP_WAIT_POLICY=PASSIVE) costs the quiet
-    machine dearly, because the step has many small parallel regions. A short spin keeps both.
-    bench/bench_threads.py --competitor torch, tiny model, batch 8, 2 cores (medians, quiet / beside two
-    spinning torch processes): default 0.38 s / 3.4-5.4 s (max 20-31 s); PASSIVE 0.68 s / 1.7 s;
-    GOMP_SPINCOUNT=10000 0.40 s / 1.7-2.0 s (max 2.8 s). The thread count is sized to the CPUs this
+    machine dearly, because the step has many small parallel regions. A short spin keeps both
+    (bench/bench_threads.py; figures in docs/performance.md). The thread count is sized to the CPUs this
     process may use, split between the processes of a multi-process launch (LOCAL_WORLD_SIZE), not to
     the load average: the load at start-up says little about the hours after it. DataLoader workers
     need nothing here: torch sets one thread in each worker itself.
