@@ -1,5 +1,7 @@
 """The package's layers import only downwards: root modules <- data <- model <- training <- feedback,
-and inside each folder the modules import one another without a cycle.
+and inside each folder the modules import one another without a cycle. A command run as a module
+(`python -m vits_trainer.speak`) is, like the scripts beside the package, above every layer: it may
+import any of them, and nothing in the package imports it.
 
 The subpackages' docstrings promise it; this reads every import statement and holds them to it.
 """
@@ -9,6 +11,7 @@ from pathlib import Path
 
 PACKAGE = Path(__file__).resolve().parents[1] / "vits_trainer"
 LAYERS = ["", "data", "model", "training", "feedback"]  # "" = the root modules
+COMMANDS = {"vits_trainer.speak"}  # root files that are commands, not modules of the root layer
 
 
 def _layer_of(module: str) -> str:
@@ -49,11 +52,25 @@ def test_layers_import_only_downwards():
     wrong = []
     for path in sorted(PACKAGE.rglob("*.py")):
         rel = path.relative_to(PACKAGE)
+        if _module_name(path) in COMMANDS:
+            continue
         mine = rel.parts[0] if len(rel.parts) > 1 else ""
         for name in _imports(path):
             theirs = _layer_of(name)
             if LAYERS.index(theirs) > LAYERS.index(mine):
                 wrong.append(f"{rel} imports {name}")
+    assert not wrong, "\n".join(wrong)
+
+
+def test_nothing_imports_a_command():
+    for name in COMMANDS:
+        assert _module_path(name), f"no module {name}: update COMMANDS"
+    wrong = [
+        f"{path.relative_to(PACKAGE)} imports {name}"
+        for path in sorted(PACKAGE.rglob("*.py"))
+        for name in _imports(path)
+        if any(name == c or name.startswith(c + ".") for c in COMMANDS)
+    ]
     assert not wrong, "\n".join(wrong)
 
 

@@ -10,6 +10,9 @@ Layout, following the data flow (each part imports only the parts listed before 
 - ``model``: VITS training forward, discriminator, losses, alignment search;
 - ``training``: budget, the one training loop, checkpoints, evaluation, recovery;
 - ``feedback``: feedback rounds (train_feedback.py) on top of that loop.
+
+``speak`` (``python -m vits_trainer.speak``) is a command, like the scripts: it speaks text with a
+model folder to WAV files, may import every part, and nothing imports it.
 """
 
 __version__ = "0.1.0"

@@ -1,0 +1,155 @@
+"""`python -m vits_trainer.speak`: WAVs from a model folder, one RTF line per file, one-line errors.
+
+The tiny models are freshly initialised, so they speak noise-like audio; what is checked is that it is
+there (peak above a small threshold), 16-bit at the model's rate, in the files promised. Nothing here
+depends on how fast anything runs: the RTF lines are checked for their form only.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+from pathlib import Path
+
+import numpy as np
+import pytest
+import soundfile as sf
+
+from tests.helpers import PYTHON, ROOT
+from vits_trainer.errors import run_cli
+from vits_trainer.speak import main
+
+FILE_LINE = re.compile(r"^.+\.wav +\d+\.\d\d s audio +\d+\.\d\d s taken +RTF \d+\.\d{3}$", re.M)
+TOTAL_LINE = re.compile(
+    r"^total \((\d+) files?\) +\d+\.\d\d s audio +\d+\.\d\d s taken +RTF \d+\.\d{3}$", re.M
+)
+SPEAKERS = {"alice": 0, "bob": 1, "carol": 2}
+
+
+@pytest.fixture(scope="module")
+def multi_model_dir(tmp_path_factory) -> Path:
+    """A tiny three-speaker model with the speakers.json an export of this tool carries."""
+    from vits_trainer.model.tiny import make_tiny_model
+
+    folder = make_tiny_model(tmp_path_factory.mktemp("tiny_multi"), num_speakers=3)
+    (folder / "speakers.json").write_text(json.dumps(SPEAKERS), encoding="utf-8")
+    return folder
+
+
+def speak(capsys, *args) -> tuple[int, str, str]:
+    code = run_cli(main, [str(a) for a in args])
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+def check_wav(path: Path, sample_rate: int = 16000) -> np.ndarray:
+    info = sf.info(path)
+    assert (info.format, info.subtype, info.samplerate, info.channels) == ("WAV", "PCM_16", sample_rate, 1)
+    audio, _ = sf.read(path, dtype="float32")
+    assert len(audio) > 0 and np.abs(audio).max() > 1e-3, path  # not silent
+    return audio
+
+
+def test_one_sentence_to_a_wav_and_never_over_an_existing_one(tmp_path, capsys, tiny_model_dir):
+    out = tmp_path / "sub" / "hello.wav"
+    code, stdout, _ = speak(capsys, "--model", tiny_model_dir, "--text", "Abc def ghi", "--out", out)
+    assert code == 0
+    check_wav(out)
+    assert len(FILE_LINE.findall(stdout)) == 1 and TOTAL_LINE.search(stdout).group(1) == "1", stdout
+    assert len(stdout.strip().splitlines()) == 3, stdout  # model line, the file, the total
+
+    before = out.read_bytes()
+    code, stdout, err = speak(capsys, "--model", tiny_model_dir, "--text", "abc", "--out", out)
+    assert code == 2 and stdout == ""
+    assert err.startswith("error:") and "--overwrite" in err and len(err.splitlines()) == 1, err
+    assert out.read_bytes() == before
+
+    code, _, _ = speak(capsys, "--model", tiny_model_dir, "--text", "abc", "--out", out, "--overwrite")
+    assert code == 0 and out.read_bytes() != before
+
+
+def test_text_file_gives_one_file_per_sentence_and_speakers_by_name(tmp_path, capsys, multi_model_dir):
+    lines = tmp_path / "lines.txt"
+    lines.write_text("abc de\n\n   \nfgh ij\nklm no\n\n", encoding="utf-8")
+    by_name = tmp_path / "by_name"
+    code, stdout, _ = speak(
+        capsys, "--model", multi_model_dir, "--text_file", lines, "--out", by_name, "--speaker", "bob"
+    )
+    assert code == 0, stdout
+    assert sorted(p.name for p in by_name.iterdir()) == ["0001.wav", "0002.wav", "0003.wav"]
+    for path in by_name.iterdir():
+        check_wav(path)
+    assert len(FILE_LINE.findall(stdout)) == 3 and TOTAL_LINE.search(stdout).group(1) == "3", stdout
+    assert "speaker bob = 1" in stdout
+
+    # the name is the id speakers.json gives it; the same seed gives the same takes
+    by_id = tmp_path / "by_id"
+    code, _, _ = speak(
+        capsys, "--model", multi_model_dir, "--text_file", lines, "--out", by_id, "--speaker_id", "1"
+    )
+    assert code == 0
+    for name in ("0001.wav", "0002.wav", "0003.wav"):
+        assert (by_id / name).read_bytes() == (by_name / name).read_bytes()
+
+
+def test_bad_input_is_one_error_line(tmp_path, capsys, tiny_model_dir, multi_model_dir):
+    blank = tmp_path / "blank.txt"
+    blank.write_text("\n  \n", encoding="utf-8")
+    existing = tmp_path / "existing.wav"
+    existing.write_bytes(b"mine")
+    wav = tmp_path / "new.wav"
+    cases = {
+        "missing folder": (["--model", tmp_path / "nope", "--text", "abc", "--out", wav], "no such folder"),
+        "single speaker, id 1": (
+            ["--model", tiny_model_dir, "--text", "abc", "--out", wav, "--speaker_id", "1"],
+            "single-speaker",
+        ),
+        "id out of range": (
+            ["--model", multi_model_dir, "--text", "abc", "--out", wav, "--speaker_id", "3"],
+            "speakers 0..2",
+        ),
+        "unknown name": (
+            ["--model", multi_model_dir, "--text", "abc", "--out", wav, "--speaker", "dave"],
+            "alice, bob, carol",
+        ),
+        "empty text": (["--model", tiny_model_dir, "--text", "  ", "--out", wav], "--text is empty"),
+        "only blank lines": (
+            ["--model", tiny_model_dir, "--text_file", blank, "--out", tmp_path / "f"],
+            "every line is blank",
+        ),
+        "not a wav name": (["--model", tiny_model_dir, "--text", "abc", "--out", tmp_path / "a.mp3"], ".wav"),
+        "existing file": (["--model", tiny_model_dir, "--text", "abc", "--out", existing], "--overwrite"),
+        "nothing speakable": (
+            ["--model", tiny_model_dir, "--text", "€€ ¥", "--out", wav],
+            "--text: '€€ ¥' has no character",
+        ),
+    }
+    for name, (args, expected) in cases.items():
+        code, stdout, err = speak(capsys, *args)
+        assert code == 2, name
+        assert err.startswith("error:") and len(err.splitlines()) == 1, (name, err)
+        assert expected in err, (name, err)
+    assert existing.read_bytes() == b"mine" and not wav.exists() and not (tmp_path / "f").exists()
+
+
+def test_as_a_module_in_a_subprocess(tmp_path, tiny_model_dir):
+    env = dict(os.environ, HF_HUB_OFFLINE="1")
+    out = tmp_path / "sub.wav"
+    command = [PYTHON, "-m", "vits_trainer.speak", "--model", str(tiny_model_dir), "--out", str(out)]
+    done = subprocess.run(
+        [*command, "--text", "abc de", "--seed", "3", "--speaking_rate", "0.8", "--device", "cpu"],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    check_wav(out)
+    assert FILE_LINE.search(done.stdout) and TOTAL_LINE.search(done.stdout), done.stdout
+
+    again = subprocess.run([*command, "--text", "abc"], cwd=ROOT, env=env, capture_output=True, text=True)
+    assert again.returncode == 2 and "Traceback" not in again.stderr
+    assert again.stderr.startswith("error:") and len(again.stderr.splitlines()) == 1, again.stderr

@@ -1,0 +1,210 @@
+"""Listen to a model folder: speak sentences to 16-bit WAV files and report the real-time factor.
+
+Examples:
+  python -m vits_trainer.speak --model training/final_model --text "silav, tu çawa yî?" --out hello.wav
+  python -m vits_trainer.speak --model training/checkpoints/best_model --text_file lines.txt --out listen
+"""
+
+# A command, like the scripts beside the package: it sits above every layer (tests/test_layout.py) and
+# nothing imports it. Flags, paths and the model's speakers are checked before torch is imported, so a
+# mistake costs a fraction of a second; the speaking itself is model/synthesis.py.
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from .errors import ArgumentParser, UserError, run_cli
+from .hub import read_model_config, resolve_model_dir
+
+SPEAKERS_FILE = "speakers.json"  # speaker name -> id, written beside exported multi-speaker models
+
+
+def _positive(value: str) -> float:
+    try:
+        number = float(value)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"invalid number: {value!r}") from None
+    if not number > 0:
+        raise argparse.ArgumentTypeError(f"must be positive, got {value}")
+    return number
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = ArgumentParser(
+        prog="python -m vits_trainer.speak",
+        description=__doc__.split("\n\n")[0],
+        epilog="Prints one line per file (seconds of audio, seconds taken, RTF = synthesis time / audio "
+        "duration) and a total. Existing WAVs are never replaced without --overwrite.",
+    )
+    parser.add_argument(
+        "--model",
+        required=True,
+        help="model folder (final_model, best_model, a feedback version, any transformers VITS folder) "
+        "or a hub id already in the local cache",
+    )
+    text = parser.add_mutually_exclusive_group(required=True)
+    text.add_argument("--text", help="one sentence to speak; --out is then a .wav file")
+    text.add_argument(
+        "--text_file",
+        help="UTF-8 file, one sentence per line (blank lines skipped); --out is then a folder that gets "
+        "0001.wav, 0002.wav, ...",
+    )
+    parser.add_argument("--out", required=True, help="output .wav file (--text) or folder (--text_file)")
+    voice = parser.add_mutually_exclusive_group()
+    voice.add_argument(
+        "--speaker_id", type=int, default=None, help="speaker of a multi-speaker model (default: 0)"
+    )
+    voice.add_argument("--speaker", default=None, help="speaker name, looked up in the model's speakers.json")
+    parser.add_argument(
+        "--speaking_rate",
+        type=_positive,
+        default=None,
+        help="speed factor: above 1 faster, below 1 slower (default: the model config's speaking_rate)",
+    )
+    parser.add_argument("--seed", type=int, default=0, help="seed of the model's noise: same seed, same take")
+    parser.add_argument(
+        "--device", default="auto", choices=["auto", "cpu", "cuda"], help="auto: cuda when available"
+    )
+    parser.add_argument("--overwrite", action="store_true", help="replace output WAVs that already exist")
+    return parser
+
+
+@dataclass
+class Sentence:
+    text: str
+    where: str  # how an error names it: `--text` or `--text_file F line N`
+    path: Path  # the WAV it becomes
+
+
+def read_sentences(args: argparse.Namespace) -> list[Sentence]:
+    """The sentences and their output paths; the output is checked, nothing is written yet."""
+    out = Path(args.out).expanduser()
+    if args.text is not None:
+        if not args.text.strip():
+            raise UserError("--text is empty: nothing to speak")
+        if out.is_dir():
+            raise UserError(f"--out {args.out} is a folder; with --text give a .wav file name")
+        if out.suffix.lower() != ".wav":
+            raise UserError(f"--out {args.out}: with --text give a .wav file name")
+        return [Sentence(args.text.strip(), "--text", out)]
+    source = Path(args.text_file).expanduser()
+    if not source.is_file():
+        raise UserError(f"--text_file {args.text_file}: no such file")
+    try:
+        lines = source.read_text(encoding="utf-8-sig").splitlines()
+    except UnicodeDecodeError as err:
+        raise UserError(
+            f"--text_file {args.text_file}: not UTF-8 text ({err.reason} at byte {err.start})"
+        ) from None
+    numbered = [(n, line.strip()) for n, line in enumerate(lines, 1) if line.strip()]
+    if not numbered:
+        raise UserError(f"--text_file {args.text_file}: no sentences (every line is blank)")
+    if out.exists() and not out.is_dir():
+        raise UserError(f"--out {args.out} is a file; with --text_file give a folder")
+    width = max(4, len(str(len(numbered))))
+    return [
+        Sentence(text, f"--text_file {args.text_file} line {n}", out / f"{k:0{width}d}.wav")
+        for k, (n, text) in enumerate(numbered, 1)
+    ]
+
+
+def check_not_overwriting(sentences: list[Sentence], overwrite: bool) -> None:
+    if overwrite:
+        return
+    existing = [s.path for s in sentences if s.path.exists()]
+    if existing:
+        shown = ", ".join(str(p) for p in existing[:3]) + (
+            f" and {len(existing) - 3} more" if len(existing) > 3 else ""
+        )
+        raise UserError(
+            f"{shown} already exist{'s' if len(existing) == 1 else ''}; pass --overwrite to replace"
+        )
+
+
+def choose_speaker(args: argparse.Namespace, model_dir: Path) -> tuple[int, str]:
+    """(speaker id, how the report names it), checked against the model's config and speakers.json."""
+    try:
+        config = read_model_config(model_dir)
+    except (ValueError, UnicodeDecodeError) as err:
+        raise UserError(f"--model {args.model}: config.json is not valid JSON ({err})") from None
+    if config.get("model_type") != "vits":
+        raise UserError(
+            f"--model {args.model}: config.json describes a {config.get('model_type')!r} model, not VITS"
+        )
+    count = int(config.get("num_speakers") or 1)
+    if args.speaker is not None:
+        path = model_dir / SPEAKERS_FILE
+        if not path.is_file():
+            hint = "a single-speaker model" if count <= 1 else f"use --speaker_id 0..{count - 1}"
+            raise UserError(f"--speaker {args.speaker}: {args.model} has no {SPEAKERS_FILE} ({hint})")
+        try:
+            names = json.loads(path.read_text(encoding="utf-8"))
+        except (ValueError, UnicodeDecodeError) as err:
+            raise UserError(f"{path}: not a JSON file ({err})") from None
+        if not isinstance(names, dict) or args.speaker not in names:
+            known = ", ".join(sorted(map(str, names))[:10]) if isinstance(names, dict) else ""
+            raise UserError(f"--speaker {args.speaker}: not in {path} (it has: {known or 'no names'})")
+        speaker_id, label = names[args.speaker], f"{args.speaker} = {names[args.speaker]}"
+        if isinstance(speaker_id, bool) or not isinstance(speaker_id, int):
+            raise UserError(f"{path}: speaker {args.speaker!r} maps to {speaker_id!r}, not an id")
+    else:
+        speaker_id = 0 if args.speaker_id is None else args.speaker_id
+        label = str(speaker_id)
+    if count <= 1 and speaker_id != 0:
+        raise UserError(f"speaker {label}: {args.model} is a single-speaker model (only speaker 0)")
+    if not 0 <= speaker_id < count:
+        raise UserError(f"speaker {label}: {args.model} has speakers 0..{count - 1}")
+    return speaker_id, label
+
+
+def _line(name: str, audio: float, taken: float) -> str:
+    rtf = taken / audio if audio > 0 else float("inf")
+    return f"{name}  {audio:5.2f} s audio  {taken:5.2f} s taken  RTF {rtf:.3f}"
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    sentences = read_sentences(args)
+    check_not_overwriting(sentences, args.overwrite)
+    model_dir = resolve_model_dir(args.model, "--model")
+    speaker_id, speaker = choose_speaker(args, model_dir)
+
+    from .model import synthesis  # torch and transformers: only once the command line is known good
+
+    start = time.perf_counter()
+    device = synthesis.choose_device(args.device)
+    voice = synthesis.load_voice(model_dir, device)
+    ids = [synthesis.encode_sentence(voice, s.text, s.where) for s in sentences]
+    for folder in {s.path.parent for s in sentences}:
+        try:
+            folder.mkdir(parents=True, exist_ok=True)
+        except OSError as err:
+            raise UserError(f"--out {args.out}: cannot create {folder} ({err.strerror})") from None
+    print(
+        f"{args.model}: {voice.sampling_rate} Hz, speaker {speaker}, {device.type}, "
+        f"loaded in {time.perf_counter() - start:.1f} s",
+        flush=True,
+    )
+    total_audio = total_taken = 0.0
+    files = f"{len(sentences)} file{'s' if len(sentences) != 1 else ''}"
+    width = max(len(f"total ({files})"), *(len(str(s.path)) for s in sentences))
+    for sentence, token_ids in zip(sentences, ids, strict=True):
+        dropped = synthesis.unknown_characters(voice, sentence.text)
+        if dropped:
+            print(f"note: {sentence.where}: not in the vocabulary, not spoken: {dropped!r}", flush=True)
+        take = synthesis.speak(voice, token_ids, speaker_id, args.seed, args.speaking_rate)
+        synthesis.write_wav(sentence.path, take.waveform, take.sampling_rate)
+        total_audio += take.seconds_of_audio
+        total_taken += take.seconds_taken
+        print(_line(str(sentence.path).ljust(width), take.seconds_of_audio, take.seconds_taken), flush=True)
+    print(_line(f"total ({files})".ljust(width), total_audio, total_taken), flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(run_cli(main))
