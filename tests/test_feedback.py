@@ -304,6 +304,10 @@ def test_feedback_run_improves_feedback_and_is_promoted(promoted_run, base):
         assert (out / "latest").resolve() == (v1 / "model").resolve()
     # the original held-out split travels with the model, for the next round
     assert json.loads((v1 / "model" / "training_split.json").read_text())["val_ids"] == base["val_ids"]
+    # the model card names the base folder and the feedback clips (the judgement comes after the export)
+    card = (v1 / "model" / "README.md").read_text(encoding="utf-8")
+    assert "Trained from the local folder `best_model`" in card and "on 12 feedback clips" in card
+    assert "held-out feedback clips" in card and "`feedback_report.json`" in card
     # every feedback sentence, before and after
     for when in ("before", "after"):
         wavs = {p.stem for p in (v1 / "samples" / when).glob("*.wav")}

@@ -30,7 +30,8 @@ from vits_trainer.training.config import check_output_dir, check_train_paths
 
 
 def user_tree(root: Path) -> dict[str, Path]:
-    """A user's folders with files in each: data (wavs + metadata), a checkpoint dir, a model folder."""
+    """A user's folders with files in each: data (wavs + metadata), a checkpoint dir, a model folder, a
+    folder holding only a model card (README.md)."""
     data = root / "data"
     (data / "wavs").mkdir(parents=True)
     (data / "wavs" / "a.wav").write_bytes(b"RIFF user recording")
@@ -43,7 +44,10 @@ def user_tree(root: Path) -> dict[str, Path]:
     mine = root / "mymodels"
     mine.mkdir()
     (mine / "notes.txt").write_text("my other models", encoding="utf-8")
-    return {"data": data, "ckpt": ckpt, "out": root / "out", "mine": mine}
+    card = root / "mycard"  # e.g. a model folder being written by hand: its card first
+    card.mkdir()
+    (card / "README.md").write_text("---\nlicense: mit\n---\n# My voice\n", encoding="utf-8")
+    return {"data": data, "ckpt": ckpt, "out": root / "out", "mine": mine, "card": card}
 
 
 def refused(capsys, main, argv: list[str], expected: str = "") -> str:
@@ -142,7 +146,38 @@ def test_output_dir_with_user_files_is_refused_up_front(tmp_path, capsys, tone_c
     line = refused(capsys, train_vits.main, [*argv, "--output_dir", str(tree["mine"])], "notes.txt")
     assert "not a model exported by this tool" in line
     refused(capsys, train_vits.main, [*argv, "--output_dir", str(tree["mine"]), "--overwrite_output_dir"])
+    # a folder holding only the user's model card: the export's own README.md never replaces it
+    for flags in ([], ["--overwrite_output_dir"]):
+        line = refused(
+            capsys, train_vits.main, [*argv, "--output_dir", str(tree["card"]), *flags], "README.md"
+        )
+        assert "not a model exported by this tool" in line
     assert_unchanged(tmp_path, before)
+
+
+def test_export_replaces_only_a_readme_it_wrote(tmp_path, tiny_model_dir):
+    """export_model's own check, as best_model's export during a run meets it: a user's README.md in
+    a folder without the marker is refused and kept; the card of an earlier export is replaced."""
+    from transformers import VitsTokenizer
+
+    from vits_trainer.model.vits import export_model, load_vits_model
+
+    model, tokenizer = load_vits_model(tiny_model_dir), VitsTokenizer.from_pretrained(tiny_model_dir)
+    tree = user_tree(tmp_path)
+    before = snapshot(tmp_path)
+
+    def card(folder: Path) -> None:
+        (folder / "README.md").write_text("---\nlicense: other\n---\n# exported\n", encoding="utf-8")
+
+    with pytest.raises(UnsafeOverwrite, match="README.md"):
+        export_model(model, tokenizer, tree["card"], extras=card, kind="best_model", run=tmp_path / "ckpt")
+    assert_unchanged(tmp_path, before)
+    out = tmp_path / "export"
+    export_model(model, tokenizer, out, extras=card, kind="best_model", run=tmp_path / "ckpt")
+    assert "README.md" in read_marker(out)["files"]
+    (out / "README.md").write_text("an older card of this export", encoding="utf-8")
+    export_model(model, tokenizer, out, extras=card, kind="best_model", run=tmp_path / "ckpt")  # its own
+    assert (out / "README.md").read_text(encoding="utf-8").endswith("# exported\n")
 
 
 def fake_export(folder: Path, run: Path) -> None:

@@ -324,6 +324,7 @@ class FeedbackData:
             dropped=dropped + dropped_val + dropped_fb,
             sampler=sampler,
             epoch_samples=sampler.epoch_size,
+            feedback_clips=len(feedback),
         )
 
     def feedback_split(

@@ -1,5 +1,6 @@
 """What a run writes while it trains (`RunOutputs`, one part of loop.Trainer): evaluations (with samples,
-alignments and pictures), checkpoints and exports (best_model), and when the epoch-end ones are due.
+alignments and pictures), checkpoints and exports (best_model, and final_model for run_end.py, each with
+its model card), and when the epoch-end ones are due.
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ from ..safety import UnsafeOverwrite
 from .checkpoint import checkpoint_name, prune_checkpoints, write_checkpoint
 from .evaluate import evaluate, synthesize
 from .freerun import dtw_scores, free_running_eval, write_wavs
+from .model_card import CARD_FILE, model_card, run_facts
 from .pictures import alignment_paths, log_images_to_trackers, warm_up_pictures, write_pictures
 from .reporting import log_audio_to_trackers
 from .runtime import git_revision
@@ -177,13 +179,21 @@ class RunOutputs:
             return None
         speakers = s.speakers if s.model.config.num_speakers > 1 else None
 
+        kind = "best_model" if folder == s.checkpoint_dir / "best_model" else "final_model"
+
         def extras(tmp: Path) -> None:
             save_discriminator(s.discriminator_raw, tmp)
             # the held-out clips, so a later feedback run keeps validating on clips never trained on
             split = {"val_ids": s.data.val_ids, "data_dir": str(s.cfg.data_dir), "seed": s.cfg.seed}
             (tmp / SPLIT_FILE).write_text(json.dumps(split, ensure_ascii=False), encoding="utf-8")
+            # the model card, into the temp folder: the marker lists it, so only a later export replaces it
+            try:
+                card = model_card(run_facts(s, kind))
+            except Exception as err:  # a card is never worth losing the export over
+                s.log(f"warning: model card not written ({err})")
+            else:
+                (tmp / CARD_FILE).write_text(card, encoding="utf-8")
 
-        kind = "best_model" if folder == s.checkpoint_dir / "best_model" else "final_model"
         return export_model(
             s.model, s.text.tokenizer, folder, speakers, extras=extras, kind=kind, run=s.checkpoint_dir
         )

@@ -1,0 +1,425 @@
+"""The model card (README.md) of every exported model folder, in the Hugging Face format: YAML front
+matter (language, license, base_model, pipeline_tag, tags, library_name), then how to use the model
+and what its weights were trained on.
+
+`model_card(facts)` is the text, a pure function of `CardFacts`. `base_model_facts` reads what is known
+of the model a run started from; `run_facts` gathers the rest from a session when a folder is exported
+(outputs.RunOutputs.export, the one place that writes the card): only what is known at that moment.
+best_model is exported during the run (no final evaluation yet), final_model at its end; a feedback
+version's judgement comes after its export, so its card points to the report instead.
+
+The license is the base model's: a fine-tune inherits it. MMS-TTS checkpoints (facebook/mms-tts-*)
+are CC-BY-NC 4.0; a base folder's own README.md `license:` is taken as it says; anything else (a
+model this tool initialised itself, a folder without a card, another hub id) gets `license: other`
+and a line telling the user to set the right one before sharing.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from dataclasses import dataclass, replace
+from pathlib import Path
+
+CARD_FILE = "README.md"
+MMS_PREFIX = "facebook/mms-tts-"
+MMS_LICENSE = "cc-by-nc-4.0"
+LICENSE_NAMES = {MMS_LICENSE: "CC-BY-NC 4.0"}
+SCORES = ("val_mel", "val_mel_dtw", "val_mcd", "val_duration_ratio")  # the columns of the score table
+SCORE_HEADERS = {"val_mcd": "val_mcd (dB)"}
+
+
+@dataclass(frozen=True)
+class BaseModel:
+    """The model a run started from, as far as it is known."""
+
+    card_id: str | None  # the front matter's base_model: a hub id, a local folder's name; None: no base
+    license: str | None = None  # None: not known (or not set)
+    language: tuple[str, ...] = ()
+    script: str | None = None  # an MMS id's -script_xxx suffix, e.g. "latin"
+    fresh: bool = False  # a model this tool initialised itself (the demo's tiny model): nothing to inherit
+    folder: str | None = None  # the name of the local folder the run started from (never its path)
+
+
+@dataclass(frozen=True)
+class Evaluation:
+    """One evaluation of the run, as the card shows it."""
+
+    label: str  # "start (before training)", "best", "final", or several joined when they coincide
+    step: int
+    scores: dict[str, float]  # the SCORES that were measured
+
+
+@dataclass(frozen=True)
+class CardFacts:
+    """What the card says; None (or empty) leaves a line out."""
+
+    kind: str  # "best_model" | "final_model"
+    base: BaseModel
+    step: int  # optimiser steps of these weights
+    best_metric: str = "val_mel"
+    hours: float | None = None  # audio in the training clips
+    clips: int | None = None
+    val_clips: int | None = None
+    speakers: int | None = None  # speakers named in the data
+    voices: int = 1  # the model's speaker embeddings (1: a single voice)
+    feedback_clips: int | None = None  # a feedback version (train_feedback.py): its feedback clips
+    target_seconds: float | None = None  # --target_hours of this session
+    total_seconds: float | None = None  # --total_hours, when the run spans several sessions
+    spent_seconds: float | None = None  # time spent when these weights were exported (all sessions)
+    hardware: str | None = None
+    precision: str | None = None
+    eval_set: str = "validation clips"
+    evaluations: tuple[Evaluation, ...] = ()
+    uroman: bool = False  # the tokenizer expects romanised text
+
+
+# ---- the base model ------------------------------------------------------------------------------
+
+
+def read_front_matter(text: str) -> dict[str, str | list[str]]:
+    """The top-level `key: value` and `key:` + `- item` entries of a card's YAML front matter (what a
+    model card needs; nested mappings are skipped). Empty when the text has none."""
+    lines = text.splitlines()
+    if not lines or lines[0].strip() != "---":
+        return {}
+    found: dict[str, str | list[str]] = {}
+    key = None
+    for line in lines[1:]:
+        if line.strip() == "---":
+            return found
+        stripped = line.strip()
+        if not stripped or stripped.startswith("#"):
+            continue
+        if line.startswith("- ") or (line.startswith(" ") and stripped.startswith("- ")):
+            if key is not None and isinstance(found.get(key), list):
+                found[key].append(_unquote(stripped[2:]))
+            continue
+        if line.startswith(" ") or ":" not in line:
+            continue  # inside a nested mapping
+        key, _, value = line.partition(":")
+        key, value = key.strip(), value.strip()
+        if not value:
+            found[key] = []
+        elif value.startswith("[") and value.endswith("]"):
+            found[key] = [_unquote(v) for v in value[1:-1].split(",") if v.strip()]
+        else:
+            found[key] = _unquote(value)
+    return {}  # no closing line: not front matter
+
+
+def _unquote(value: str) -> str:
+    value = value.strip()
+    if len(value) >= 2 and value[0] == value[-1] == '"':
+        try:
+            return str(json.loads(value))
+        except ValueError:
+            return value[1:-1]
+    if len(value) >= 2 and value[0] == value[-1] == "'":
+        return value[1:-1].replace("''", "'")
+    return value
+
+
+def _first(value) -> str | None:
+    if isinstance(value, list):
+        return value[0] if value else None
+    return value or None
+
+
+def mms_language(model_id: str | None) -> tuple[str | None, str | None]:
+    """(iso code, script) of an MMS-TTS hub id: facebook/mms-tts-kmr-script_latin -> ("kmr", "latin")."""
+    if not model_id or not model_id.startswith(MMS_PREFIX):
+        return None, None
+    iso, _, script = model_id[len(MMS_PREFIX) :].partition("-script_")
+    return iso or None, script or None
+
+
+def base_model_facts(model_name: str, fresh: bool = False) -> BaseModel:
+    """What is known of --model_name: a hub id as it is; a local folder by its own README.md (the
+    base_model, license and language an earlier export or a downloaded hub card records), else by its
+    name. An MMS-TTS id gives the language and the license. `fresh`: a model this tool initialised."""
+    folder = Path(model_name).expanduser()
+    name = folder.resolve().name if folder.is_dir() else None
+    if fresh:
+        return BaseModel(card_id=None, fresh=True, folder=name)
+    card: dict = {}
+    if name is not None:
+        try:
+            card = read_front_matter((folder / "README.md").read_text(encoding="utf-8"))
+        except (OSError, UnicodeDecodeError):
+            card = {}
+        card_id = _first(card.get("base_model")) or name
+    else:
+        card_id = model_name
+    iso, script = mms_language(card_id)
+    license = _first(card.get("license")) or (MMS_LICENSE if iso else None)
+    language = card.get("language") or ([iso] if iso else [])
+    return BaseModel(
+        card_id=card_id,
+        license=None if license == "other" else license,  # "other": not set, the user must choose
+        language=tuple([language] if isinstance(language, str) else language),
+        script=script,
+        folder=name,
+    )
+
+
+# ---- the card ------------------------------------------------------------------------------------
+
+
+def model_card(facts: CardFacts) -> str:
+    """The README.md text of an exported model folder."""
+    base = facts.base
+    parts = [_front_matter(facts), f"# {_title(base)}", _license_paragraph(base)]
+    if base.folder and base.folder != base.card_id and not base.fresh:
+        parts.append(
+            f"Trained from the local folder `{base.folder}`, whose own card names {base.card_id} as its base."
+        )
+    if base.language:
+        script = f" ({base.script.capitalize()} script)" if base.script else ""
+        parts.append(f"Language: {', '.join(base.language)}{script}.")
+    parts.append(_weights_line(facts))
+    parts += ["## Usage", _usage(facts)]
+    training = _training_lines(facts)
+    if training:
+        parts += ["## Training", "\n".join(training)]
+    if facts.evaluations:
+        parts += ["## Evaluation", _evaluation(facts)]
+    return "\n\n".join(parts) + "\n"
+
+
+def _yaml_scalar(value: str) -> str:
+    plain = re.fullmatch(r"[A-Za-z][A-Za-z0-9._/-]*", value) and value.lower() not in (
+        "true",
+        "false",
+        "yes",
+        "no",
+        "on",
+        "off",
+        "null",
+    )
+    return value if plain else json.dumps(value, ensure_ascii=False)  # JSON strings are YAML too
+
+
+def _front_matter(facts: CardFacts) -> str:
+    base = facts.base
+    lines = ["---"]
+    if base.language:
+        lines += ["language:", *(f"- {_yaml_scalar(code)}" for code in base.language)]
+    lines.append(f"license: {_yaml_scalar(base.license or 'other')}")
+    if base.card_id:
+        lines.append(f"base_model: {_yaml_scalar(base.card_id)}")
+    lines += ["pipeline_tag: text-to-speech", "library_name: transformers", "tags:"]
+    tags = ["text-to-speech", "vits", *(["mms"] if _is_mms(base) else []), "vits-trainer"]
+    lines += [f"- {tag}" for tag in tags]
+    lines.append("---")
+    return "\n".join(lines)
+
+
+def _is_mms(base: BaseModel) -> bool:
+    return bool(base.card_id and base.card_id.startswith(MMS_PREFIX))
+
+
+def _base_ref(base: BaseModel) -> str:
+    if base.card_id and "/" in base.card_id:  # a hub id (a local folder is named without its path)
+        return f"[{base.card_id}](https://huggingface.co/{base.card_id})"
+    return f"`{base.card_id}`"
+
+
+def _title(base: BaseModel) -> str:
+    if base.fresh:
+        return "VITS text-to-speech model, trained from scratch"
+    return f"VITS text-to-speech: a fine-tune of {base.card_id}"
+
+
+def _license_name(license: str) -> str:
+    name = LICENSE_NAMES.get(license, license)
+    return f"{name}: non-commercial use only" if "-nc" in license.lower() else name
+
+
+def _license_paragraph(base: BaseModel) -> str:
+    if base.fresh:
+        folder = f" (`{base.folder}`)" if base.folder else ""
+        return (
+            f"This model was trained from a freshly initialised VITS model{folder} that vits-trainer "
+            "built, not from a published checkpoint, so there is no base model license to "
+            "inherit. No license is set (`license: other`): choose one and set it above before sharing "
+            "the model."
+        )
+    if base.license is None:
+        return (
+            f"This model is a fine-tune of {_base_ref(base)}, whose license vits-trainer does not know; "
+            "a fine-tune inherits its base model's license. `license: other` stands in for it: look up "
+            "the base model's license and set it above before sharing the model."
+        )
+    return (
+        f"This model is a fine-tune of {_base_ref(base)} and inherits its license, "
+        f"{_license_name(base.license)}."
+    )
+
+
+def _weights_line(facts: CardFacts) -> str:
+    metric = f"`{facts.best_metric}` on the {facts.eval_set}"
+    if facts.kind == "best_model":
+        return (
+            f"These weights are the run's best so far by {metric}, at optimiser step {facts.step} "
+            "(exported during the run)."
+        )
+    best = [e for e in facts.evaluations if "best" in e.label]
+    also = f" They are also its best by {metric}." if best and best[0].step == facts.step else ""
+    return f"These are the weights at the end of the run, optimiser step {facts.step}.{also}"
+
+
+def _usage(facts: CardFacts) -> str:
+    lines = [
+        "```python",
+        "import soundfile as sf",
+        "import torch",
+        *(["import uroman"] if facts.uroman else []),
+        "from transformers import VitsModel, VitsTokenizer",
+        "",
+        'model = VitsModel.from_pretrained("path/to/this/folder")  # or its hub id once uploaded',
+        'tokenizer = VitsTokenizer.from_pretrained("path/to/this/folder")',
+        'text = "Text to speak."',
+    ]
+    if facts.uroman:  # pip install uroman
+        lines.append("text = uroman.Uroman().romanize_string(text)  # this tokenizer expects romanised text")
+    call = "model(**inputs, speaker_id=0)" if facts.voices > 1 else "model(**inputs)"
+    lines += [
+        'inputs = tokenizer(text, return_tensors="pt")',
+        "torch.manual_seed(0)  # VITS samples durations and noise: a seed makes the speech repeatable",
+        "with torch.no_grad():",
+        f"    speech = {call}.waveform[0]",
+        'sf.write("speech.wav", speech.numpy(), model.config.sampling_rate)',
+        "```",
+    ]
+    if facts.voices > 1:
+        lines.append(
+            f"\nThe model has {facts.voices} voices (`speaker_id`); `speakers.json` maps the speakers' "
+            "names in the training data to them."
+        )
+    return "\n".join(lines)
+
+
+def _duration(seconds: float) -> str:
+    if seconds >= 3600:
+        return f"{seconds / 3600:.2f} h"
+    if seconds >= 60:
+        return f"{seconds / 60:.1f} min"
+    return f"{seconds:.0f} s"
+
+
+def _training_lines(facts: CardFacts) -> list[str]:
+    lines = []
+    if facts.hours is not None and facts.clips is not None:
+        data = f"- Data: {_duration(facts.hours * 3600)} of audio in {facts.clips} training clips"
+        if facts.speakers:
+            data += f" from {facts.speakers} speaker{'s' if facts.speakers != 1 else ''}"
+            if facts.speakers > 1 and facts.voices == 1:
+                data += " (trained as one voice)"
+        if facts.val_clips:
+            data += f"; {facts.val_clips} more clips held out for evaluation"
+        lines.append(data + ".")
+    if facts.feedback_clips is not None:
+        lines.append(
+            f"- Feedback: a feedback round (train_feedback.py) on {facts.feedback_clips} feedback clips, "
+            "trained together with original clips replayed from the base model's data (both counted "
+            "above). Whether this version was promoted, judged on held-out feedback clips, is in "
+            "`feedback_report.json` in the version folder, written after this export."
+        )
+    if facts.target_seconds is not None:
+        budget = f"- Budget: --target_hours {facts.target_seconds / 3600:g}"
+        if facts.total_seconds is not None:
+            budget += f" (--total_hours {facts.total_seconds / 3600:g} across sessions)"
+        if facts.spent_seconds is not None:
+            budget += f"; {_duration(facts.spent_seconds)} spent when these weights were exported"
+        lines.append(budget + ".")
+    if facts.hardware:
+        precision = f", precision {facts.precision}" if facts.precision else ""
+        lines.append(f"- Hardware: {facts.hardware}{precision}.")
+    lines.append(f"- Optimiser steps: {facts.step}.")
+    return lines
+
+
+def _evaluation(facts: CardFacts) -> str:
+    columns = [k for k in SCORES if any(k in e.scores for e in facts.evaluations)]
+    intro = (
+        f"Scores on the {facts.eval_set} (held out, never trained on); lower is better, except "
+        "`val_duration_ratio`, where 1.0 is the recordings' speaking rate. `val_mel` is teacher-forced "
+        "(the recording guides the model); `val_mel_dtw`, `val_mcd` and `val_duration_ratio` are "
+        "free-running: the sentences spoken from their text alone, compared with the recordings after "
+        "dynamic time warping."
+    )
+    header = ["evaluation", "step", *(SCORE_HEADERS.get(k, k) for k in columns)]
+    rows = [
+        [e.label, str(e.step), *(f"{e.scores[k]:.4g}" if k in e.scores else "" for k in columns)]
+        for e in facts.evaluations
+    ]
+    table = [header, ["---"] * len(header), *rows]
+    return intro + "\n\n" + "\n".join("| " + " | ".join(row) + " |" for row in table)
+
+
+# ---- the facts of a run, at export time ----------------------------------------------------------
+
+
+def evaluations_known(history: list[dict], best_step: int | None, step: int, prefix: str) -> tuple:
+    """The start, best and final evaluations among `history` (the run's evaluation records), one row
+    per record; the final one only when it evaluated the weights at `step`."""
+    chosen: dict[int, tuple[dict, list[str]]] = {}  # id(record) -> (record, labels)
+
+    def add(record: dict | None, label: str) -> None:
+        if record is not None:
+            chosen.setdefault(id(record), (record, []))[1].append(label)
+
+    add(history[0] if history and history[0].get("tag") == "start" else None, "start (before training)")
+    if best_step is not None:
+        add(next((r for r in reversed(history) if r.get("step") == best_step), None), "best")
+    last = history[-1] if history else None
+    add(last if last and last.get("tag") == "final" and last.get("step") == step else None, "final")
+    rows = []
+    for record, labels in sorted(chosen.values(), key=lambda pair: pair[0].get("step", 0)):
+        scores = {k: float(record[prefix + k]) for k in SCORES if prefix + k in record}
+        rows.append(Evaluation(", ".join(labels), int(record.get("step", 0)), scores))
+    return tuple(rows)
+
+
+def run_facts(s, kind: str) -> CardFacts:
+    """The card's facts of session `s` (training/session.py) at the moment `kind` is exported."""
+    import torch
+
+    cfg, data, budget = s.cfg, s.data, s.budget
+    base = base_model_facts(cfg.model_name, fresh=bool(getattr(cfg, "demo", False)))
+    language = getattr(s.text.tokenizer, "language", None)
+    if not base.language and isinstance(language, str) and language:
+        base = replace(base, language=(language,))  # the tokenizer's own (MMS tokenizers name it)
+    primary = next(iter(data.val_sets), "val")
+    device = s.device
+    hardware = torch.cuda.get_device_name(device) if device.type == "cuda" else device.type.upper()
+    if s.accelerator.num_processes > 1:
+        hardware = f"{s.accelerator.num_processes} x {hardware}"
+    precision = s.accelerator.mixed_precision
+    lengths = data.train.audio_lengths()
+    return CardFacts(
+        kind=kind,
+        base=base,
+        step=budget.global_step,
+        best_metric=cfg.best_metric,
+        hours=float(lengths.sum()) / data.train.sample_rate / 3600,
+        clips=len(data.train),
+        val_clips=sum(len(v) for v in data.val_sets.values()),
+        speakers=len(s.speakers),
+        voices=s.model.config.num_speakers,
+        feedback_clips=data.feedback_clips,
+        target_seconds=budget.target_seconds,
+        total_seconds=budget.total_seconds,
+        spent_seconds=budget.spent_seconds(),
+        hardware=hardware,
+        precision="fp32" if precision == "no" else precision,
+        eval_set="validation clips" if primary == "val" else f"held-out {primary} clips",
+        evaluations=evaluations_known(
+            s.state.val_history,
+            s.state.best_step,
+            budget.global_step,
+            "" if primary == "val" else f"{primary}_",
+        ),
+        uroman=bool(getattr(s.text.tokenizer, "is_uroman", False)),
+    )
