@@ -238,11 +238,13 @@ class FeedbackRun(FeedbackData):
             explicit=None,  # settings already restored by open_version: build_session uses them as they are
         )
         try:
-            return build_session(session_cfg, self.process_start, data_fn=self.data_fn)
+            session = build_session(session_cfg, self.process_start, data_fn=self.data_fn)
         except UserError:
             if created:  # bad input found while setting up: leave nothing behind (this process made vN/)
                 shutil.rmtree(self.version, ignore_errors=True)
             raise
+        session.resume_command = resume_command("train_feedback.py", self.cfg, "--output_dir", self.root)
+        return session
 
     def measure_before(self, session) -> None:
         """Main process: the version's set-up, the base model's samples and per-clip losses, saved."""

@@ -279,6 +279,7 @@ class Trainer:
         """Before the first step: trackers, the start evaluation (a new run), the micro-batch choice;
         the stop reason when not even one step fits."""
         s, cfg, budget = self.s, self.s.cfg, self.s.budget
+        started = time.time()
         if cfg.report_to != "none":
             s.accelerator.init_trackers("vits_trainer", config=_flat_config(cfg.to_dict()))
         s.log(describe_threads(self.threads))
@@ -290,6 +291,7 @@ class Trainer:
         if warning:
             s.log(f"warning: {warning}")
         budget.start_training()
+        self.write_session_record(started)
         self.micro.start()
         if self.micro.trial is None:  # the micro-batch is known: compile now, or after the trial
             self.begin_compile()
@@ -301,6 +303,23 @@ class Trainer:
                 f"~{budget.typical_step_seconds():.0f} s, the final reserve ~{budget.final_reserve():.0f} s)"
             )
         return stop_reason
+
+    def write_session_record(self, started: float) -> None:
+        """Where this process's time went before training (report.html's timeline): its start, the
+        start of the loop's set-up (`started`), training from now; resumed runs append a new one."""
+        s, budget = self.s, self.s.budget
+        self.metrics.write(
+            {
+                "event": "session",
+                "step": budget.global_step,
+                "time": time.time(),
+                "process_start": budget.process_start,
+                "started": started,
+                "target_seconds": budget.target_seconds,
+                "preload_seconds": s.preload_seconds,
+                "resumed_from": self.resumed_from_step,
+            }
+        )
 
     def begin_compile(self) -> None:
         """The micro-batch size is fixed: the compile decision, with the eager figure the trial of this

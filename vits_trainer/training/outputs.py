@@ -23,7 +23,9 @@ from .evaluate import evaluate, synthesize
 from .freerun import dtw_scores, free_running_eval, write_wavs
 from .model_card import CARD_FILE, model_card, run_facts
 from .pictures import alignment_paths, log_images_to_trackers, warm_up_pictures, write_pictures
+from .report import write_references, write_report
 from .reporting import log_audio_to_trackers
+from .resume_settings import resume_command
 from .runtime import git_revision
 from .trainstate import checkpoint_files
 
@@ -101,7 +103,20 @@ class RunOutputs:
             s.budget.observe_export(time.perf_counter() - t1)
         self.last_val = results
         self.last_val_step = step
+        if s.is_main:
+            self.write_report()
         return results
+
+    def write_report(self) -> None:
+        """report.html from the folder's files (main process); a failure is a warning, never fatal."""
+        s = self.s
+        command = s.resume_command or resume_command(
+            "train_vits.py", s.cfg, "--checkpoint_dir", s.checkpoint_dir
+        )
+        try:
+            write_report(s.checkpoint_dir, command, s.cfg.best_metric)
+        except Exception as err:  # a page is never worth losing the run over
+            s.log(f"warning: report.html not written ({err})")
 
     def write_samples(self, step: int, spoken=()) -> None:
         s = self.s
@@ -118,6 +133,7 @@ class RunOutputs:
         else:
             paths = synthesize(s.model, s.text, sentences, folder, s.device)
         log_audio_to_trackers(s.accelerator, paths, step, s.model.config.sampling_rate)
+        write_references(s.checkpoint_dir / "samples", items, count)  # the recordings, once per run
         names = [name for name, _, _ in sentences]
         alignments = alignment_paths(s.generator_raw, items, count, s.device)
         np.savez_compressed(folder / "alignments.npz", **dict(zip(names, alignments, strict=True)))

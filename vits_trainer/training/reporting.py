@@ -4,6 +4,7 @@ and accelerate's trackers (TensorBoard / W&B) with validation audio."""
 from __future__ import annotations
 
 import json
+import time
 from pathlib import Path
 
 import torch
@@ -47,6 +48,8 @@ class MetricsLog:
     def write(self, record: dict) -> None:
         if not self.enabled:
             return
+        if "time" not in record:  # every record on the wall clock: report.html's timeline places it
+            record = {**record, "time": time.time()}
         self.path.parent.mkdir(parents=True, exist_ok=True)
         with open(self.path, "a", encoding="utf-8") as f:
             f.write(json.dumps(record, ensure_ascii=False) + "\n")

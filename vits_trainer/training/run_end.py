@@ -32,6 +32,7 @@ class RunEnd:
         threads, budget_stop, resumed_from_step, data_wait_fraction, the micro-batch and compile
         choices)."""
         s, budget, outputs = self.s, self.s.budget, self.outputs
+        training_end = time.time()
         if stop_reason != "signal" and s.val_loaders:
             # the last steps may have been slower than planned (a busy machine): the checkpoint and the
             # export come first, the final evaluation only if it still fits
@@ -77,10 +78,21 @@ class RunEnd:
             (s.checkpoint_dir / "train_summary.json").write_text(
                 json.dumps(summary, indent=1), encoding="utf-8"
             )
+            outputs.metrics.write(
+                {
+                    "event": "end",
+                    "step": budget.global_step,
+                    "time": time.time(),
+                    "training_end": training_end,
+                    "stopped_reason": summary["stopped_reason"],
+                    "final_eval_skipped": summary["final_eval_skipped"],
+                }
+            )
             try:
                 plot_losses(s.checkpoint_dir / "metrics.jsonl", s.checkpoint_dir / "loss_curve.png")
             except Exception as err:  # a plot is never worth losing the run's ending over
                 s.log(f"warning: loss curve not written ({err})")
+            outputs.write_report()
         if s.accelerator.trackers:
             s.accelerator.end_training()
         s.accelerator.wait_for_everyone()

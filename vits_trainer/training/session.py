@@ -68,6 +68,7 @@ class Session:
     load_report: dict
     model_source: str
     run_lock: object | None = None  # runlock.RunLock of --checkpoint_dir (main process), released by the loop
+    resume_command: str | None = None  # report.html's command to continue (None: train_vits.py's)
 
     def lr_pairs(self) -> list[tuple]:
         """(optimizer, its LR scheduler) for the generator and the discriminator."""

@@ -1,0 +1,389 @@
+"""report.html: the page a user opens from disk to judge a run (vits_trainer/training/report.py).
+
+- a fake checkpoint folder: every section, the best evaluation marked, the player limit, relative paths
+  that exist, escaped text;
+- a real headless Chromium (chromium-headless-shell, skipped with how to install it when absent): the
+  page from file:// loads every picture and every recording, and logs nothing to the console;
+- a real tiny run stopped by SIGTERM and resumed: the page written mid-run, after the stop and after the
+  resume, and the browser check on it.
+"""
+
+from __future__ import annotations
+
+import html
+import json
+import re
+import shutil
+import signal
+import struct
+import subprocess
+import zlib
+from pathlib import Path
+from urllib.parse import unquote
+
+import numpy as np
+import pytest
+import soundfile as sf
+
+from vits_trainer.training.report import REFERENCE_FOLDER, SENTENCES_FILE, write_report
+
+NASTY = '<script>alert("x")</script> & more'
+CLIP = "clip #1"  # a space and a '#': the src must be URL-quoted to find the file
+
+
+def tiny_png(path: Path) -> None:
+    def chunk(kind: bytes, data: bytes) -> bytes:
+        return struct.pack(">I", len(data)) + kind + data + struct.pack(">I", zlib.crc32(kind + data))
+
+    header = struct.pack(">IIBBBBB", 2, 2, 8, 2, 0, 0, 0)  # 2x2, 8-bit RGB
+    pixels = zlib.compress(b"\x00" + b"\xff\x80\x00" * 2 + b"\x00" + b"\x00\x80\xff" * 2)
+    path.write_bytes(
+        b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", header) + chunk(b"IDAT", pixels) + chunk(b"IEND", b"")
+    )
+
+
+def tiny_wav(path: Path) -> None:
+    sf.write(path, (0.3 * np.sin(np.arange(1600) / 4)).astype(np.float32), 16000, subtype="PCM_16")
+
+
+EVAL_STEPS = [0, 2, 4, 6, 8, 10, 12]  # step 2 is the best; 5 newest + the best get players, not step 0
+
+
+def fake_run(folder: Path, ended: bool = True) -> Path:
+    t0 = 1_700_000_000.0
+    records = [
+        {
+            "event": "eval",
+            "tag": "start",
+            "step": 0,
+            "epoch": 0,
+            "time": t0 + 8,
+            "seconds": 3.0,
+            "val_mel": 2.0,
+        },
+        {
+            "event": "session",
+            "step": 0,
+            "time": t0 + 9,
+            "process_start": t0,
+            "started": t0 + 4,
+            "target_seconds": 120.0,
+            "preload_seconds": 1.5,
+            "resumed_from": None,
+        },
+        {
+            "event": "micro_batch",
+            "step": 2,
+            "time": t0 + 20,
+            "chosen": 4,
+            "trial": [
+                {
+                    "micro_batch_size": 4,
+                    "steps": 2,
+                    "measured_steps": 1,
+                    "seconds_per_sample": 0.5,
+                    "samples_per_second": 2.0,
+                    "out_of_memory": False,
+                },
+                {
+                    "micro_batch_size": 8,
+                    "steps": 1,
+                    "measured_steps": 0,
+                    "seconds_per_sample": None,
+                    "samples_per_second": None,
+                    "out_of_memory": True,
+                },
+            ],
+        },
+        {
+            "event": "plan",
+            "step": 2,
+            "time": t0 + 20,
+            "optimizer_steps": 14,
+            "epochs": 3.0,
+            "samples_per_second": 2.0,
+            "train_end_wall": t0 + 100,
+            "run_end_wall": t0 + 115,
+        },
+        {"event": "threads", "step": 3, "time": t0 + 25, "threads": 1, "others_cpus": 1.2},
+        {"event": "skipped", "step": 5, "time": t0 + 30, "clips": [CLIP]},
+        {"event": "overflow", "step": 7, "time": t0 + 40, "scale": 1024.0, "clips": [CLIP]},
+        {
+            "event": "recovery",
+            "step": 9,
+            "time": t0 + 50,
+            "source": "the starting weights",
+            "lr_scale": 0.5,
+            "precision": "no",
+        },
+    ]
+    for step in range(1, 13):
+        records.append(
+            {
+                "step": step,
+                "time": t0 + 10 + 7 * step,
+                "mel": 3 - step / 10,
+                "loss_g": 50 - step,
+                "loss_d": 4.0,
+                "lr": 1e-4,
+                "samples_per_second": 2.0,
+            }
+        )
+    for step in EVAL_STEPS[1:]:
+        records.append(
+            {
+                "event": "eval",
+                "tag": f"epoch {step // 2}",
+                "step": step,
+                "epoch": step // 2,
+                "time": t0 + 12 + 7 * step,
+                "seconds": 1.0,
+                "val_mel": 1.0 if step == 2 else 1.5,
+                "val_mel_dtw": 1.2,
+                "val_mcd": 9.0,
+                "val_duration_ratio": 0.9,
+            }
+        )
+    if ended:
+        records.append(
+            {
+                "event": "end",
+                "step": 12,
+                "time": t0 + 110,
+                "training_end": t0 + 100,
+                "stopped_reason": "budget",
+                "final_eval_skipped": None,
+            }
+        )
+        summary = {
+            "steps": 12,
+            "stopped_reason": "budget",
+            "best_step": 2,
+            "wall_seconds": 110,
+            "target_seconds": 120,
+            "threads": {"torch_threads": 2, "adaptive": True},
+            "micro_batch_size": 4,
+            "gradient_accumulation_steps": 2,
+            "skipped_steps": 1,
+        }
+        (folder / "train_summary.json").write_text(json.dumps(summary))
+    (folder / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records) + '{"half')
+    reference = folder / "samples" / REFERENCE_FOLDER
+    reference.mkdir(parents=True)
+    tiny_wav(reference / f"{CLIP}.wav")
+    (reference / SENTENCES_FILE).write_text(json.dumps({CLIP: {"text": NASTY, "speaker": 0}}))
+    for step in EVAL_STEPS:
+        samples = folder / "samples" / f"step_{step:08d}"
+        samples.mkdir()
+        tiny_wav(samples / f"{CLIP}.wav")
+        tiny_png(samples / f"{CLIP}_alignment.png")
+        tiny_png(samples / f"{CLIP}_mel.png")
+    return write_report(folder, "python train_vits.py --resume auto --checkpoint_dir 'a b' --target_hours H")
+
+
+def sources(page: str) -> list[str]:
+    return [html.unescape(s) for s in re.findall(r'<(?:img|audio)[^>]* src="([^"]+)"', page)]
+
+
+def test_report_shows_every_section_marks_the_best_and_escapes(tmp_path):
+    page = fake_run(tmp_path).read_text(encoding="utf-8")
+    for section in (
+        "status",
+        "resume",
+        "timeline",
+        "curves",
+        "evaluations",
+        "samples",
+        "microbatch",
+        "stability",
+        "threads",
+        "events",
+    ):
+        assert f'<section id="{section}">' in page, section
+    assert "ended</span>: the time budget" in page
+    assert "--resume auto --checkpoint_dir &#x27;a b&#x27;" in page
+    assert page.count("<svg") >= 4 and "planned training end" in page and "deadline" in page
+    best_row = re.search(r'<tr class="best"><td>(\d+) <span class="best">best', page)
+    assert best_row and best_row.group(1) == "2"
+    players = re.findall(r'<h3 id="eval-(\d+)">', page)
+    assert players == [
+        "12",
+        "10",
+        "8",
+        "6",
+        "4",
+        "2",
+    ]  # newest first, then the best; step 0 in the table only
+    assert 'href="samples/step_00000000/"' in page
+    assert "<script" not in page and html.escape(NASTY) in page  # the clip text, escaped
+    found = sources(page)
+    assert any("reference" in s for s in found) and any(s.endswith("_mel.png") for s in found)
+    for src in found:
+        assert not src.startswith(("/", "file:")) and (tmp_path / unquote(src)).is_file(), src
+    assert 'controls preload="none"' in page
+    assert "out of memory" in page and "the starting weights" in page  # trial and recovery
+    assert not list(tmp_path.glob(".report.html.tmp-*"))
+
+
+def test_report_of_a_running_run_says_running(tmp_path):
+    page = fake_run(tmp_path, ended=False).read_text(encoding="utf-8")
+    assert '<span class="running">running</span>' in page and "ended</span>" not in page
+
+
+# ---- a real browser --------------------------------------------------------------------------------
+
+HARNESS = """<!doctype html><html><head><meta charset="utf-8"></head><body><pre id="verdict">pending</pre>
+<script>
+// no timers, and the recordings read by a synchronous request: the media pipeline's reads do not hold
+// --virtual-time-budget back (the page could be dumped before they end), a request does
+function loaded(img) {
+  img.loading = "eager";  // a lazy picture below the fold loads too
+  if (img.complete) return Promise.resolve(img.naturalWidth > 0 ? "loaded" : "error");  // or broken
+  return new Promise(done => { img.onload = () => done("loaded"); img.onerror = () => done("error"); });
+}
+function playable(audio) {  // the file its src names exists and is a WAV with samples
+  const request = new XMLHttpRequest();
+  request.open("GET", new URL(audio.getAttribute("src"), audio.baseURI).href, false);
+  request.overrideMimeType("text/plain; charset=x-user-defined");
+  try { request.send(); } catch (err) { return Promise.resolve("error"); }
+  const bytes = request.responseText || "";
+  const wav = bytes.slice(0, 4) === "RIFF" && bytes.slice(8, 12) === "WAVE" && bytes.length > 44;
+  return Promise.resolve(wav ? "loaded" : "not a WAV (" + bytes.length + " bytes)");
+}
+const frame = document.createElement("iframe");
+frame.addEventListener("load", async () => {
+  const doc = frame.contentDocument;
+  const images = [...doc.images], audio = [...doc.querySelectorAll("audio")];
+  const seen = await Promise.all([...images.map(loaded), ...audio.map(playable)]);
+  const describe = (el, k) => ({src: el.getAttribute("src"), ok: seen[k] === "loaded", state: seen[k]});
+  document.getElementById("verdict").textContent = JSON.stringify({
+    sections: doc.querySelectorAll("section").length,
+    images: images.map((el, k) => describe(el, k)),
+    audio: audio.map((el, k) => describe(el, images.length + k)),
+  });
+});
+frame.src = "report.html";
+document.body.appendChild(frame);
+</script></body></html>
+"""
+
+
+def browser() -> str | None:
+    return shutil.which("chromium-headless-shell") or shutil.which("chromium")
+
+
+def browser_verdict(report: Path) -> tuple[dict, list[str]]:
+    """Load report.html from file:// in an iframe of a harness page beside it; (what the harness saw,
+    the console lines of the report)."""
+    harness = report.with_name("harness.html")
+    harness.write_text(HARNESS, encoding="utf-8")
+    out = subprocess.run(
+        [
+            browser(),
+            "--headless",
+            "--disable-gpu",
+            "--no-sandbox",
+            "--allow-file-access-from-files",
+            "--enable-logging=stderr",
+            "--v=0",
+            "--virtual-time-budget=10000",
+            "--dump-dom",
+            harness.resolve().as_uri(),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    harness.unlink()
+    verdict = re.search(r'<pre id="verdict">(.*?)</pre>', out.stdout, flags=re.S)
+    assert verdict and verdict.group(1) != "pending", (out.stdout[-2000:], out.stderr[-2000:])
+    console = [line for line in out.stderr.splitlines() if "CONSOLE" in line]
+    return json.loads(html.unescape(verdict.group(1))), console
+
+
+def assert_loads_in_a_browser(report: Path) -> None:
+    result, console = browser_verdict(report)
+    assert result["sections"] >= 8, result
+    assert result["images"] and all(i["ok"] for i in result["images"]), result["images"]
+    assert result["audio"] and all(a["ok"] for a in result["audio"]), result["audio"]
+    assert not console, console  # the page writes nothing to the console: no error, no warning
+
+
+needs_browser = pytest.mark.skipif(
+    browser() is None,
+    reason="no headless Chromium on PATH: apt-get install chromium-headless-shell (Debian/Ubuntu)",
+)
+
+
+@needs_browser
+def test_report_loads_in_a_headless_browser_from_disk(tmp_path):
+    assert_loads_in_a_browser(fake_run(tmp_path))
+
+
+# ---- a real run: stopped by SIGTERM, resumed --------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def stopped_and_resumed(tmp_path_factory, tiny_model_dir, tone_corpus):
+    """Session 1 gets SIGTERM at its 2nd batch; session 2 resumes it for 1 more step. Keeps the page
+    as the start evaluation wrote it (mid-run) and as each session's end wrote it."""
+    import os
+
+    import vits_trainer.training.loop as loop_module
+    import vits_trainer.training.outputs as outputs_module
+    from tests.helpers import train_tiny
+
+    tmp = tmp_path_factory.mktemp("report_run")
+    pages = []
+    real_write, real_move = outputs_module.write_report, loop_module.move_batch
+    calls = {"n": 0}
+
+    def keep_page(*args, **kwargs):
+        path = real_write(*args, **kwargs)
+        pages.append(path.read_text(encoding="utf-8"))
+        return path
+
+    def signal_at_second_batch(batch, device):
+        calls["n"] += 1
+        if calls["n"] == 2:
+            os.kill(os.getpid(), signal.SIGTERM)
+        return real_move(batch, device)
+
+    settings = dict(eval_samples=2, log_every=1, save_minutes=60)
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(outputs_module, "write_report", keep_page)
+        mp.setattr(loop_module, "move_batch", signal_at_second_batch)
+        _, first = train_tiny(tmp, tone_corpus, tiny_model_dir, max_steps=50, **settings)
+        stopped_page = (tmp / "checkpoints" / "report.html").read_text(encoding="utf-8")
+        mp.setattr(loop_module, "move_batch", real_move)
+        _, second = train_tiny(
+            tmp, tone_corpus, tiny_model_dir, max_steps=first["steps"] + 1, resume="auto", **settings
+        )
+    return tmp / "checkpoints", pages, stopped_page, first, second
+
+
+@pytest.mark.slow
+def test_report_of_a_real_run_mid_run_after_a_signal_and_after_resume(stopped_and_resumed):
+    folder, pages, stopped_page, first, second = stopped_and_resumed
+    assert first["stopped_reason"] == "signal" and second["stopped_reason"] == "max_steps"
+    mid_run = pages[0]  # written by the start evaluation, before any step
+    assert '<span class="running">running</span>' in mid_run and 'id="eval-0"' in mid_run
+    assert f"samples/{REFERENCE_FOLDER}/" in mid_run  # the recordings beside the model's samples
+    assert "stopped by a signal" in stopped_page and "--resume auto" in stopped_page
+    final = (folder / "report.html").read_text(encoding="utf-8")
+    assert "ended</span>: --max_steps reached" in final
+    assert (
+        "Session 1" in final
+        and "Session 2: started" in final
+        and f"resumed at step {first['steps']}" in final
+    )
+    assert f'id="eval-{second["steps"]}"' in final and 'id="eval-0"' in final  # both sessions' evaluations
+    assert f"<tr><th>steps</th><td>{second['steps']}</td></tr>" in final
+    for src in sources(final):
+        assert (folder / unquote(src)).is_file(), src
+
+
+@pytest.mark.slow
+@needs_browser
+def test_report_of_a_real_run_loads_in_a_headless_browser(stopped_and_resumed):
+    assert_loads_in_a_browser(stopped_and_resumed[0] / "report.html")

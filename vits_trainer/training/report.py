@@ -1,0 +1,776 @@
+"""report.html in the checkpoint folder: one page that answers "is the voice any good, and what did the
+run do with its time", opened from disk (file://) with no server, no network and no script.
+
+`write_report(checkpoint_dir, ...)` reads only what the run left in the folder (metrics.jsonl,
+train_summary.json, samples/) and writes the page atomically; the main process calls it after each
+evaluation (outputs.RunOutputs.run_eval) and at the end of the run (run_end.RunEnd.finish), so it is
+there after a budget stop, --max_steps, a signal, and it covers every session of a resumed run
+(metrics.jsonl is appended to). Audio and pictures are referenced by relative paths: the folder can be
+zipped and moved. Charts are inline SVG (report_svg.py). Every text from the run (clip ids, sentences,
+paths, reasons) is escaped.
+
+The sections, in order: status, resume command, the budget's timeline per session (plan against what
+happened), curves, evaluations (best marked), samples of the newest evaluations and the best one (the
+model beside the recording, alignment and mel pictures), micro-batch trial, precision / skipped steps /
+recoveries, threads, every other event.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import time
+from dataclasses import dataclass, field
+from html import escape
+from pathlib import Path
+from urllib.parse import quote
+
+from .report_svg import PHASE_COLORS, Timeline, line_chart, series, timeline_svg
+
+REPORT_FILE = "report.html"
+REFERENCE_FOLDER = "reference"  # samples/reference/: the validation recordings, written once per run
+SENTENCES_FILE = "sentences.json"  # samples/reference/sentences.json: clip id -> text, speaker
+RECENT_WITH_PLAYERS = 5  # evaluations whose samples get players (plus the best one)
+STEP_KEYS = ("mel", "kl", "duration", "loss_g", "loss_d", "gen", "fm", "disc")
+STOP_WORDS = {
+    "budget": "the time budget: the next step and the final reserve no longer fitted before the deadline",
+    "max_steps": "--max_steps reached",
+    "signal": "stopped by a signal (SIGINT/SIGTERM); it can be resumed",
+    "end": "the loop ended",
+}
+
+
+# ---- reading the folder ---------------------------------------------------------------------------
+
+
+@dataclass
+class Sitting:
+    """One process's part of the run (a resumed run has several): its `session` record (None for
+    metrics written before such records existed), its other records, and its `end` record."""
+
+    start: dict | None = None
+    records: list[dict] = field(default_factory=list)
+    end: dict | None = None
+
+    def of(self, event: str) -> list[dict]:
+        return [r for r in self.records if r.get("event") == event]
+
+    def steps(self) -> list[dict]:
+        return [r for r in self.records if "event" not in r and "step" in r]
+
+
+@dataclass
+class RunFiles:
+    folder: Path
+    records: list[dict]
+    summary: dict | None
+    sentences: dict  # clip id -> {"text": ..., "speaker": ...} (samples/reference/sentences.json)
+
+    def events(self, name: str) -> list[dict]:
+        return [r for r in self.records if r.get("event") == name]
+
+    def steps(self) -> list[dict]:
+        return [r for r in self.records if "event" not in r and "step" in r]
+
+    def sittings(self) -> list[Sitting]:
+        found = [Sitting()]
+        for record in self.records:
+            event = record.get("event")
+            if event == "session":  # (the start evaluation comes before it, in the same sitting)
+                if found[-1].start is not None or found[-1].end is not None:
+                    found.append(Sitting())
+                found[-1].start = record
+            elif event == "end":
+                found[-1].end = record
+            else:
+                found[-1].records.append(record)
+        return found
+
+
+def _read_json(path: Path):
+    try:
+        return json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+
+
+def read_run(folder: Path) -> RunFiles:
+    records = []
+    metrics = folder / "metrics.jsonl"
+    if metrics.is_file():
+        for line in metrics.read_text(encoding="utf-8", errors="replace").splitlines():
+            try:
+                record = json.loads(line)
+            except ValueError:  # a half line of a killed process
+                continue
+            if isinstance(record, dict):
+                records.append(record)
+    summary = _read_json(folder / "train_summary.json")
+    sentences = _read_json(folder / "samples" / REFERENCE_FOLDER / SENTENCES_FILE)
+    return RunFiles(folder, records, summary if isinstance(summary, dict) else None, sentences or {})
+
+
+def write_references(samples_dir: Path, items, count: int) -> None:
+    """The first `count` validation clips' recordings as samples/reference/<clip>.wav, and their texts
+    in sentences.json, once per run (a clip already written is kept)."""
+    import soundfile as sf
+
+    folder = samples_dir / REFERENCE_FOLDER
+    folder.mkdir(parents=True, exist_ok=True)
+    listing = _read_json(folder / SENTENCES_FILE) or {}
+    changed = False
+    for k in range(min(count, len(items))):
+        clip = items.clip_id(k)
+        wav = folder / f"{clip}.wav"
+        if clip in listing and wav.is_file():
+            continue
+        sf.write(wav, items.audio(k), items.sample_rate, subtype="PCM_16")
+        listing[clip] = {"text": items.text(k), "speaker": int(items.speaker_ids[k])}
+        changed = True
+    if changed:
+        tmp = folder / f".{SENTENCES_FILE}.tmp-{os.getpid()}"
+        tmp.write_text(json.dumps(listing, ensure_ascii=False, indent=1), encoding="utf-8")
+        tmp.replace(folder / SENTENCES_FILE)
+
+
+# ---- the page -------------------------------------------------------------------------------------
+
+
+def write_report(
+    checkpoint_dir: Path | str,
+    resume_command: str | None = None,
+    best_metric: str = "val_mel",
+    now: float | None = None,
+) -> Path:
+    """Write <checkpoint_dir>/report.html from the folder's files (temp file, then rename)."""
+    folder = Path(checkpoint_dir)
+    page = render(read_run(folder), resume_command, best_metric, time.time() if now is None else now)
+    out = folder / REPORT_FILE
+    tmp = folder / f".{REPORT_FILE}.tmp-{os.getpid()}"
+    tmp.write_text(page, encoding="utf-8")
+    tmp.replace(out)
+    return out
+
+
+def render(run: RunFiles, resume_command: str | None, best_metric: str, now: float) -> str:
+    evals = run.events("eval")
+    best = best_eval(evals, best_metric, run.summary)
+    sections = [
+        status_section(run, best, best_metric, now),
+        resume_section(resume_command),
+        timeline_section(run),
+        curves_section(run),
+        evals_section(run, evals, best, best_metric),
+        samples_section(run, evals, best),
+        microbatch_section(run),
+        stability_section(run),
+        threads_section(run),
+        events_section(run),
+    ]
+    title = f"Training report: {run.folder.resolve().name}"
+    body = "\n".join(s for s in sections if s)
+    return (
+        '<!doctype html>\n<html lang="en"><head><meta charset="utf-8">'
+        f"<title>{escape(title)}</title><style>{CSS}</style></head>\n<body>\n"
+        f"<h1>{escape(title)}</h1>\n{body}\n</body></html>\n"
+    )
+
+
+def _fmt(value, digits: int = 4) -> str:
+    if value is None:
+        return "–"
+    if isinstance(value, bool):
+        return "yes" if value else "no"
+    if isinstance(value, float):
+        if not math.isfinite(value):
+            return "non-finite"
+        return f"{value:,.0f}" if abs(value) >= 10**digits else f"{value:.{digits}g}"
+    return escape(str(value))
+
+
+def _clock(wall: float | None) -> str:
+    return "–" if wall is None else time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(wall))
+
+
+def _duration(seconds: float | None) -> str:
+    if seconds is None:
+        return "–"
+    seconds = max(0, int(round(seconds)))
+    h, rest = divmod(seconds, 3600)
+    m, s = divmod(rest, 60)
+    return f"{h}:{m:02d}:{s:02d}" if h else f"{m}:{s:02d}"
+
+
+def _table(header: list[str], rows: list[list[str]], css: list[str] | None = None) -> str:
+    """An HTML table; cells are HTML already (escape what is text before)."""
+    head = "".join(f"<th>{h}</th>" for h in header)
+    body = []
+    for k, row in enumerate(rows):
+        cls = f' class="{css[k]}"' if css and css[k] else ""
+        body.append(f"<tr{cls}>" + "".join(f"<td>{c}</td>" for c in row) + "</tr>")
+    return f"<table><thead><tr>{head}</tr></thead><tbody>{''.join(body)}</tbody></table>"
+
+
+def _src(path: str) -> str:
+    """A relative path as an attribute value: URL-quoted (a clip id may hold # or %), then escaped."""
+    return escape(quote(path, safe="/"), quote=True)
+
+
+def best_eval(evals: list[dict], metric: str, summary: dict | None) -> dict | None:
+    """The evaluation the run counts as best: train_summary.json's best_step when there is one, else
+    the first evaluation with the lowest `metric` (how the run picks it: strictly lower wins)."""
+    if summary and summary.get("best_step") is not None:
+        at = [e for e in evals if e.get("step") == summary["best_step"]]
+        if at:
+            return at[0]
+    best = None
+    for e in evals:
+        value = metric_of(e, metric)
+        if value is not None and (best is None or value < metric_of(best, metric)):
+            best = e
+    return best
+
+
+def metric_of(record: dict, metric: str) -> float | None:
+    """`metric` of an evaluation; a run whose first validation set is not "val" prefixes it."""
+    value = record.get(metric)
+    if value is None:
+        value = next((v for k, v in record.items() if k.endswith("_" + metric)), None)
+    return value if isinstance(value, int | float) and math.isfinite(value) else None
+
+
+# ---- status and resume ----------------------------------------------------------------------------
+
+
+def run_state(run: RunFiles) -> tuple[bool, str]:
+    """(ended, why): the last session's end record, else (older metrics) train_summary.json."""
+    sittings = run.sittings()
+    last = sittings[-1]
+    if last.end is not None:
+        return True, last.end.get("stopped_reason") or "end"
+    if last.start is None and run.summary:
+        return True, run.summary.get("stopped_reason") or "end"
+    return False, "running"
+
+
+def status_section(run: RunFiles, best: dict | None, best_metric: str, now: float) -> str:
+    ended, why = run_state(run)
+    summary = run.summary if ended else None
+    steps = max([r.get("step", 0) for r in run.records if isinstance(r.get("step"), int)] or [0])
+    if ended:
+        status = f'<span class="ok">ended</span>: {escape(STOP_WORDS.get(why, why))}'
+    else:
+        status = (
+            '<span class="running">running</span> (or stopped without reaching its end: a crash or a '
+            "kill; the log says which). This page is rewritten at each evaluation and at the end."
+        )
+    facts = [
+        ("status", status),
+        ("updated", _clock(now)),
+        ("steps", _fmt(steps)),
+        ("sessions", _fmt(len([s for s in run.sittings() if s.start or s.records]))),
+    ]
+    if best is not None:
+        facts.append(
+            (
+                "best evaluation",
+                f'<a href="#eval-{best.get("step")}">step {_fmt(best.get("step"))}</a> '
+                f"({escape(best_metric)} {_fmt(metric_of(best, best_metric))})",
+            )
+        )
+    if summary:
+        facts += [
+            (
+                "wall time / budget",
+                f"{_duration(summary.get('wall_seconds'))} / {_duration(summary.get('target_seconds'))}",
+            ),
+            ("epochs trained", _fmt(summary.get("epochs_trained"), 3)),
+            ("samples per second", _fmt(summary.get("samples_per_second"), 3)),
+            ("final model", _fmt(summary.get("final_model"))),
+            (
+                "best model",
+                _fmt(summary.get("best_model"))
+                + (f" (step {_fmt(summary.get('best_model_step'))})" if summary.get("best_model") else ""),
+            ),
+            (
+                "final evaluation",
+                "ran" if summary.get("final_val") else _fmt(summary.get("final_eval_skipped")),
+            ),
+        ]
+    links = [
+        name
+        for name in ("metrics.jsonl", "train_summary.json", "loss_curve.png")
+        if (run.folder / name).is_file()
+    ]
+    if (run.folder / "best_model").is_dir():
+        links.append("best_model/")
+    if links:
+        facts.append(("files", " · ".join(f'<a href="{_src(n)}">{escape(n)}</a>' for n in links)))
+    rows = "".join(f"<tr><th>{k}</th><td>{v}</td></tr>" for k, v in facts)
+    return f'<section id="status"><h2>Status</h2><table class="facts">{rows}</table></section>'
+
+
+def resume_section(command: str | None) -> str:
+    if not command:
+        return ""
+    return (
+        '<section id="resume"><h2>Resume</h2><p>Continues from the newest checkpoint with every setting '
+        "of the run (choose the hours H):</p>"
+        f"<pre><code>{escape(command)}</code></pre></section>"
+    )
+
+
+# ---- the budget's timeline ------------------------------------------------------------------------
+
+
+def sitting_timeline(sitting: Sitting, number: int, ended: bool) -> tuple[Timeline, list[list[str]]] | None:
+    """The session's phases on its clock and the plan-against-outcome rows; None without its start
+    record (metrics of an older version)."""
+    start = sitting.start
+    if start is None:
+        return None
+    t0 = start["process_start"]
+    tl = Timeline(f"session {number}", start.get("target_seconds"))
+    tl.phases.append(
+        (0.0, start["started"] - t0, "load", f"loading (preload {start.get('preload_seconds') or 0:.1f} s)")
+    )
+    training_from = start["time"] - t0
+    trial = sitting.of("micro_batch")
+    if trial and "time" in trial[0]:
+        tl.phases.append((training_from, trial[0]["time"] - t0, "trial", "micro-batch trial"))
+        training_from = trial[0]["time"] - t0
+    times = [r["time"] for r in sitting.records if isinstance(r.get("time"), int | float)]
+    end = sitting.end
+    training_end = (end.get("training_end") if end else None) or (max(times) if times else start["time"])
+    tl.phases.append((training_from, training_end - t0, "train", "training"))
+    if end is not None:
+        tl.phases.append((training_end - t0, end["time"] - t0, "end", "final evaluation, checkpoint, export"))
+    for e in sitting.of("eval"):
+        tl.phases.append(
+            (
+                e["time"] - e.get("seconds", 0.0) - t0,
+                e["time"] - t0,
+                "eval",
+                f"evaluation ({e.get('tag')}) at step {e.get('step')}",
+            )
+        )
+    tl.instants.append((start.get("target_seconds", 0.0), "deadline", "deadline"))
+    plan = (sitting.of("plan") or [None])[0]
+    if plan:
+        tl.instants.append((plan["train_end_wall"] - t0, "planned training end", "plan"))
+        tl.instants.append((plan["run_end_wall"] - t0, "planned run end", "plan"))
+    for r in sitting.records:
+        if r.get("event") in ("skipped", "overflow", "recovery", "oom", "threads") and "time" in r:
+            tl.instants.append((r["time"] - t0, f"{r['event']} at step {r.get('step')}", "event"))
+    if end is not None:
+        why = end.get("stopped_reason") or "end"
+        tl.instants.append((end["time"] - t0, f"stopped: {why}", "stop"))
+    rows = plan_rows(sitting, plan, t0, ended)
+    return tl, rows
+
+
+def plan_rows(sitting: Sitting, plan: dict | None, t0: float, ended: bool) -> list[list[str]]:
+    start, end = sitting.start, sitting.end
+    steps = sitting.steps()
+    last_step = (end or {}).get("step", steps[-1]["step"] if steps else start.get("step"))
+    done = (last_step or 0) - (start.get("step") or 0)
+    rate = [r["samples_per_second"] for r in steps if isinstance(r.get("samples_per_second"), int | float)]
+    p = plan or {}
+    finished = (end["time"] - t0) if end else None
+    unknown = "no end record (killed?)" if ended else "running"
+    return [
+        ["optimizer steps", _fmt(p.get("optimizer_steps")), _fmt(done)],
+        ["epochs", _fmt(p.get("epochs"), 3), "–"],
+        [
+            "samples per second",
+            _fmt(p.get("samples_per_second"), 3),
+            _fmt(sum(rate) / len(rate), 3) if rate else "–",
+        ],
+        [
+            "training ends",
+            _offset(p.get("train_end_wall"), t0),
+            _offset((end or {}).get("training_end"), t0) if end else unknown,
+        ],
+        [
+            "run ends",
+            _offset(p.get("run_end_wall"), t0),
+            f"+{finished:.0f} s" if finished is not None else unknown,
+        ],
+        [
+            "budget",
+            f"{start.get('target_seconds', 0):.0f} s",
+            escape(STOP_WORDS.get((end or {}).get("stopped_reason"), "–")),
+        ],
+    ]
+
+
+def _offset(wall: float | None, t0: float) -> str:
+    return "–" if wall is None else f"+{wall - t0:.0f} s"
+
+
+def timeline_section(run: RunFiles) -> str:
+    sittings = [s for s in run.sittings() if s.start is not None]
+    if not sittings:
+        return ""
+    ended, _ = run_state(run)
+    parts = ['<section id="timeline"><h2>Budget: plan against what happened</h2>', _phase_legend()]
+    for number, sitting in enumerate(sittings, 1):
+        made = sitting_timeline(sitting, number, ended or sitting is not sittings[-1])
+        if made is None:
+            continue
+        tl, rows = made
+        start = sitting.start
+        resumed = f", resumed at step {start['step']}" if start.get("resumed_from") is not None else ""
+        parts.append(f"<h3>Session {number}: started {_clock(start['process_start'])}{escape(resumed)}</h3>")
+        parts.append(timeline_svg(tl))
+        parts.append(_table(["", "plan", "what happened"], rows))
+    parts.append("</section>")
+    return "\n".join(parts)
+
+
+def _phase_legend() -> str:
+    names = {
+        "load": "loading",
+        "eval": "evaluation",
+        "trial": "micro-batch trial",
+        "train": "training",
+        "end": "final evaluation, save, export",
+    }
+    items = "".join(
+        f'<span class="swatch" style="background:{PHASE_COLORS[k]}"></span>{v} ' for k, v in names.items()
+    )
+    return (
+        f'<p class="legend">{items}<span class="swatch deadline"></span>deadline '
+        '<span class="swatch plan"></span>plan <span class="swatch stop"></span>stop '
+        "(hover a bar or line for its times)</p>"
+    )
+
+
+# ---- curves and evaluations -----------------------------------------------------------------------
+
+
+def curves_section(run: RunFiles) -> str:
+    steps = run.steps()
+    evals = run.events("eval")
+    resumed = [(s["step"], "resumed") for s in run.events("session") if s.get("resumed_from") is not None]
+
+    def line(records, key, label, **kw):
+        return series(label, [r.get("step") for r in records], [r.get(key) for r in records], **kw)
+
+    charts = [
+        line_chart(
+            "mel L1",
+            [
+                line(steps, "mel", "train mel L1"),
+                line(evals, "val_mel", "validation mel L1", markers=True),
+                line(
+                    evals,
+                    "val_mel_dtw",
+                    "validation mel L1 after DTW (spoken from text)",
+                    markers=True,
+                    dashed=True,
+                ),
+            ],
+            "mel L1 (log-mel)",
+            vlines=resumed,
+        ),
+        line_chart(
+            "GAN losses",
+            [line(steps, "loss_g", "generator total"), line(steps, "loss_d", "discriminator")],
+            "loss",
+            vlines=resumed,
+        ),
+        line_chart(
+            "validation losses",
+            [line(evals, k, k, markers=True) for k in ("val_loss", "val_kl", "val_duration")],
+            "loss",
+            vlines=resumed,
+        ),
+        line_chart(
+            "mel-cepstral distortion",
+            [line(evals, "val_mcd", "val MCD (spoken from text)", markers=True)],
+            "dB",
+            vlines=resumed,
+        ),
+        line_chart(
+            "duration ratio",
+            [line(evals, "val_duration_ratio", "spoken / recorded length (1 = same rate)", markers=True)],
+            "ratio",
+            vlines=resumed,
+        ),
+        line_chart("learning rate", [line(steps, "lr", "learning rate")], "lr", vlines=resumed),
+    ]
+    charts = [c for c in charts if c]
+    if not charts:
+        return '<section id="curves"><h2>Curves</h2><p>No steps logged yet.</p></section>'
+    note = "<p>Dashed vertical lines: where a session resumed.</p>" if resumed else ""
+    return (
+        '<section id="curves"><h2>Curves</h2>'
+        + note
+        + '<div class="charts">'
+        + "".join(f"<figure>{c}</figure>" for c in charts)
+        + "</div></section>"
+    )
+
+
+def _eval_columns(evals: list[dict]) -> list[str]:
+    first = ["val_mel", "val_loss", "val_kl", "val_duration", "val_mel_dtw", "val_mcd", "val_duration_ratio"]
+    seen = [k for k in first if any(k in e for e in evals)]
+    skip = {"event", "tag", "step", "epoch", "time", "seconds"}
+    for e in evals:
+        seen += [k for k, v in e.items() if k not in skip and k not in seen and isinstance(v, int | float)]
+    return seen
+
+
+def evals_section(run: RunFiles, evals: list[dict], best: dict | None, best_metric: str) -> str:
+    if not evals:
+        return '<section id="evaluations"><h2>Evaluations</h2><p>None yet.</p></section>'
+    columns = _eval_columns(evals)
+    shown = set(player_steps(run, evals, best))
+    rows, css = [], []
+    for e in reversed(evals):
+        folder = sample_folder(run.folder, e.get("step"))
+        if e.get("step") in shown and folder is not None:
+            samples = f'<a href="#eval-{e["step"]}">listen</a>'
+        elif folder is not None:
+            samples = f'<a href="{_src(folder.relative_to(run.folder).as_posix())}/">folder</a>'
+        else:
+            samples = "–"
+        is_best = e is best
+        rows.append(
+            [
+                _fmt(e.get("step")) + (' <span class="best">best</span>' if is_best else ""),
+                _fmt(e.get("tag")),
+                _fmt(e.get("epoch")),
+                *[_fmt(e.get(k)) for k in columns],
+                _fmt(e.get("seconds"), 3),
+                samples,
+            ]
+        )
+        css.append("best" if is_best else "")
+    header = ["step", "tag", "epoch", *[escape(k) for k in columns], "seconds", "samples"]
+    note = (
+        f"<p>Newest first. Best: the lowest <code>{escape(best_metric)}</code> (--best_metric) of the first "
+        "validation set; the free-running scores (DTW mel, MCD, duration ratio) come from sentences spoken "
+        "from text alone, as at inference.</p>"
+    )
+    return f'<section id="evaluations"><h2>Evaluations</h2>{note}{_table(header, rows, css)}</section>'
+
+
+# ---- samples --------------------------------------------------------------------------------------
+
+
+def sample_folder(folder: Path, step) -> Path | None:
+    if not isinstance(step, int):
+        return None
+    path = folder / "samples" / f"step_{step:08d}"
+    return path if path.is_dir() else None
+
+
+def player_steps(run: RunFiles, evals: list[dict], best: dict | None) -> list[int]:
+    """Steps whose samples get players: the newest RECENT_WITH_PLAYERS evaluations with samples, and the
+    best one; newest first."""
+    with_samples = sorted(
+        {e["step"] for e in evals if sample_folder(run.folder, e.get("step"))}, reverse=True
+    )
+    chosen = with_samples[:RECENT_WITH_PLAYERS]
+    if best is not None and best.get("step") in with_samples and best["step"] not in chosen:
+        chosen.append(best["step"])
+    return chosen
+
+
+def samples_section(run: RunFiles, evals: list[dict], best: dict | None) -> str:
+    steps = player_steps(run, evals, best)
+    if not steps:
+        return ""
+    parts = [
+        '<section id="samples"><h2>Samples</h2><p>The validation sentences spoken from text alone (as at '
+        "inference) beside the recording; the alignment (text tokens against frames: a clean staircase "
+        "reads every token in order) and the recorded mel above the spoken one. Newest evaluations first, "
+        "and the best one; older ones are in the table above.</p>"
+    ]
+    for step in steps:
+        tags = ", ".join(escape(str(e.get("tag"))) for e in evals if e.get("step") == step)
+        mark = ' <span class="best">best</span>' if best is not None and best.get("step") == step else ""
+        parts.append(f'<h3 id="eval-{step}">Step {step} ({tags}){mark}</h3>')
+        parts.append(sample_table(run, sample_folder(run.folder, step)))
+    parts.append("</section>")
+    return "\n".join(parts)
+
+
+def sample_table(run: RunFiles, folder: Path) -> str:
+    clips = [c for c in run.sentences if (folder / f"{c}.wav").is_file()]
+    clips += sorted(p.stem for p in folder.glob("*.wav") if p.stem not in clips)
+    reference = run.folder / "samples" / REFERENCE_FOLDER
+    rows = []
+    for clip in clips:
+        text = (run.sentences.get(clip) or {}).get("text")
+        rel = folder.relative_to(run.folder).as_posix()
+        cells = [
+            f"<b>{escape(clip)}</b><br>{escape(text) if text else ''}",
+            _audio(f"{rel}/{clip}.wav"),
+            _audio(f"samples/{REFERENCE_FOLDER}/{clip}.wav")
+            if (reference / f"{clip}.wav").is_file()
+            else "–",
+            _picture(run.folder, f"{rel}/{clip}_alignment.png", f"alignment of {clip}"),
+            _picture(run.folder, f"{rel}/{clip}_mel.png", f"mel of {clip}"),
+        ]
+        rows.append(cells)
+    return _table(["sentence", "model", "recording", "alignment", "mel: recorded / spoken"], rows)
+
+
+def _audio(rel: str) -> str:
+    return f'<audio controls preload="none" src="{_src(rel)}"></audio>'
+
+
+def _picture(root: Path, rel: str, alt: str) -> str:
+    if not (root / rel).is_file():
+        return "–"
+    return f'<a href="{_src(rel)}"><img src="{_src(rel)}" alt="{escape(alt)}" loading="lazy"></a>'
+
+
+# ---- what the run decided along the way -----------------------------------------------------------
+
+
+def microbatch_section(run: RunFiles) -> str:
+    parts = []
+    for record in run.events("micro_batch"):
+        rows = [
+            [
+                _fmt(r.get("micro_batch_size"))
+                + (
+                    ' <span class="best">chosen</span>'
+                    if r.get("micro_batch_size") == record.get("chosen")
+                    else ""
+                ),
+                _fmt(r.get("steps")),
+                _fmt(r.get("measured_steps")),
+                _fmt(r.get("samples_per_second"), 3),
+                "out of memory" if r.get("out_of_memory") else "",
+            ]
+            for r in record.get("trial") or []
+        ]
+        parts.append(
+            f"<p>Trial ending at step {_fmt(record.get('step'))}: chosen {_fmt(record.get('chosen'))} clips per pass.</p>"
+        )
+        parts.append(_table(["clips per pass", "steps", "measured", "samples/s", ""], rows))
+    s = run.summary or {}
+    if s.get("micro_batch_size") is not None:
+        parts.append(
+            f"<p>Trained with {_fmt(s['micro_batch_size'])} clips per pass x "
+            f"{_fmt(s.get('gradient_accumulation_steps'))} (gradient accumulation).</p>"
+        )
+    compiled = s.get("compile")
+    if isinstance(compiled, dict):
+        parts.append(
+            f"<p>Compiled step: {_fmt(compiled.get('state'))} (--compile {_fmt(compiled.get('setting'))})"
+            + (f": {escape(str(compiled['reason']))}" if compiled.get("reason") else "")
+            + (f"; speed-up {_fmt(compiled.get('speedup'), 3)}x" if compiled.get("speedup") else "")
+            + ".</p>"
+        )
+    if not parts:
+        parts.append(
+            "<p>No micro-batch trial in the metrics (a forced size, a size chosen earlier, or a single option).</p>"
+        )
+    return '<section id="microbatch"><h2>Micro-batch trial and compile</h2>' + "".join(parts) + "</section>"
+
+
+def stability_section(run: RunFiles) -> str:
+    kinds = ("overflow", "skipped", "recovery", "oom", "damaged_checkpoint")
+    records = [r for r in run.records if r.get("event") in kinds]
+    s = run.summary or {}
+    head = f"<p>Skipped steps: {_fmt(s.get('skipped_steps', len(run.events('skipped'))))}; recoveries: {len(run.events('recovery'))}; fp16 loss-scale overflows: {len(run.events('overflow'))}; out of memory: {len(run.events('oom'))}.</p>"
+    rows = [[_fmt(r.get("step")), escape(r["event"]), describe_event(r)] for r in records]
+    table = _table(["step", "event", "details"], rows) if rows else "<p>None: every step was finite.</p>"
+    return f'<section id="stability"><h2>Precision, skipped steps, recoveries</h2>{head}{table}</section>'
+
+
+def threads_section(run: RunFiles) -> str:
+    threads = (run.summary or {}).get("threads")
+    parts = []
+    if isinstance(threads, dict):
+        rows = "".join(
+            f"<tr><th>{escape(str(k))}</th><td>{_fmt(v)}</td></tr>"
+            for k, v in threads.items()
+            if not isinstance(v, list | dict)
+        )
+        parts.append(f'<table class="facts">{rows}</table>')
+    rows = [
+        [_fmt(r.get("step")), _fmt(r.get("threads")), _fmt(r.get("others_cpus"), 3)]
+        for r in run.events("threads")
+    ]
+    if rows:
+        parts.append(
+            "<p>The governor's changes (fewer threads while other processes use this run's CPUs):</p>"
+        )
+        parts.append(_table(["step", "torch threads", "CPUs used by others"], rows))
+    elif not parts:
+        parts.append("<p>No thread changes.</p>")
+    return '<section id="threads"><h2>Threads</h2>' + "".join(parts) + "</section>"
+
+
+def describe_event(r: dict) -> str:
+    event = r.get("event")
+    clips = r.get("clips") or []
+    some = ", ".join(map(str, clips[:6])) + (" ..." if len(clips) > 6 else "")
+    if event == "overflow":
+        return escape(f"fp16 gradients overflowed; loss scale now {r.get('scale')}; clips {some}")
+    if event == "skipped":
+        return escape(f"non-finite loss or gradient, no weights changed; clips {some}")
+    if event == "recovery":
+        return escape(
+            f"reloaded {r.get('source')}, learning rate x{r.get('lr_scale')}, precision {r.get('precision')}"
+        )
+    if event == "oom":
+        if r.get("trial"):
+            return escape(f"micro-batch trial: {r.get('micro_batch_size')} clips ran out of memory")
+        return escape(f"out of memory: micro-batch split {r.get('split')}x")
+    if event == "damaged_checkpoint":
+        return escape(f"recovery could not reload {r.get('path')}")
+    rest = {k: v for k, v in r.items() if k not in ("event", "step", "time")}
+    return escape(json.dumps(rest, ensure_ascii=False)[:300])
+
+
+def events_section(run: RunFiles) -> str:
+    """Every event record in order, the ones above included: the raw history."""
+    rows = []
+    for r in run.records:
+        event = r.get("event")
+        if event is None or event == "eval":
+            continue
+        rows.append(
+            [
+                _fmt(r.get("step")),
+                _clock(r.get("time")) if "time" in r else "–",
+                escape(str(event)),
+                describe_event(r),
+            ]
+        )
+    if not rows:
+        return ""
+    return (
+        '<section id="events"><h2>All events</h2><details><summary>'
+        f"{len(rows)} records from metrics.jsonl</summary>{_table(['step', 'time', 'event', 'details'], rows)}"
+        "</details></section>"
+    )
+
+
+CSS = """
+body { font: 14px/1.45 system-ui, sans-serif; margin: 1.5em auto; max-width: 1200px; padding: 0 1em; color: #222; }
+h1 { font-size: 1.5em; } h2 { border-bottom: 1px solid #ddd; margin-top: 1.6em; } h3 { margin-bottom: .3em; }
+table { border-collapse: collapse; margin: .4em 0; } th, td { border: 1px solid #ddd; padding: 3px 7px; vertical-align: top; text-align: left; }
+thead th { background: #f4f4f4; } table.facts th { background: #f8f8f8; font-weight: 600; }
+tr.best td { background: #fff7d6; } span.best { background: #f0b400; color: #fff; border-radius: 3px; padding: 0 4px; font-size: .85em; }
+.ok { color: #2a7d2a; font-weight: 600; } .running { color: #b06000; font-weight: 600; }
+pre { background: #f6f6f6; padding: .6em; overflow-x: auto; white-space: pre-wrap; }
+img { max-width: 300px; height: auto; } audio { width: 220px; }
+.charts { display: grid; grid-template-columns: repeat(auto-fill, minmax(560px, 1fr)); gap: .5em; }
+figure { margin: .3em 0; } svg.chart { max-width: 100%; height: auto; font: 11px system-ui, sans-serif; }
+svg .grid { stroke: #eee; } svg .tick { fill: #555; } svg .axis { fill: #333; }
+svg .mark { stroke: #888; stroke-dasharray: 3 3; } svg .deadline { stroke: #d62728; fill: #d62728; stroke-width: 2; }
+svg .plan { stroke: #555; stroke-dasharray: 4 2; } svg .stop { stroke: #000; stroke-width: 2; } svg .event { stroke: #d62728; }
+svg text.deadline { fill: #d62728; stroke: none; } svg text.stop { fill: #000; stroke: none; } svg text.note { fill: #555; }
+.legend .swatch { display: inline-block; width: 12px; height: 12px; margin: 0 3px 0 8px; vertical-align: middle; }
+.swatch.deadline { background: #d62728; } .swatch.plan { background: #888; } .swatch.stop { background: #000; }
+"""

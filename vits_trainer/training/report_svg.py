@@ -1,0 +1,233 @@
+"""The inline SVG pictures of report.html (report.py): line charts of values over steps and the budget's
+timeline of a session. Plain strings, no charting library: the page opens from disk with nothing else.
+
+Every text that reaches the SVG goes through html.escape; a value that is None or not finite is left out.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from html import escape
+
+COLORS = ["#1f77b4", "#d62728", "#2ca02c", "#9467bd", "#ff7f0e", "#8c564b", "#17becf", "#7f7f7f"]
+PHASE_COLORS = {
+    "load": "#b0b0b0",  # loading the model and data, preload
+    "eval": "#ff7f0e",
+    "trial": "#9467bd",  # the micro-batch trial
+    "train": "#1f77b4",
+    "end": "#2ca02c",  # final evaluation, last checkpoint, export, summary
+}
+
+
+@dataclass
+class Series:
+    label: str
+    points: list[tuple[float, float]]  # (x, y); None / non-finite y already dropped by `series`
+    markers: bool = False
+    dashed: bool = False
+
+
+def series(label: str, xs: list, ys: list, markers: bool = False, dashed: bool = False) -> Series:
+    """A Series of the finite (x, y) pairs only."""
+    points = [(float(x), float(y)) for x, y in zip(xs, ys, strict=True) if _finite(x) and _finite(y)]
+    return Series(label, points, markers, dashed)
+
+
+def _finite(value) -> bool:
+    return isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value)
+
+
+def nice_ticks(low: float, high: float, count: int = 5) -> list[float]:
+    """About `count` round tick values covering [low, high]."""
+    if high <= low:  # one value: a band of +-10 % around it
+        low, high = low - (0.1 * abs(low) or 1.0), high + (0.1 * abs(high) or 1.0)
+    raw = (high - low) / max(1, count)
+    magnitude = 10 ** math.floor(math.log10(raw))
+    step = next(m * magnitude for m in (1, 2, 2.5, 5, 10) if m * magnitude >= raw)
+    first = math.ceil(low / step) * step
+    ticks = []
+    value = first
+    while value <= high + step * 1e-9:
+        ticks.append(round(value, 10))
+        value += step
+    return ticks
+
+
+def _label(value: float) -> str:
+    if value == 0:
+        return "0"
+    if abs(value) >= 1000:
+        return f"{value:,.0f}"
+    return f"{value:.4g}"
+
+
+@dataclass
+class Frame:
+    """The plot area of a chart and its data ranges: maps data to pixels."""
+
+    width: int
+    height: int
+    x_range: tuple[float, float]
+    y_range: tuple[float, float]
+    left: int = 60
+    right: int = 12
+    top: int = 26
+    bottom: int = 34
+
+    def x(self, value: float) -> float:
+        low, high = self.x_range
+        return self.left + (value - low) / ((high - low) or 1.0) * (self.width - self.left - self.right)
+
+    def y(self, value: float) -> float:
+        low, high = self.y_range
+        span = self.height - self.top - self.bottom
+        return self.top + span - (value - low) / ((high - low) or 1.0) * span
+
+
+def _axes(frame: Frame, x_label: str, y_label: str, y_axis: bool = True) -> list[str]:
+    parts = []
+    x_ticks = nice_ticks(*frame.x_range)
+    y_ticks = nice_ticks(*frame.y_range) if y_axis else [*frame.y_range]
+    frame.x_range = (min(frame.x_range[0], x_ticks[0]), max(frame.x_range[1], x_ticks[-1]))
+    frame.y_range = (min(frame.y_range[0], y_ticks[0]), max(frame.y_range[1], y_ticks[-1]))
+    bottom = frame.height - frame.bottom
+    for t in y_ticks if y_axis else []:
+        y = frame.y(t)
+        parts.append(
+            f'<line class="grid" x1="{frame.left}" x2="{frame.width - frame.right}" y1="{y:.1f}" y2="{y:.1f}"/>'
+        )
+        parts.append(
+            f'<text class="tick" x="{frame.left - 4}" y="{y + 3:.1f}" text-anchor="end">{_label(t)}</text>'
+        )
+    for t in x_ticks:
+        x = frame.x(t)
+        parts.append(f'<line class="grid" x1="{x:.1f}" x2="{x:.1f}" y1="{frame.top}" y2="{bottom}"/>')
+        parts.append(
+            f'<text class="tick" x="{x:.1f}" y="{bottom + 13}" text-anchor="middle">{_label(t)}</text>'
+        )
+    parts.append(
+        f'<text class="axis" x="{(frame.left + frame.width - frame.right) / 2:.0f}" y="{frame.height - 4}" '
+        f'text-anchor="middle">{escape(x_label)}</text>'
+    )
+    parts.append(
+        f'<text class="axis" x="12" y="{(frame.top + bottom) / 2:.0f}" text-anchor="middle" '
+        f'transform="rotate(-90 12 {(frame.top + bottom) / 2:.0f})">{escape(y_label)}</text>'
+    )
+    return parts
+
+
+def line_chart(
+    title: str,
+    lines: list[Series],
+    y_label: str,
+    *,
+    x_label: str = "optimizer step",
+    vlines: list[tuple[float, str]] = (),
+    width: int = 720,
+    height: int = 260,
+) -> str:
+    """An SVG line chart; `vlines`: (x, label) dashed vertical marks (e.g. where a session resumed).
+    Empty string when no series has a point."""
+    lines = [s for s in lines if s.points]
+    if not lines:
+        return ""
+    xs = [x for s in lines for x, _ in s.points] + [x for x, _ in vlines]
+    ys = [y for s in lines for _, y in s.points]
+    frame = Frame(width, height, (min(xs), max(xs)), (min(ys), max(ys)))
+    parts = _axes(frame, x_label, y_label)
+    for x, label in vlines:
+        px = frame.x(x)
+        parts.append(
+            f'<line class="mark" x1="{px:.1f}" x2="{px:.1f}" y1="{frame.top}" y2="{height - frame.bottom}">'
+            f"<title>{escape(label)}</title></line>"
+        )
+    legend = []
+    for k, s in enumerate(lines):
+        color = COLORS[k % len(COLORS)]
+        path = " ".join(f"{frame.x(x):.1f},{frame.y(y):.1f}" for x, y in s.points)
+        dash = ' stroke-dasharray="5 3"' if s.dashed else ""
+        parts.append(f'<polyline fill="none" stroke="{color}" stroke-width="1.6"{dash} points="{path}"/>')
+        if s.markers or len(s.points) == 1:
+            for x, y in s.points:
+                parts.append(
+                    f'<circle cx="{frame.x(x):.1f}" cy="{frame.y(y):.1f}" r="3" fill="{color}">'
+                    f"<title>{escape(s.label)}: step {x:g}, {y:.4g}</title></circle>"
+                )
+        legend.append(
+            f'<tspan fill="{color}">&#9632; </tspan><tspan>{escape(s.label)}</tspan><tspan>   </tspan>'
+        )
+    parts.append(f'<text class="legend" x="{frame.left}" y="14">{"".join(legend)}</text>')
+    return _svg(width, height, title, parts)
+
+
+def _svg(width: int, height: int, title: str, parts: list[str]) -> str:
+    return (
+        f'<svg class="chart" xmlns="http://www.w3.org/2000/svg" viewBox="0 0 {width} {height}" '
+        f'width="{width}" height="{height}" role="img" aria-label="{escape(title)}">'
+        f"<title>{escape(title)}</title>{''.join(parts)}</svg>"
+    )
+
+
+@dataclass
+class Timeline:
+    """One session on the wall clock, in seconds from its process start: phases (start, end, kind,
+    label), instants (t, label, kind: deadline, plan, stop, event) and the budget's length."""
+
+    title: str
+    budget_seconds: float | None
+    phases: list[tuple[float, float, str, str]] = field(default_factory=list)
+    instants: list[tuple[float, str, str]] = field(default_factory=list)
+
+
+def timeline_svg(timeline: Timeline, width: int = 900) -> str:
+    """The session as bars on a time axis: loading, evaluations, micro-batch trial, training, the end
+    (final evaluation, checkpoint, export); the deadline and the plan's marks as vertical lines. A
+    deadline far beyond what was used (a run stopped by --max_steps or a signal) is left off the axis
+    and named instead."""
+    used = max(
+        [end for _, end, _, _ in timeline.phases]
+        + [t for t, _, k in timeline.instants if k in ("stop", "event")]
+        + [1.0]
+    )
+    budget = timeline.budget_seconds or 0.0
+    span = budget if budget <= 1.5 * used else used
+    instants = [i for i in timeline.instants if i[0] <= span * 1.02]
+    height = 110
+    frame = Frame(width, height, (0.0, span * 1.02), (0.0, 1.0), left=20, top=30, bottom=34)
+    parts = _axes(frame, "seconds since the process started", "", y_axis=False)
+    row_top, row_height = 40, 30
+    if span < budget:
+        parts.append(
+            f'<text class="tick note" x="{width - 12}" y="12" text-anchor="end">deadline at {budget:,.0f} s '
+            f"(off the axis)</text>"
+        )
+    for start, end, kind, label in timeline.phases:
+        row = row_top + (10 if kind == "eval" else 0)  # evaluations drawn over the phase they interrupt
+        h = row_height - (20 if kind == "eval" else 0)
+        x0, x1 = frame.x(max(0.0, start)), frame.x(max(start, end))
+        parts.append(
+            f'<rect x="{x0:.1f}" y="{row}" width="{max(1.5, x1 - x0):.1f}" height="{h}" '
+            f'fill="{PHASE_COLORS.get(kind, "#999")}" opacity="0.85"><title>{escape(label)} '
+            f"({start:.1f}-{end:.1f} s, {end - start:.1f} s)</title></rect>"
+        )
+    for t, label, kind in instants:
+        x = frame.x(t)
+        css = kind if kind in ("deadline", "stop", "plan") else "event"
+        y0, y1 = (
+            (row_top - 6, row_top + row_height + 6)
+            if css != "event"
+            else (row_top + row_height, row_top + row_height + 8)
+        )
+        parts.append(
+            f'<line class="{css}" x1="{x:.1f}" x2="{x:.1f}" y1="{y0}" y2="{y1}">'
+            f"<title>{escape(label)} ({t:.1f} s)</title></line>"
+        )
+        if kind in ("deadline", "stop"):
+            anchor = "end" if x > width * 0.7 else "start"
+            y = 12 if kind == "deadline" else 26
+            parts.append(
+                f'<text class="tick {css}" x="{x + (-3 if anchor == "end" else 3):.1f}" y="{y}" '
+                f'text-anchor="{anchor}">{escape(label)}</text>'
+            )
+    return _svg(width, height, timeline.title, parts)
