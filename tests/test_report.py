@@ -387,3 +387,13 @@ def test_report_of_a_real_run_mid_run_after_a_signal_and_after_resume(stopped_an
 @needs_browser
 def test_report_of_a_real_run_loads_in_a_headless_browser(stopped_and_resumed):
     assert_loads_in_a_browser(stopped_and_resumed[0] / "report.html")
+
+
+def test_a_long_run_curve_is_averaged_down_keeping_its_ends():
+    from vits_trainer.training.report_svg import MAX_POINTS, series
+
+    xs = list(range(40_000))
+    s = series("loss", xs, [float(x % 10) for x in xs])
+    assert len(s.points) <= MAX_POINTS
+    assert s.points[0] == (0.0, 0.0) and s.points[-1] == (39_999.0, 9.0)
+    assert all(4.0 <= y <= 5.0 for _, y in s.points[1:-1])  # runs of 67 points average to ~4.5

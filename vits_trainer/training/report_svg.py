@@ -28,10 +28,27 @@ class Series:
     dashed: bool = False
 
 
+# A chart wider than ~700 px cannot show more points than this; a long run's thousands of metric lines
+# are averaged in runs of consecutive points down to it (the page stays small and quick to rewrite).
+MAX_POINTS = 600
+
+
 def series(label: str, xs: list, ys: list, markers: bool = False, dashed: bool = False) -> Series:
-    """A Series of the finite (x, y) pairs only."""
+    """A Series of the finite (x, y) pairs only, averaged down to at most MAX_POINTS."""
     points = [(float(x), float(y)) for x, y in zip(xs, ys, strict=True) if _finite(x) and _finite(y)]
-    return Series(label, points, markers, dashed)
+    return Series(label, thin(points), markers, dashed)
+
+
+def thin(points: list[tuple[float, float]], limit: int = MAX_POINTS) -> list[tuple[float, float]]:
+    """`points` as at most `limit` means of consecutive runs (the first and last point kept as they are)."""
+    if len(points) <= limit:
+        return points
+    size = math.ceil(len(points) / limit)
+    means = [
+        (sum(x for x, _ in run) / len(run), sum(y for _, y in run) / len(run))
+        for run in (points[i : i + size] for i in range(0, len(points), size))
+    ]
+    return [points[0], *means[1:-1], points[-1]]
 
 
 def _finite(value) -> bool:
