@@ -8,9 +8,9 @@ Two rules, checked before anything is written:
   marker lists. A user file dropped into an export is named in the refusal, never deleted.
 
 This module holds the mechanisms; a command's own check names its folders and flags and calls them
-(training/config.py: check_train_paths; data/prepare_checks.py: check_prepare_sources; below:
-check_feedback_paths). It imports no torch: those checks run before the heavy imports, so a path
-mistake costs a fraction of a second and writes nothing.
+(training/config.py: check_train_paths; data/prepare_checks.py: check_prepare_sources;
+feedback/config.py: check_feedback_paths). It imports no torch: those checks run before the heavy
+imports, so a path mistake costs a fraction of a second and writes nothing.
 
 Inventory of destructive operations (file:function -> what -> why it is provably the tool's own)
 -----------------------------------------------------------------------------------------------
@@ -125,56 +125,6 @@ def check_disjoint(flag_a: str, a, flag_b: str, b, why: str) -> None:
         refuse(flag_a, a, ra, "is inside", flag_b, b, rb, why)
     if inside(rb, ra):
         refuse(flag_a, a, ra, "contains", flag_b, b, rb, why)
-
-
-def check_feedback_paths(cfg) -> None:
-    """train_feedback.py: --data_dir and --feedback_dir are read, --base_model is read, and the output
-    root receives new version folders vN/ and the latest pointer."""
-    root = cfg.output_dir
-    check_output_vs_data("--output_dir", root, "--data_dir", cfg.data_dir)
-    check_output_vs_data("--output_dir", root, "--feedback_dir", cfg.feedback_dir)
-    base, r = resolved(cfg.base_model), resolved(root)
-    if inside(r, base):
-        refuse(
-            "--output_dir", root, r, "is inside", "--base_model", cfg.base_model, base, "it must stay a model"
-        )
-    if inside(base, r) and base != r:
-        # the documented rounds: <root>/latest (-> vK/model) or <root>/vK/model of a finished version
-        rel = base.relative_to(r).parts
-        finished = len(rel) == 2 and rel[1] == "model" and (r / rel[0] / "feedback_report.json").is_file()
-        if not (finished or rel == ("latest",)):
-            refuse(
-                "--base_model",
-                cfg.base_model,
-                base,
-                "is inside",
-                "--output_dir",
-                root,
-                r,
-                "only <output_dir>/latest or <output_dir>/vN/model of a finished version can be a base",
-            )
-    elif base == r:
-        refuse(
-            "--base_model",
-            cfg.base_model,
-            base,
-            "is the same folder as",
-            "--output_dir",
-            root,
-            r,
-            "the versions would be written into the model folder",
-        )
-    pointer = r / "latest.json"
-    if pointer.exists():
-        try:
-            ours = {"version", "relative_path"} <= set(json.loads(pointer.read_text(encoding="utf-8")))
-        except (OSError, ValueError, TypeError):
-            ours = False
-        if not ours:
-            raise UserError(
-                f"--output_dir {root}: {pointer} is not a pointer written by train_feedback.py; "
-                f"move it away or choose another --output_dir (it would be replaced)"
-            )
 
 
 # ---- export markers ----------------------------------------------------------------------------------

@@ -1,4 +1,5 @@
-"""A feedback run's settings: train_vits.py's TrainConfig plus the feedback inputs, and the flags it hides.
+"""A feedback run's settings: train_vits.py's TrainConfig plus the feedback inputs, the flags it hides,
+and the folders they name, checked before any work (check_feedback_paths).
 
 Apart from round.py so that the replay data (replay.py) can name its settings without importing the
 round that uses it.
@@ -6,11 +7,13 @@ round that uses it.
 
 from __future__ import annotations
 
+import json
 import math
 from dataclasses import dataclass
 from typing import ClassVar
 
 from ..errors import UserError
+from ..safety import check_output_vs_data, inside, refuse, resolved
 from ..training.config import TrainConfig, _f
 
 MIN_HELD_OUT_CLIPS = 5  # fewer usable feedback clips: evaluate on all of them, and train on them too
@@ -77,3 +80,53 @@ class FeedbackConfig(TrainConfig):
             raise UserError(f"--sample_sentences must be 0 or more (got {self.sample_sentences})")
         if not 0.0 <= self.feedback_val_fraction <= 0.5:
             raise UserError(f"--feedback_val_fraction must be in [0, 0.5] (got {self.feedback_val_fraction})")
+
+
+def check_feedback_paths(cfg) -> None:
+    """train_feedback.py: --data_dir and --feedback_dir are read, --base_model is read, and the output
+    root receives new version folders vN/ and the latest pointer."""
+    root = cfg.output_dir
+    check_output_vs_data("--output_dir", root, "--data_dir", cfg.data_dir)
+    check_output_vs_data("--output_dir", root, "--feedback_dir", cfg.feedback_dir)
+    base, r = resolved(cfg.base_model), resolved(root)
+    if inside(r, base):
+        refuse(
+            "--output_dir", root, r, "is inside", "--base_model", cfg.base_model, base, "it must stay a model"
+        )
+    if inside(base, r) and base != r:
+        # the documented rounds: <root>/latest (-> vK/model) or <root>/vK/model of a finished version
+        rel = base.relative_to(r).parts
+        finished = len(rel) == 2 and rel[1] == "model" and (r / rel[0] / "feedback_report.json").is_file()
+        if not (finished or rel == ("latest",)):
+            refuse(
+                "--base_model",
+                cfg.base_model,
+                base,
+                "is inside",
+                "--output_dir",
+                root,
+                r,
+                "only <output_dir>/latest or <output_dir>/vN/model of a finished version can be a base",
+            )
+    elif base == r:
+        refuse(
+            "--base_model",
+            cfg.base_model,
+            base,
+            "is the same folder as",
+            "--output_dir",
+            root,
+            r,
+            "the versions would be written into the model folder",
+        )
+    pointer = r / "latest.json"
+    if pointer.exists():
+        try:
+            ours = {"version", "relative_path"} <= set(json.loads(pointer.read_text(encoding="utf-8")))
+        except (OSError, ValueError, TypeError):
+            ours = False
+        if not ours:
+            raise UserError(
+                f"--output_dir {root}: {pointer} is not a pointer written by train_feedback.py; "
+                f"move it away or choose another --output_dir (it would be replaced)"
+            )

@@ -45,7 +45,7 @@ from ..errors import UserError
 from ..jsonfile import write_json_atomic
 from ..runlock import RunLock, is_main_process
 from ..training.resume_settings import resume_command
-from .config import HIDDEN_FLAGS, FeedbackConfig
+from .config import HIDDEN_FLAGS, FeedbackConfig, check_feedback_paths
 from .judgement import SEED_AFTER, SEED_BEFORE, paired_judgement
 from .promotion import loss_values, mel_change, promotion
 from .replay import FeedbackData, Inputs, check_feedback_inputs, subset
@@ -422,8 +422,6 @@ def run_feedback(cfg: FeedbackConfig, process_start: float, log=None) -> dict:
     """The whole feedback run (train_feedback.py calls this); returns the report, or a status dict
     when it was interrupted."""
     cfg.validate()
-    from ..safety import check_feedback_paths
-
     check_feedback_paths(cfg)  # overlapping folders: refused before any work or write
     if log is None:
         from ..training.runtime import Logger
