@@ -40,6 +40,8 @@ def main(argv: list[str] | None = None) -> int:
     if not cfg.demo:  # the demo writes its own data and model
         check_given_paths(cfg)  # a mistyped folder: one line before torch loads
     check_train_paths(cfg)  # overlapping folders, a folder the export would wrongly replace: before any work
+    if cfg.push_to_hub:
+        check_hub(cfg)  # network, token, write permission: a push that cannot happen stops the run now
 
     from vits_trainer.training.loop import Trainer
     from vits_trainer.training.resume_settings import resume_command
@@ -61,6 +63,22 @@ def main(argv: list[str] | None = None) -> int:
         + best_model_words(summary)
     )
     return 0
+
+
+def check_hub(cfg) -> None:
+    """--push_to_hub's repo, checked (and created when missing) by the main process before torch loads."""
+    from vits_trainer.runlock import is_main_process
+    from vits_trainer.training.hub_push import check_push_target
+
+    if not is_main_process():
+        return
+    target = check_push_target(cfg.push_to_hub, cfg.hub_public, cfg.output_dir)
+    how = f"created {'private' if target.private else 'public'}" if target.created else "exists"
+    print(
+        f"hub: {target.repo_id} ({how}) is writable by {target.user}; the final model is uploaded there at "
+        f"the end{' and best_model/ whenever it changes' if cfg.push_best else ''}",
+        flush=True,
+    )
 
 
 def best_model_words(summary: dict) -> str:

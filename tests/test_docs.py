@@ -13,8 +13,8 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1]
 DOCS = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
 FLAG = re.compile(r"(?<![\w-])--[a-z][a-z0-9_-]*")
-# flags of other tools the docs mention: accelerate launch's, ruff's, and one named as not built
-OTHER_TOOLS = {"--num_processes", "--multi_gpu", "--check", "--compile"}
+# flags of other tools the docs mention: accelerate launch's, ruff's, hf upload's, and one named as not built
+OTHER_TOOLS = {"--num_processes", "--multi_gpu", "--check", "--exclude", "--private", "--compile"}
 COMMAND = re.compile(r"python(?:3)? (-m vits_trainer[\w.]*|[\w./-]+\.py)((?: +[^\s`|;&#)]+)*)")
 FILE = re.compile(r"(?<![\w/.])((?:vits_trainer|tests|bench|docs)/[\w/.-]+\.(?:py|md))")
 
@@ -104,3 +104,25 @@ def test_every_link_between_the_docs_resolves():
         if not target.startswith(("http://", "https://")) and not (doc.parent / target).exists()
     ]
     assert not broken, broken
+
+
+def _package(name: str) -> str:
+    return re.sub(r"[-_.]+", "_", name).lower()
+
+
+def test_every_requirement_is_explained_in_the_docs():
+    """requirements.txt and docs/development.md's "Dependencies, and why" name the same packages: each
+    requirement is named there, and each package that section gives a bullet of its own is required."""
+    required = {
+        _package(re.split(r"[<>=!~\[; ]", line, maxsplit=1)[0])
+        for line in (ROOT / "requirements.txt").read_text(encoding="utf-8").splitlines()
+        if line.strip() and not line.startswith(("#", "-"))
+    }
+    text = (ROOT / "docs" / "development.md").read_text(encoding="utf-8")
+    section = text.split("## Dependencies, and why", 1)[1].split("\n## ", 1)[0]
+    named = {_package(word) for word in re.findall(r"[A-Za-z][\w.-]*", section)}
+    assert required - named == set(), f"requirements.txt packages the docs do not explain: {required - named}"
+    bullets = {_package(name) for name in re.findall(r"^- \*\*([\w.-]+)\*\*", section, flags=re.M)}
+    assert bullets - required == set(), (
+        f"packages the docs explain but requirements.txt lacks: {bullets - required}"
+    )

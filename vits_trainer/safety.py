@@ -25,6 +25,9 @@ training/run_end.py:RunEnd.finish (best_model copy; part of loop.Trainer)
 training/run_end.py:RunEnd.finish (train_summary.json)
     writes into the folder just exported and into checkpoint_dir -> `write_export_file` adds it to the
         marker; checkpoint_dir is refused up front when it overlaps a data folder
+training/hub_push.py:HubPush (--push_best)
+    rmtree `<checkpoint_dir>/.hub_upload.N-<pid>` -> a snapshot (hard links) of best_model this process
+        made for its upload, removed once uploaded or superseded; a dead pid's by remove_dead_writers_temp
 training/checkpoint.py:write_checkpoint / prune_checkpoints, safety.py:remove_dead_writers_temp
     rmtree `.step_*.tmp-<pid>`, an existing `step_N` of the same step, pruned `step_N` -> names only this
         tool creates (`step_%08d` with a manifest it wrote; pruning only deletes verified ones); the

@@ -17,8 +17,19 @@ from ..safety import check_output_vs_data, inside, refuse, resolved
 from ..training.config import TrainConfig, _f
 
 MIN_HELD_OUT_CLIPS = 5  # fewer usable feedback clips: evaluate on all of them, and train on them too
-# settings a feedback run derives or does not support: hidden from its command line
-HIDDEN_FLAGS = ("model_name", "checkpoint_dir", "max_samples", "extend_vocab", "demo", "overwrite_output_dir")
+# settings a feedback run derives or does not support: hidden from its command line (a version is worth
+# sharing only once promoted, which is decided after the loop's export: push vN/model by hand)
+HIDDEN_FLAGS = (
+    "model_name",
+    "checkpoint_dir",
+    "max_samples",
+    "extend_vocab",
+    "demo",
+    "overwrite_output_dir",
+    "push_to_hub",
+    "hub_public",
+    "push_best",
+)
 
 
 @dataclass

@@ -102,13 +102,14 @@ class Plan:
     optimizer_steps: int  # this session
     horizon_steps: int  # optimizer steps over the whole LR horizon (global count): used to cap warmup
     train_end_wall: float  # when the last optimizer step must end
-    run_end_wall: float  # training end + final eval + save + export
+    run_end_wall: float  # training end + final eval + save + export (+ what comes after it)
     budget_seconds: float
     eval_seconds: float
     save_seconds: float
     export_seconds: float
     safety_seconds: float
     created_wall: float = field(default=0.0)
+    after_loop_seconds: float = field(default=0.0)  # after the export: feedback samples, the hub upload
 
     def describe(self) -> str:
         """A few printable lines: the plan, the final reserve, and a warning when not even an epoch fits."""
@@ -120,7 +121,8 @@ class Plan:
             f"(budget {self.budget_seconds / 3600:.2f} h)",
             f"plan: {self.seconds_per_epoch:,.0f} s per epoch; final reserve: eval {self.eval_seconds:.0f} s "
             f"+ save {self.save_seconds:.0f} s + export {self.export_seconds:.0f} s "
-            f"+ safety {self.safety_seconds:.0f} s",
+            f"+ safety {self.safety_seconds:.0f} s"
+            + (f" + after the export {self.after_loop_seconds:.0f} s" if self.after_loop_seconds else ""),
         ]
         if self.epochs < 1.0:
             lines.append("warning: less than one epoch fits in the time budget")
@@ -197,7 +199,7 @@ class Budget:
         self.current_plan: Plan | None = None
         # the horizon's planned optimizer steps (across sessions with total_seconds): caps the LR warmup
         self.planned_horizon_steps: int | None = None
-        self._after_loop_seconds = 0.0  # work the caller does after the loop's export (reserve_after_loop)
+        self._after_loop: dict[str, float] = {}  # work done after the loop's export (reserve_after_loop)
 
     # ---- time -------------------------------------------------------------------------------------
 
@@ -391,13 +393,14 @@ class Budget:
             + self.save_seconds()
             + self.export_seconds()
             + self.safety_seconds()
-            + self._after_loop_seconds
+            + sum(self._after_loop.values())
         )
 
-    def reserve_after_loop(self, seconds: float) -> None:
-        """Keep `seconds` of the final reserve for work the caller does after the loop's final export
-        (a feedback round's after-samples), so the loop stops early enough for it."""
-        self._after_loop_seconds = max(0.0, float(seconds))
+    def reserve_after_loop(self, seconds: float, what: str = "after") -> None:
+        """Keep `seconds` of the final reserve for work done after the loop's final export (a feedback
+        round's after-samples, the --push_to_hub upload), so the loop stops early enough for it; one
+        amount per `what`, a later call replacing that one's."""
+        self._after_loop[what] = max(0.0, float(seconds))
 
     # ---- decisions --------------------------------------------------------------------------------
 
@@ -478,7 +481,8 @@ class Budget:
             self.safety_seconds(),
         )
         seconds_per_epoch = samples_per_epoch / sps + evals_per_epoch * ev + saves_per_epoch * sv
-        train_end = self.deadline() - (ev + sv + ex + safety)
+        after = sum(self._after_loop.values())
+        train_end = self.deadline() - (ev + sv + ex + after + safety)
         left = max(0.0, train_end - now)
         remaining_epochs = left / seconds_per_epoch
         epochs = self.session_samples / samples_per_epoch + remaining_epochs
@@ -501,13 +505,14 @@ class Budget:
             optimizer_steps=optimizer_steps,
             horizon_steps=horizon_steps,
             train_end_wall=max(now, train_end),
-            run_end_wall=max(now, train_end) + ev + sv + ex,
+            run_end_wall=max(now, train_end) + ev + sv + ex + after,
             budget_seconds=self.target_seconds,
             eval_seconds=ev,
             save_seconds=sv,
             export_seconds=ex,
             safety_seconds=safety,
             created_wall=now,
+            after_loop_seconds=after,
         )
 
     def last_session(self) -> bool:

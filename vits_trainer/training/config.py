@@ -141,6 +141,22 @@ class TrainConfig:
         "none | tensorboard | wandb (through accelerate's trackers)",
         choices=["none", "tensorboard", "wandb"],
     )
+    # --- sharing ---
+    push_to_hub: str = _f(
+        "",
+        "at the end, upload the final model folder (with its model card) to this Hugging Face model repo, "
+        "USER/NAME or ORG/NAME, created private unless --hub_public; network, token and write permission "
+        "are checked at start-up, and a failed upload keeps the local model and prints the command to push it",
+        metavar="REPO_ID",
+    )
+    hub_public: bool = _f(
+        False, "with --push_to_hub: create the repo public (an existing repo's visibility is never changed)"
+    )
+    push_best: bool = _f(
+        False,
+        "with --push_to_hub: also upload best_model to the repo's best_model/ folder whenever it changes, "
+        "in the background",
+    )
     # --- hardware ---
     cpu: bool = _f(False, "run on CPU even when a GPU is present")
     demo: bool = _f(
@@ -213,6 +229,9 @@ class TrainConfig:
         if self.max_ram_gb < 0:
             raise UserError(f"--max_ram_gb must be 0 or more (got {self.max_ram_gb})")
         self.forced_micro_batch()
+        for name in ("hub_public", "push_best"):
+            if getattr(self, name) and not self.push_to_hub:
+                raise UserError(f"--{name} needs --push_to_hub USER/NAME")
 
     def buckets_on(self, device_type: str) -> bool:
         """--length_buckets resolved for a device ("cuda", "cpu", ...)."""
@@ -290,7 +309,14 @@ def _add_field(parser, f) -> None:
         )
         return
     kind = {"int": int, "float": float, "str": str, "float | None": float}.get(str(f.type), str)
-    parser.add_argument(flag, type=kind, default=default, choices=f.metadata.get("choices"), help=help_text)
+    parser.add_argument(
+        flag,
+        type=kind,
+        default=default,
+        choices=f.metadata.get("choices"),
+        metavar=f.metadata.get("metavar"),
+        help=help_text,
+    )
 
 
 def config_from_args(args: argparse.Namespace, cls=TrainConfig):

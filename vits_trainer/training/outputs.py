@@ -51,6 +51,25 @@ class RunOutputs:
         self.last_checkpoint: Path | None = session.resumed_from
         self.last_val: dict | None = None
         self.last_val_step: int | None = None
+        self.hub = self._hub_push() if session.cfg.push_to_hub and session.is_main else None
+
+    def _hub_push(self):
+        """--push_to_hub's uploads (hub_push.py, imported only then); their time is kept in the final
+        reserve: the final upload's, and with --push_best one more for a best_model still uploading."""
+        from .hub_push import HubPush, target_of
+
+        s = self.s
+        uploads = 2 if s.cfg.push_best else 1
+        folder_bytes = sum(
+            p.numel() * p.element_size() for net in (s.model, s.discriminator_raw) for p in net.parameters()
+        )
+        return HubPush(
+            target_of(s.cfg.push_to_hub, s.cfg.hub_public),
+            s.checkpoint_dir,
+            s.log,
+            folder_bytes,
+            reserve=lambda seconds: s.budget.reserve_after_loop(uploads * seconds, "hub"),
+        )
 
     def run_eval(self, tag: str, export_best: bool = True) -> dict:
         s = self.s
@@ -98,6 +117,8 @@ class RunOutputs:
             try:
                 if self.export(s.checkpoint_dir / "best_model"):
                     s.state.best_model_step = step
+                    if self.hub is not None and s.cfg.push_best:  # queued: uploaded in the background
+                        self.hub.best(s.checkpoint_dir / "best_model", step)
             except UnsafeOverwrite as err:  # a file the user put into best_model/ is never deleted
                 s.log(f"warning: best model not exported: {err}")
             s.budget.observe_export(time.perf_counter() - t1)

@@ -11,6 +11,9 @@ command line's values, except:
     --cpu, --num_workers, --max_ram_gb, --mixed_precision, --mas_backend, --length_buckets, --compile
                         this machine's hardware
     --report_to         this machine's tracker set-up (logins differ between machines)
+    --push_to_hub, --hub_public, --push_best
+                        where this invocation shares the model (checked at its start-up, with this
+                        machine's token)
 Everything else is restored: data_dir, output_dir, the optimisation (learning rate, accumulation,
 warmup, batch size, loss weights, segment size...), saving and evaluation, seed, freeze, max_steps.
 A config built in code (explicit is None) is used as it is: nothing is restored.
@@ -33,6 +36,9 @@ NOT_RESTORED = frozenset(
         "length_buckets",
         "compile",
         "report_to",
+        "push_to_hub",
+        "hub_public",
+        "push_best",
         "explicit",
     }
 )
@@ -83,17 +89,19 @@ MACHINE = (
     "compile",
     "report_to",
 )
+# this invocation's choices the printed command repeats (not restored either): the continuation shares too
+SHARING = ("push_to_hub", "hub_public", "push_best")
 
 
 def resume_command(script: str, cfg, folder_flag: str, folder: str) -> str:
     """The command that continues this run on this machine: the folder to find it in, the machine
-    settings this run used where they differ from the defaults (not restored from the checkpoint),
-    and a budget H for the user to choose; every other setting comes from the checkpoint."""
+    and sharing settings this run used where they differ from the defaults (not restored from the
+    checkpoint), and a budget H for the user to choose; every other setting comes from the checkpoint."""
     import shlex
 
     parts = [f"python {script} --resume auto {folder_flag} {shlex.quote(str(folder))}"]
     for f in dataclasses.fields(cfg):
-        if f.name not in MACHINE or getattr(cfg, f.name) == f.default:
+        if f.name not in MACHINE + SHARING or getattr(cfg, f.name) == f.default:
             continue
         value = getattr(cfg, f.name)
         if isinstance(value, bool):

@@ -1,6 +1,6 @@
 """The end of a run (`RunEnd`, one part of loop.Trainer): the final evaluation (when it still fits), the
 last checkpoint, the export of the final model, best_model updated when the final weights are the
-best, and train_summary.json.
+best, the --push_to_hub upload (hub_push.py), and train_summary.json.
 
 Apart from loop.py because it runs once, after the loop, and decides what the run leaves behind.
 """
@@ -57,6 +57,7 @@ class RunEnd:
                 f"error: exporting the final model to {s.output_dir} failed ({getattr(err, 'strerror', None) or err}); "
                 f"the last good checkpoint is {outputs.last_checkpoint}"
             )
+        best_updated = False
         if exported and final_is_best:
             best = s.checkpoint_dir / "best_model"
             try:
@@ -67,10 +68,15 @@ class RunEnd:
                 write_marker(tmp, "best_model", s.checkpoint_dir)
                 replace_export(tmp, best)
                 s.state.best_model_step = budget.global_step
+                best_updated = True
             except (OSError, UnsafeOverwrite) as err:  # the final model is exported; only this copy failed
                 s.log(f"warning: best model not updated ({getattr(err, 'strerror', None) or err})")
         budget.observe_export(time.perf_counter() - t0)
+        # after the local export, which never waits on it
+        hub = self.push(stop_reason, exported, best_updated)
         summary = self.summary(stop_reason, exported, loop_figures)
+        if hub is not None:
+            summary["hub"] = hub
         if s.is_main:
             if exported:
                 write_export_file(exported, "train_summary.json", json.dumps(summary, indent=1))  # + marker
@@ -97,6 +103,33 @@ class RunEnd:
             s.accelerator.end_training()
         s.accelerator.wait_for_everyone()
         return summary
+
+    def push(self, stop_reason: str | None, exported: Path | None, best_updated: bool) -> dict | None:
+        """--push_to_hub (main process): the background best_model uploads finished within the time left,
+        then the final model uploaded; the record for train_summary.json ("hub"), None without the flag.
+        A failure is a warning with the command to push by hand; the run still ends well."""
+        s, budget, hub = self.s, self.s.budget, self.outputs.hub
+        if hub is None:
+            return None
+        step = budget.global_step
+        if stop_reason == "signal":  # the platform's grace period is for the checkpoint, not an upload
+            hub.drop_waiting()
+            record = {"repo": hub.target.repo_id, "pushed": False, "error": "stopped by a signal"}
+            if exported:
+                from .hub_push import manual_command
+
+                s.log(
+                    f"hub: not uploaded (stopped by a signal); the resumed run uploads at its end, or push "
+                    f"{exported} by hand with: {manual_command(hub.target.repo_id, exported, hub.target.private)}"
+                )
+        else:
+            if best_updated and s.cfg.push_best:  # the final weights are the best: best_model/ follows
+                hub.best(s.checkpoint_dir / "best_model", step)
+            hub.wait(budget.remaining() - hub.seconds - budget.safety_seconds())
+            record = hub.final(exported, step)
+        if s.cfg.push_best:
+            record["best_model"] = hub.best_record
+        return record
 
     def summary(self, stop_reason: str | None, exported: Path | None, loop_figures: dict) -> dict:
         s, budget, state, outputs = self.s, self.s.budget, self.s.state, self.outputs
