@@ -1,0 +1,66 @@
+"""`python train_vits.py --demo`, as a newcomer runs it: what it leaves is what a user looks at, listens
+to and shares: report.html (opened in a real headless browser where one is installed), the model card
+of final_model, and a model the speak command turns into audio.
+
+One real run of the demo (tiny model from scratch, generated corpus), shortened to ~50 s of budget.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+from pathlib import Path
+from urllib.parse import unquote
+
+import pytest
+
+from tests.helpers import PYTHON, ROOT
+from tests.test_model_card import front_matter
+from tests.test_report import assert_loads_in_a_browser, browser, sources
+from tests.test_speak import check_wav
+from vits_trainer.speak import main as speak
+
+
+@pytest.fixture(scope="module")
+def demo(tmp_path_factory) -> Path:
+    """The demo's folder (training/demo under a fresh working directory) after one run."""
+    cwd = tmp_path_factory.mktemp("demo")
+    done = subprocess.run(
+        [PYTHON, str(ROOT / "train_vits.py"), "--demo", "--target_hours", str(50 / 3600)],
+        cwd=cwd,
+        env=dict(os.environ, HF_HUB_OFFLINE="1"),
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    return cwd / "training" / "demo"
+
+
+@pytest.mark.slow
+def test_the_demo_leaves_a_report_whose_every_file_is_there(demo):
+    report = demo / "checkpoints" / "report.html"
+    page = report.read_text(encoding="utf-8")
+    srcs = sources(page)
+    assert any(s.endswith(".wav") for s in srcs) and any(s.endswith(".png") for s in srcs)
+    missing = [s for s in srcs if not (report.parent / unquote(s)).is_file()]
+    assert not missing, missing
+    if browser() is None:
+        pytest.skip("no headless Chromium on PATH: apt-get install chromium-headless-shell (Debian/Ubuntu)")
+    assert_loads_in_a_browser(report)
+
+
+@pytest.mark.slow
+def test_the_demo_model_carries_a_model_card(demo):
+    meta = front_matter((demo / "final_model" / "README.md").read_text(encoding="utf-8"))
+    assert meta["pipeline_tag"] == "text-to-speech" and meta["library_name"] == "transformers"
+    assert meta["license"] == "other"  # a model trained from scratch: no license to inherit
+    assert "text-to-speech" in meta["tags"]
+
+
+@pytest.mark.slow
+def test_the_demo_model_speaks(demo, tmp_path, capsys):
+    out = tmp_path / "demo.wav"
+    assert speak(["--model", str(demo / "final_model"), "--text", "ba da ka", "--out", str(out)]) == 0
+    check_wav(out)
+    assert "RTF" in capsys.readouterr().out
