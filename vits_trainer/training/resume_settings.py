@@ -23,25 +23,21 @@ from __future__ import annotations
 
 import dataclasses
 
-NOT_RESTORED = frozenset(
-    {
-        "target_hours",
-        "resume",
-        "checkpoint_dir",
-        "cpu",
-        "num_workers",
-        "max_ram_gb",
-        "mixed_precision",
-        "mas_backend",
-        "length_buckets",
-        "compile",
-        "report_to",
-        "push_to_hub",
-        "hub_public",
-        "push_best",
-        "explicit",
-    }
+# this machine's settings: not restored, and repeated by the printed resume command
+MACHINE = (
+    "cpu",
+    "num_workers",
+    "max_ram_gb",
+    "mixed_precision",
+    "mas_backend",
+    "length_buckets",
+    "compile",
+    "report_to",
 )
+# this invocation's choices the printed command repeats (not restored either): the continuation shares too
+SHARING = ("push_to_hub", "hub_public", "push_best")
+# never restored (module docstring): this session's budget and how it found its checkpoint, the above
+NOT_RESTORED = frozenset({"target_hours", "resume", "checkpoint_dir", "explicit", *MACHINE, *SHARING})
 
 
 def restore_settings(cfg, saved: dict | None, log, source: str, keep: frozenset[str] = frozenset()):
@@ -77,20 +73,6 @@ def restore_settings(cfg, saved: dict | None, log, source: str, keep: frozenset[
 
 def _show(value) -> str:
     return "''" if value == "" else str(value)
-
-
-MACHINE = (
-    "cpu",
-    "num_workers",
-    "max_ram_gb",
-    "mixed_precision",
-    "mas_backend",
-    "length_buckets",
-    "compile",
-    "report_to",
-)
-# this invocation's choices the printed command repeats (not restored either): the continuation shares too
-SHARING = ("push_to_hub", "hub_public", "push_best")
 
 
 def resume_command(script: str, cfg, folder_flag: str, folder: str) -> str:
