@@ -25,6 +25,9 @@ training/run_end.py:RunEnd.finish (best_model copy; part of loop.Trainer)
 training/run_end.py:RunEnd.finish (train_summary.json)
     writes into the folder just exported and into checkpoint_dir -> `write_export_file` adds it to the
         marker; checkpoint_dir is refused up front when it overlaps a data folder
+training/report.py:write_report / write_references
+    report.html, samples/reference/<clip>.wav, sentences.json -> fixed names in this run's checkpoint dir
+        (locked by the run, never overlapping a data folder or --output_dir: checked up front)
 training/hub_push.py:HubPush (--push_best)
     rmtree `<checkpoint_dir>/.hub_upload.N-<pid>` -> a snapshot (hard links) of best_model this process
         made for its upload, removed once uploaded or superseded; a dead pid's by remove_dead_writers_temp
@@ -35,7 +38,7 @@ training/checkpoint.py:write_checkpoint / prune_checkpoints, safety.py:remove_de
 feedback/versions.py:write_latest
     os.replace of `latest` -> only when `latest` is a symlink (a real folder is left alone);
     latest.json -> refused up front unless it is our pointer (`check_feedback_paths`)
-feedback/round.py:FeedbackRun.write_samples / run
+feedback/round.py:FeedbackRun.write_samples / clear_restarted_version / start_session
     rmtree vN/samples/{before,after}, vN/checkpoints, vN -> version folders that choose_version
         numbered under the output root; vN is removed only when this process created it; the output
         root never overlaps a data folder or the base model (checked up front)

@@ -19,13 +19,13 @@ from __future__ import annotations
 
 import json
 import math
-import os
 import time
 from dataclasses import dataclass, field
 from html import escape
 from pathlib import Path
 from urllib.parse import quote
 
+from ..jsonfile import write_json_atomic, write_text_atomic
 from .report_svg import PHASE_COLORS, Timeline, line_chart, series, timeline_svg
 
 REPORT_FILE = "report.html"
@@ -129,9 +129,7 @@ def write_references(samples_dir: Path, items, count: int) -> None:
         listing[clip] = {"text": items.text(k), "speaker": int(items.speaker_ids[k])}
         changed = True
     if changed:
-        tmp = folder / f".{SENTENCES_FILE}.tmp-{os.getpid()}"
-        tmp.write_text(json.dumps(listing, ensure_ascii=False, indent=1), encoding="utf-8")
-        tmp.replace(folder / SENTENCES_FILE)
+        write_json_atomic(folder / SENTENCES_FILE, listing)
 
 
 # ---- the page -------------------------------------------------------------------------------------
@@ -147,9 +145,7 @@ def write_report(
     folder = Path(checkpoint_dir)
     page = render(read_run(folder), resume_command, best_metric, time.time() if now is None else now)
     out = folder / REPORT_FILE
-    tmp = folder / f".{REPORT_FILE}.tmp-{os.getpid()}"
-    tmp.write_text(page, encoding="utf-8")
-    tmp.replace(out)
+    write_text_atomic(out, page)
     return out
 
 
