@@ -51,9 +51,9 @@ data/prepare.py:prepare / finish_wavs, data/prepare_convert.py:convert_all (chec
     no source file may be an output: sources inside data_dir/wavs or equal to an output file are refused
 data/clipstore.py:_build_cache / _cache_writable
     cache/audio_int16.bin, cache/index.json, probes -> fixed names in data_dir/cache, the tool's cache
-speak.py:main (writes through model/synthesis.py:write_wav)
+speak.py:main (writes through data/audio.py:write_wav)
     --out WAVs -> refused up front when one exists, unless --overwrite (the user names the files)
-jsonfile.py / data/metadata.py / data/audio.py / model/discriminator.py / model/synthesis.py
+jsonfile.py / data/metadata.py / data/audio.py / model/discriminator.py
     temp file + os.replace onto a target the caller names -> the callers above own those targets
 training/session.py:build_session
     folders it created (checkpoint dir, data_dir/cache, ...) are removed again when an input check

@@ -174,6 +174,7 @@ def main(argv: list[str] | None = None) -> int:
     model_dir = resolve_model_dir(args.model, "--model")
     speaker_id, speaker = choose_speaker(args, model_dir)
 
+    from .data.audio import write_wav
     from .model import synthesis  # torch and transformers: only once the command line is known good
 
     start = time.perf_counter()
@@ -198,7 +199,7 @@ def main(argv: list[str] | None = None) -> int:
         if dropped:
             print(f"note: {sentence.where}: not in the vocabulary, not spoken: {dropped!r}", flush=True)
         take = synthesis.speak(voice, token_ids, speaker_id, args.seed, args.speaking_rate)
-        synthesis.write_wav(sentence.path, take.waveform, take.sampling_rate)
+        write_wav(sentence.path, take.waveform, take.sampling_rate)  # a new file, or --overwrite
         total_audio += take.seconds_of_audio
         total_taken += take.seconds_taken
         print(_line(str(sentence.path).ljust(width), take.seconds_of_audio, take.seconds_taken), flush=True)

@@ -3,18 +3,17 @@
 Any transformers VITS folder loads here (config.json, weights, tokenizer files), the tool's own exports
 included. Text is encoded by the checkpoint's own tokenizer exactly as training encodes it
 (data/text.py: uroman where the tokenizer wants it) and spoken by the plain `VitsModel` forward, the
-inference path of transformers' `pipeline("text-to-speech")`.
+inference path of transformers' `pipeline("text-to-speech")`. WAVs are written by data/audio.py's
+`write_wav` (16-bit, clipped, atomic), the writer of prepared clips.
 """
 
 from __future__ import annotations
 
-import os
 import time
 from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
-import soundfile as sf
 import torch
 from transformers import VitsModel
 
@@ -104,15 +103,3 @@ def speak(voice: Voice, ids: list[int], speaker_id: int, seed: int, speaking_rat
     input_ids = torch.tensor([ids], dtype=torch.long, device=voice.device)
     waveform = model(input_ids=input_ids, **kwargs).waveform[0].float().cpu().numpy()  # waits for the GPU
     return Take(waveform, time.perf_counter() - start, voice.sampling_rate)
-
-
-def write_wav(path: Path, waveform: np.ndarray, sample_rate: int) -> None:
-    """A 16-bit PCM WAV (clipped to full scale), written to a temp file beside `path` and renamed onto it,
-    so `path` is never half-written."""
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    try:
-        sf.write(tmp, np.clip(waveform, -1.0, 1.0), sample_rate, subtype="PCM_16", format="WAV")
-        os.replace(tmp, path)  # `path`: checked by speak.py (a new file, or --overwrite)
-    except BaseException:
-        tmp.unlink(missing_ok=True)  # our pid's temp file
-        raise

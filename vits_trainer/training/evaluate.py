@@ -11,9 +11,9 @@ import contextlib
 from pathlib import Path
 
 import numpy as np
-import soundfile as sf
 import torch
 
+from ..data.audio import write_wav as write_pcm16
 from ..model.losses import LossWeights
 
 
@@ -112,8 +112,8 @@ def speak_texts(
 
 
 def write_wav(path: Path, waveform: np.ndarray, sample_rate: int) -> Path:
-    """A spoken sentence as a 16-bit WAV (clipped to full scale)."""
-    sf.write(path, np.clip(waveform, -1.0, 1.0), sample_rate, subtype="PCM_16")
+    """A spoken sentence as a 16-bit WAV (clipped to full scale, atomic: data/audio.py's writer)."""
+    write_pcm16(path, waveform, sample_rate)
     return path
 
 
