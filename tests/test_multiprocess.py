@@ -17,8 +17,10 @@ pytestmark = pytest.mark.slow
 
 
 # `accelerate launch` with this interpreter (its console script may not be on PATH in CI): helpers.two_cpu_processes
-def launch(tmp: Path, data: Path, model: Path, seconds: float) -> tuple[subprocess.CompletedProcess, float]:
-    settings = cli_settings(tmp, data, model, target_hours=seconds / 3600, save_minutes=0.25)
+def launch(
+    tmp: Path, data: Path, model: Path, seconds: float, **overrides
+) -> tuple[subprocess.CompletedProcess, float]:
+    settings = cli_settings(tmp, data, model, target_hours=seconds / 3600, save_minutes=0.25, **overrides)
     cmd = [*two_cpu_processes(ROOT / "train_vits.py", 29533), *cli_args(settings)]
     start = time.monotonic()
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=seconds * 3 + 120)
@@ -46,7 +48,10 @@ def test_two_processes_stop_together_and_resume(tmp_path, tiny_model_dir, tone_c
     # an optimiser step consumes a batch on each rank
     assert all(m["samples_per_second"] > 0 for m in metrics if "loss_g" in m)
 
-    proc, _ = launch(tmp_path, tone_corpus, tiny_model_dir, 40.0)
+    # the resume is ended by a step count, with a budget that leaves a loaded machine time for those steps
+    # (a 40 s budget made no step at all beside other heavy processes: two starts ate it)
+    proc, _ = launch(tmp_path, tone_corpus, tiny_model_dir, 120.0, max_steps=first_steps + 2)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     second = json.loads((tmp_path / "final_model" / "train_summary.json").read_text())
-    assert second["resumed_from_step"] == first_steps and second["steps"] > first_steps
+    assert second["resumed_from_step"] == first_steps and second["steps"] == first_steps + 2
+    assert second["stopped_reason"] == "max_steps"

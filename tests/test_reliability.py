@@ -318,8 +318,13 @@ def test_sigkill_five_times_then_resume(tmp_path, tiny_model_dir, tone_corpus):
         steps = [r for r in _records(metrics) if "loss_g" in r]
         recent = [r for r in steps if r["time"] >= killed_at - save_seconds - 2.0]
         kills.append((max(r["step"] for r in steps), len(recent) + 1))
+    # the last resume ends after a few steps, with a budget that leaves a loaded machine time for them
+    # (a 40 s budget made no step beside other heavy processes)
     final = subprocess.run(
-        [*cmd, "--target_hours", str(40 / 3600)], capture_output=True, text=True, timeout=200
+        [*cmd, "--target_hours", str(120 / 3600), "--max_steps", str(kills[-1][0] + 3)],
+        capture_output=True,
+        text=True,
+        timeout=300,
     )
     assert final.returncode == 0, final.stdout[-2000:] + final.stderr[-2000:]
     resumed.append(resumed_step(final.stdout))
