@@ -5,6 +5,7 @@
     python bench/bench_train.py budget --minutes 2,5,10
     python bench/bench_train.py loader --batch_sizes 16
     python bench/bench_train.py micro --steps 14 --rounds 2
+    python bench/bench_train.py defaults --models mms --steps 60 --clips 640
 
 throughput: the real Trainer (train_vits.py's loop, no evaluation) for a fixed number of steps on a
     generated tone-language corpus; samples/s is the budget's steady-state estimate (warm-up steps
@@ -17,6 +18,10 @@ loader: the data paths alone (no model): batches/s the runner's in-RAM loader an
 micro: the real Trainer with the default --batch_size 8 --gradient_accumulation_steps 4, the automatic
     micro-batch choice (its trial's steps included) against a forced --micro_batch_size 8, interleaved
     over --rounds; samples/s over every step of each run, medians and their ratio.
+defaults: the real Trainer with train_vits.py's default flags (batch 8 x 4, automatic micro-batch,
+    precision, length buckets and compile; no evaluation), then the naive loop on the same clips per
+    step (fp32, eager); samples/s are medians over the second half of the runner's steps, after its
+    trial and compilation, against the naive loop's, and the share of the estimated ceiling.
 budget: train_vits.py as a subprocess with --target_hours set to N minutes; wall time / target.
 Writes bench/results/train_<what>.json. CUDA is used when present (fp16 and bf16 rows added).
 """
@@ -132,6 +137,60 @@ def runner_throughput(
         "peak_vram_gb": vram or None,
         "micro_batch_size": summary["micro_batch_size"],
         "steps": summary["steps"],
+    }
+
+
+# An MMS-size training sample (~3 s clip) is ~200-240 GFLOP; an H100's dense bf16 rate makes that
+# ~3,000-4,000 samples/s: an estimate (docs/performance.md), the middle of which the shares are of
+CEILING_SAMPLES_PER_SECOND = 3500.0
+
+
+def defaults_throughput(tmp: Path, data: Path, model: Path, width: float, steps: int) -> dict:
+    """The runner at train_vits.py's defaults for `steps` optimiser steps, then the naive loop on the
+    same clips per step; the steady state is the second half of the runner's steps."""
+    from vits_trainer.training.loop import Trainer
+    from vits_trainer.training.session import build_session
+
+    out = Path(tempfile.mkdtemp(dir=tmp))
+    defaults = TrainConfig()
+    cfg = dataclasses.replace(
+        defaults,
+        data_dir=str(data),
+        model_name=str(model),
+        checkpoint_dir=str(out / "ckpt"),
+        output_dir=str(out / "final"),
+        discriminator_width=width,
+        val_fraction=0.0,  # no evaluation: the loop's speed alone
+        max_steps=steps,
+        save_minutes=1e6,
+        target_hours=10,
+        log_every=1,
+        cpu=not torch.cuda.is_available(),
+    )
+    session = build_session(cfg, time.time())
+    summary = Trainer(session).train()
+    records = [json.loads(x) for x in (out / "ckpt" / "metrics.jsonl").read_text().splitlines()]
+    steps_logged = [r for r in records if "loss_g" in r]
+    steady = steps_logged[len(steps_logged) // 2 :]
+    clips = defaults.batch_size * defaults.gradient_accumulation_steps
+    runner = statistics.median(r["samples_per_second"] for r in steady)
+    naive = baseline_throughput(data, model, width, clips, max(4, min(steps // 4, 10)))
+    vram = max((r.get("vram_gb", 0.0) for r in records), default=0.0)
+    return {
+        "clips_per_step": clips,
+        "samples_per_second": runner,
+        "samples_per_second_every_step": summary["samples_per_second"],
+        "data_wait_fraction": statistics.median(r["data_wait_fraction"] for r in steady),
+        "naive_samples_per_second": naive["samples_per_second"],
+        "naive_data_wait_fraction": naive["data_wait_fraction"],
+        "runner_vs_naive": runner / naive["samples_per_second"],
+        "share_of_ceiling": runner / CEILING_SAMPLES_PER_SECOND,
+        "precision": session.accelerator.mixed_precision,
+        "micro_batch_size": summary["micro_batch_size"],
+        "compile": summary["compile"],
+        "peak_vram_gb": vram or None,
+        "steps": summary["steps"],
+        "steady_steps": len(steady),
     }
 
 
@@ -357,7 +416,7 @@ def budget_run(tmp: Path, data: Path, model: Path, minutes: float) -> dict:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("what", choices=["throughput", "baseline", "budget", "loader", "micro"])
+    parser.add_argument("what", choices=["throughput", "baseline", "budget", "loader", "micro", "defaults"])
     parser.add_argument("--models", default="tiny")
     parser.add_argument("--batch_sizes", default="8")
     parser.add_argument("--steps", type=int, default=12)
@@ -378,6 +437,19 @@ def main() -> None:
                 for row in loader_throughput(data, model, batch):
                     print(json.dumps(row), flush=True)
                     rows.append(row)
+        elif args.what == "defaults":
+            for kind in args.models.split(","):
+                model, width = make_model(kind, tmp / kind)
+                row = {"model": kind, **defaults_throughput(tmp, data, model, width, args.steps)}
+                print(json.dumps(row), flush=True)
+                print(
+                    f"{kind}, default flags: {row['samples_per_second']:.1f} samples/s "
+                    f"(data wait {row['data_wait_fraction']:.1%}), naive loop "
+                    f"{row['naive_samples_per_second']:.1f}: x{row['runner_vs_naive']:.2f}; "
+                    f"{row['share_of_ceiling']:.1%} of ~{CEILING_SAMPLES_PER_SECOND:,.0f} samples/s",
+                    flush=True,
+                )
+                rows.append(row)
         elif args.what == "budget":
             model, _ = make_model("tiny", tmp / "tiny")
             for minutes in [float(m) for m in args.minutes.split(",")]:

@@ -1,0 +1,57 @@
+"""bench/gpu_check.sh runs rarely, on a borrowed GPU machine with minutes to spare: a stage that dies on a
+misspelt flag or a moved test file wastes them. Here each of its commands is parsed by the command's own
+argument parser (stopped right after parsing: nothing runs), and each test file it names exists."""
+
+from __future__ import annotations
+
+import argparse
+import re
+import runpy
+import shlex
+import sys
+
+import pytest
+
+from tests.helpers import ROOT
+
+SCRIPT = ROOT / "bench" / "gpu_check.sh"
+
+
+class Parsed(Exception):
+    """Raised in place of running the command once its arguments parsed."""
+
+
+def _stage_commands() -> list[tuple[str, list[str]]]:
+    """(stage, argv) for each `STAGE) run STAGE COMMAND ;;` line, continuations joined, $out filled in."""
+    text = SCRIPT.read_text(encoding="utf-8").replace("\\\n", " ")
+    found = []
+    for stage, command in re.findall(r"^\s*(\w+)\) run \w+ (.+?) ;;", text, flags=re.M):
+        found.append((stage, shlex.split(command.replace("$out", "/tmp/gpu_check_logs").replace('"', ""))))
+    return found
+
+
+def test_every_stage_has_a_command():
+    stages = re.search(r"stages=\((\w[^)]*)\)", SCRIPT.read_text(encoding="utf-8")).group(1).split()
+    assert stages and [s for s, _ in _stage_commands()] == stages
+
+
+@pytest.mark.parametrize("stage,argv", _stage_commands(), ids=lambda v: v if isinstance(v, str) else "")
+def test_each_stage_command_parses(stage, argv, monkeypatch):
+    assert argv[0] == "python", argv
+    if argv[1:3] == ["-m", "pytest"]:
+        files = [a for a in argv[3:] if not a.startswith("-")]
+        assert files and all((ROOT / f).is_file() for f in files), files
+        return
+    script = ROOT / argv[1]
+    assert script.is_file(), argv
+    original = argparse.ArgumentParser.parse_args
+
+    def parse_then_stop(self, args=None, namespace=None):
+        original(self, args, namespace)  # a wrong flag or value exits 2 here, as it would on the GPU
+        raise Parsed
+
+    monkeypatch.setattr(argparse.ArgumentParser, "parse_args", parse_then_stop)
+    monkeypatch.setattr(sys, "argv", [str(script), *argv[2:]])
+    monkeypatch.chdir(ROOT)
+    with pytest.raises(Parsed):
+        runpy.run_path(str(script), run_name="__main__")
