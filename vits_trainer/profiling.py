@@ -43,3 +43,40 @@ class _NoTimer:
 
 
 NO_TIMER = _NoTimer()
+
+
+# Tensor methods that hand a value to Python: on a GPU each one waits for every kernel queued before it.
+_READS = frozenset(
+    {"item", "tolist", "numpy", "cpu", "__bool__", "__float__", "__int__", "__index__", "__array__"}
+)
+
+
+class HostReads(torch.overrides.TorchFunctionMode):
+    """Counts the places that read tensor values into Python while active, by the innermost frame of
+    this package (`counts[(method, "file.py:line")]`). Reads the GPU makes implicitly (a boolean-mask
+    index, `nonzero`) are not seen: `torch.cuda.set_sync_debug_mode` lists those on a GPU."""
+
+    def __init__(self):
+        super().__init__()
+        self.counts: dict[tuple[str, str], int] = defaultdict(int)
+        self.active = True  # cleared to leave some calls uncounted while the mode stays on
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        name = getattr(func, "__name__", "")
+        if self.active and name in _READS:
+            self.counts[(name, _caller())] += 1
+        return func(*args, **(kwargs or {}))
+
+
+def _caller() -> str:
+    import sys
+    from pathlib import Path
+
+    package = str(Path(__file__).resolve().parent)
+    frame = sys._getframe(2)
+    while frame is not None:
+        filename = frame.f_code.co_filename
+        if filename.startswith(package):
+            return f"{Path(filename).relative_to(package).as_posix()}:{frame.f_lineno}"
+        frame = frame.f_back
+    return "?"

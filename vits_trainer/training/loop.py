@@ -437,7 +437,9 @@ class Trainer:
     def log_step(self, progress: Progress, batches_left: int) -> None:
         s, window = self.s, self.window
         micro = max(1, window.micro)
-        values = {k: float(v) / micro for k, v in window.sums.items()}  # the one sync of a log step
+        names = list(window.sums)
+        sums = torch.stack([window.sums[k] for k in names]).tolist() if names else []  # one read
+        values = {k: v / micro for k, v in zip(names, sums, strict=True)}
         values = {k: (v if math.isfinite(v) else None) for k, v in values.items()}  # strict JSON
         values["samples_per_second"] = window.samples / max(window.seconds, 1e-9)
         values["data_wait_fraction"] = window.wait / max(window.seconds, 1e-9)
