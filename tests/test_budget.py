@@ -539,11 +539,13 @@ def test_make_scheduler_round_trip():
         assert sched2.get_last_lr() == pytest.approx(sched.get_last_lr())
 
 
-def test_lr_lambda_ignores_lambdalr_counter_and_accepts_broadcast_progress():
+def test_lr_lambda_ignores_lambdalr_counter_and_follows_shared_progress():
     clock = FakeClock(0.0)
     b = Budget(1000, 0.0, clock=clock)
     lr = BudgetLR(b, warmup_steps=0)
-    fn = lr_lambda_for(lr, step_fn=lambda: 10**6, progress_fn=lambda: 1.0)
+    b.global_step = 10**6
+    lr.share_progress(1.0)  # rank 0's progress, as multi-process runs broadcast it
+    fn = lr_lambda_for(lr)
     assert fn(0) == fn(123) == 0.05
 
 

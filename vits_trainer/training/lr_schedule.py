@@ -80,15 +80,12 @@ class BudgetLR:
             f"steps; using {self.effective_warmup_steps:,}"
         )
 
-    def factor(self, optimizer_step: int, progress: float | None = None) -> float:
-        """LR multiplier for global optimizer step ``optimizer_step`` (0-based).
-
-        ``progress``: horizon progress to use instead of `progress()`.
-        """
+    def factor(self, optimizer_step: int) -> float:
+        """LR multiplier for global optimizer step ``optimizer_step`` (0-based)."""
         warmup = self.effective_warmup_steps
         if optimizer_step < warmup:
             return (optimizer_step + 1) / warmup
-        p = self.progress() if progress is None else min(1.0, max(0.0, progress))
+        p = self.progress()
         if self.decay_start is None:
             self.decay_start = p  # warmup just ended: the cosine starts at peak from here
         start = self.decay_start
@@ -180,11 +177,7 @@ def set_peak_lr(
             group["lr"] = lr
 
 
-def lr_lambda_for(
-    budget_lr: BudgetLR,
-    step_fn: Callable[[], int] | None = None,
-    progress_fn: Callable[[], float] | None = None,
-) -> Callable[[int], float]:
+def lr_lambda_for(budget_lr: BudgetLR) -> Callable[[int], float]:
     """A LambdaLR lambda that ignores LambdaLR's own counter and reads the global optimizer step.
 
     LambdaLR's ``last_epoch`` restarts at 0 in a new process unless its state is loaded; the budget's
@@ -195,17 +188,13 @@ def lr_lambda_for(
     budget = budget_lr.budget
 
     def lr_lambda(_last_epoch: int) -> float:
-        step = budget.global_step if step_fn is None else step_fn()
-        return budget_lr.factor(step, None if progress_fn is None else progress_fn())
+        return budget_lr.factor(budget.global_step)
 
     return lr_lambda
 
 
 def make_scheduler(
-    optimizer: torch.optim.Optimizer,
-    budget_lr: BudgetLR,
-    step_fn: Callable[[], int] | None = None,
-    progress_fn: Callable[[], float] | None = None,
+    optimizer: torch.optim.Optimizer, budget_lr: BudgetLR
 ) -> torch.optim.lr_scheduler.LambdaLR:
     """A LambdaLR driven by `BudgetLR`. Peak LR = the param groups' ``initial_lr`` (their lr at first use).
 
@@ -213,4 +202,4 @@ def make_scheduler(
     """
     from torch.optim.lr_scheduler import LambdaLR
 
-    return LambdaLR(optimizer, lr_lambda_for(budget_lr, step_fn, progress_fn))
+    return LambdaLR(optimizer, lr_lambda_for(budget_lr))
