@@ -297,8 +297,9 @@ def _describe_start(accelerator, precision: str, model, model_source: str, ckpt,
         + (f", GPU: {torch.cuda.get_device_name(device)}" if device.type == "cuda" else "")
     )
     if device.type == "cuda":
-        # off: every batch has its own padded lengths, and benchmark mode re-tunes every conv for each
-        # new shape (seconds per step at first; measured in bench/bench_step.py --cudnn_benchmark)
+        # off: benchmark mode tunes every conv again for each new shape (3.25 s against 1.00 s per step with a
+        # new shape each step, bench/bench_step.py --cudnn_benchmark); length buckets still give ~100 shapes
+        # over a few epochs (bench/bench_shapes.py), and whether tuning those pays back is not measured yet
         torch.backends.cudnn.benchmark = False
     log(f"model: {model_source} ({sum(p.numel() for p in model.parameters()) / 1e6:.1f} M parameters)")
     if ckpt is not None:
