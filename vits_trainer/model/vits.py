@@ -19,37 +19,19 @@ from pathlib import Path
 import torch
 from torch import nn
 from transformers import VitsModel
-from transformers.models.vits import modeling_vits
 
 from ..profiling import NO_TIMER
 from ..safety import check_replaceable, remove_dead_writers_temp, replace_export, write_marker
 from .alignment import maximum_path
 from .losses import duration_loss_deterministic, kl_loss, mel_reconstruction_loss
 from .spectrogram import SpectrogramFrontEnd
+from .spline import install as install_spline
 
 LOG_2PI = math.log(2 * math.pi)
 
 
-def _guard_empty_spline() -> None:
-    """transformers' duration-predictor spline (`_rational_quadratic_spline`) raises on an empty input,
-    which is what it gets when every value lies outside the tail bound: a diverged model (the feedback
-    guard's regression case, a too-high learning rate) then crashed its own evaluation instead of being
-    scored and judged. Outside the bound the spline is the identity, so an empty input has nothing to
-    transform: return it unchanged with a zero log-determinant. Installed once, at import."""
-    original = modeling_vits._rational_quadratic_spline
-    if getattr(original, "empty_safe", False):
-        return
-
-    def spline(inputs, *args, **kwargs):
-        if inputs.numel() == 0:
-            return inputs, torch.zeros_like(inputs)
-        return original(inputs, *args, **kwargs)
-
-    spline.empty_safe = True
-    modeling_vits._rational_quadratic_spline = spline
-
-
-_guard_empty_spline()
+# the duration predictor's spline without device reads in training, and safe on empty input (spline.py)
+install_spline()
 
 
 def sequence_mask(lengths: torch.Tensor, max_length: int) -> torch.Tensor:

@@ -1,0 +1,116 @@
+"""model/spline.py: the duration predictor's spline in the training direction gives transformers' numbers
+and gradients, without reading the device; the inverse is still transformers' own."""
+
+from __future__ import annotations
+
+import torch
+from torch.utils._python_dispatch import TorchDispatchMode
+from transformers import VitsConfig, VitsModel
+from transformers.models.vits import modeling_vits
+
+import vits_trainer.model.vits  # noqa: F401  (installs the spline)
+from vits_trainer.model.spline import ORIGINAL, spline_forward
+
+BINS = 10
+
+
+def _case(seed: int, shape=(3, 2, 40)):
+    g = torch.Generator().manual_seed(seed)
+    inputs = 4.0 * torch.randn(*shape, generator=g)  # ~20 % beyond the bound of 5
+    inputs[0, 0, :3] = torch.tensor([-5.0, 5.0, 0.0])  # the ends and the middle exactly
+    widths = torch.randn(*shape, BINS, generator=g)
+    heights = torch.randn(*shape, BINS, generator=g)
+    derivatives = torch.randn(*shape, BINS - 1, generator=g)
+    return inputs, widths, heights, derivatives
+
+
+def _with_grads(fn, tensors):
+    leaves = [t.clone().requires_grad_(True) for t in tensors]
+    out, logdet = fn(*leaves)
+    (out.sin().sum() + logdet.cos().sum()).backward()
+    return out.detach(), logdet.detach(), [leaf.grad for leaf in leaves]
+
+
+def test_same_outputs_log_determinants_and_gradients_as_transformers():
+    for seed in range(3):
+        case = _case(seed)
+        assert ((case[0].abs() > 5).any()) and ((case[0].abs() < 5).any())
+        ours = _with_grads(lambda *t: spline_forward(*t, tail_bound=5.0), case)
+        theirs = _with_grads(lambda *t: ORIGINAL(*t, reverse=False, tail_bound=5.0), case)
+        torch.testing.assert_close(ours[0], theirs[0], rtol=1e-5, atol=1e-5)
+        torch.testing.assert_close(ours[1], theirs[1], rtol=1e-4, atol=1e-4)
+        for a, b in zip(ours[2], theirs[2], strict=True):
+            torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-4)
+        outside = case[0].abs() > 5
+        assert torch.equal(ours[0][outside], case[0][outside]) and not ours[1][outside].any()
+
+
+def test_transformers_uses_it_forward_and_inverts_with_its_own():
+    assert modeling_vits._unconstrained_rational_quadratic_spline.original is ORIGINAL
+    inputs, widths, heights, derivatives = _case(5)
+    out, logdet = modeling_vits._unconstrained_rational_quadratic_spline(
+        inputs, widths, heights, derivatives, tail_bound=5.0
+    )
+    back, back_logdet = modeling_vits._unconstrained_rational_quadratic_spline(
+        out, widths, heights, derivatives, reverse=True, tail_bound=5.0
+    )
+    torch.testing.assert_close(back, inputs, rtol=1e-4, atol=1e-4)
+    torch.testing.assert_close(back_logdet, -logdet, rtol=1e-3, atol=1e-3)
+    # every value beyond the bound (a diverged model): the inverse passes them through too
+    far = torch.tensor([[[-7.0, 9.0]]])
+    back, back_logdet = modeling_vits._unconstrained_rational_quadratic_spline(
+        far, *(t[:1, :1, :2] for t in (widths, heights, derivatives)), reverse=True, tail_bound=5.0
+    )
+    assert torch.equal(back, far) and not back_logdet.any()
+
+
+class _Reads(TorchDispatchMode):
+    """Operators that make a GPU wait: a value read, nonzero, an index or write through a boolean mask."""
+
+    def __init__(self):
+        super().__init__()
+        self.seen = []
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        name = func.overloadpacket.__name__
+        masks = [
+            a
+            for a in args
+            if isinstance(a, list | tuple)
+            for t in a
+            if getattr(t, "dtype", None) == torch.bool
+        ]
+        if name in ("_local_scalar_dense", "nonzero", "masked_select") or (
+            name.startswith("index") and masks
+        ):
+            self.seen.append(name)
+        return func(*args, **(kwargs or {}))
+
+
+def test_the_duration_predictor_trains_without_reading_the_device():
+    """The stochastic duration predictor's training pass, forward and backward, as the generator runs
+    it: nothing in it waits for the device (transformers' own spline: ~10 waits per coupling layer)."""
+    torch.manual_seed(0)
+    config = VitsConfig(vocab_size=12, hidden_size=32, duration_predictor_filter_channels=32)
+    predictor = VitsModel(config).duration_predictor
+    batch, length = 2, 9
+    hidden = torch.randn(batch, 32, length)
+    mask = torch.ones(batch, 1, length)
+    mask[1, :, 6:] = 0
+    durations = torch.randint(1, 6, (batch, 1, length)).float() * mask
+    reads = _Reads()
+    with reads:
+        nll = predictor(hidden, mask, durations=durations).sum()
+        nll.backward()
+    assert torch.isfinite(nll)
+    assert reads.seen == [], reads.seen
+    # transformers' own spline, on the same pass, does read (so the check above can fail)
+    original = modeling_vits._unconstrained_rational_quadratic_spline
+    modeling_vits._unconstrained_rational_quadratic_spline = ORIGINAL
+    try:
+        theirs = _Reads()
+        with theirs:
+            predictor(hidden, mask, durations=durations).sum().backward()
+    finally:
+        modeling_vits._unconstrained_rational_quadratic_spline = original
+    assert theirs.seen, "transformers' spline no longer reads the device: spline.py may be unneeded"

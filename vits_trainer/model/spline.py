@@ -1,0 +1,134 @@
+"""The rational-quadratic spline of transformers' stochastic duration predictor, for training.
+
+VITS's duration predictor is a normalising flow whose coupling layers transform half their channels by
+a monotonic rational-quadratic spline on [-B, B] and leave values outside it unchanged (the
+identity), as in Durkan et al., "Neural Spline Flows" (2019). transformers picks the values inside the
+interval with boolean masks, checks their range and writes the results back through the masks. Each
+of those asks the GPU how many values the mask selected: about ten waits for the device in every
+coupling layer of every training step, during which nothing new is queued.
+
+`spline_forward` computes the same transform for every value at once (values outside the interval
+pass through the spline clamped to its edge, and the identity is selected afterwards): the same
+numbers and gradients with fixed shapes and no read of the device. `install()` makes transformers
+use it for the training direction; the inverse (speaking from text) stays transformers' own.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch.nn import functional as F
+from transformers.models.vits import modeling_vits
+
+ORIGINAL = getattr(modeling_vits._unconstrained_rational_quadratic_spline, "original", None) or (
+    modeling_vits._unconstrained_rational_quadratic_spline
+)
+
+
+def _knots(unnormalized: torch.Tensor, bound: float, min_size: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """(positions of the K + 1 knots from -bound to bound, sizes of the K bins between them)."""
+    bins = unnormalized.shape[-1]
+    sizes = min_size + (1 - min_size * bins) * F.softmax(unnormalized, dim=-1)
+    inner = 2 * bound * torch.cumsum(sizes, dim=-1)[..., :-1] - bound
+    edge = inner.new_full((*inner.shape[:-1], 1), bound)
+    knots = torch.cat([-edge, inner, edge], dim=-1)  # the ends exactly at +-bound, whatever the rounding
+    return knots, knots[..., 1:] - knots[..., :-1]
+
+
+def spline_forward(
+    inputs: torch.Tensor,
+    unnormalized_widths: torch.Tensor,
+    unnormalized_heights: torch.Tensor,
+    unnormalized_derivatives: torch.Tensor,
+    tail_bound: float = 5.0,
+    min_bin_width: float = 1e-3,
+    min_bin_height: float = 1e-3,
+    min_derivative: float = 1e-3,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """(outputs, log |d outputs / d inputs|) of the spline on [-tail_bound, tail_bound], the identity
+    (log-determinant 0) outside it. `inputs` [...]; the unnormalised widths and heights [..., K], the
+    derivatives [..., K - 1] at the inner knots (the two end knots have slope 1, matching the identity)."""
+    inside = (inputs >= -tail_bound) & (inputs <= tail_bound)
+    x = inputs.clamp(-tail_bound, tail_bound)
+    knots_x, widths = _knots(unnormalized_widths, tail_bound, min_bin_width)
+    knots_y, heights = _knots(unnormalized_heights, tail_bound, min_bin_height)
+    slopes = F.pad(min_derivative + F.softplus(unnormalized_derivatives), (1, 1), value=1.0)
+    # the bin of each value: how many inner knots lie at or below it
+    k = (x.unsqueeze(-1) >= knots_x[..., 1:-1]).sum(dim=-1, keepdim=True)
+
+    def at(t: torch.Tensor) -> torch.Tensor:
+        return t.gather(-1, k).squeeze(-1)
+
+    width, height = at(widths), at(heights)
+    slope = height / width
+    d0, d1 = at(slopes[..., :-1]), at(slopes[..., 1:])
+    theta = (x - at(knots_x[..., :-1])) / width
+    between = theta * (1 - theta)
+    denominator = slope + (d0 + d1 - 2 * slope) * between
+    outputs = at(knots_y[..., :-1]) + height * (slope * theta.pow(2) + d0 * between) / denominator
+    derivative = slope.pow(2) * (d1 * theta.pow(2) + 2 * slope * between + d0 * (1 - theta).pow(2))
+    log_det = torch.log(derivative) - 2 * torch.log(denominator)
+    return torch.where(inside, outputs, inputs), torch.where(inside, log_det, torch.zeros_like(log_det))
+
+
+def _unconstrained(
+    inputs,
+    unnormalized_widths,
+    unnormalized_heights,
+    unnormalized_derivatives,
+    reverse=False,
+    tail_bound=5.0,
+    min_bin_width=1e-3,
+    min_bin_height=1e-3,
+    min_derivative=1e-3,
+):
+    """transformers' signature: the training direction here, the inverse by transformers."""
+    if reverse:
+        return ORIGINAL(
+            inputs,
+            unnormalized_widths,
+            unnormalized_heights,
+            unnormalized_derivatives,
+            reverse=True,
+            tail_bound=tail_bound,
+            min_bin_width=min_bin_width,
+            min_bin_height=min_bin_height,
+            min_derivative=min_derivative,
+        )
+    return spline_forward(
+        inputs,
+        unnormalized_widths,
+        unnormalized_heights,
+        unnormalized_derivatives,
+        tail_bound,
+        min_bin_width,
+        min_bin_height,
+        min_derivative,
+    )
+
+
+_unconstrained.original = ORIGINAL
+
+
+def _guard_empty_spline() -> None:
+    """transformers' inner spline (`_rational_quadratic_spline`, which the inverse still uses) raises on
+    an empty input, which is what it gets when every value lies outside the tail bound: a diverged model
+    (the feedback guard's regression case, a too-high learning rate) then crashed its own evaluation
+    instead of being scored and judged. Outside the bound the spline is the identity, so an empty input
+    has nothing to transform: return it unchanged with a zero log-determinant."""
+    original = modeling_vits._rational_quadratic_spline
+    if getattr(original, "empty_safe", False):
+        return
+
+    def spline(inputs, *args, **kwargs):
+        if inputs.numel() == 0:
+            return inputs, torch.zeros_like(inputs)
+        return original(inputs, *args, **kwargs)
+
+    spline.empty_safe = True
+    modeling_vits._rational_quadratic_spline = spline
+
+
+def install() -> None:
+    """Once per process, at import of model/vits.py."""
+    _guard_empty_spline()
+    modeling_vits._unconstrained_rational_quadratic_spline = _unconstrained
