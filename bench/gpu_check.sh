@@ -6,6 +6,7 @@
 # tests    the CUDA tests (tests/test_gpu.py) and the compiled-step tests
 # compile  the compiled step against the eager one, MMS size, bf16 (bench_compile.py)
 # step     where an MMS-size step goes, eager, fp32 and bf16 (bench_step.py)
+# syncs    where an MMS-size step waits for the GPU (bench_syncs.py)
 # defaults the runner at train_vits.py's default flags, MMS size, against the naive loop (bench_train.py defaults)
 # naive    the runner against a naive loop, MMS size, fp32 batch 16 (bench_train.py baseline)
 # demo     train_vits.py --demo on the GPU with its defaults
@@ -17,7 +18,7 @@ out=${1:?usage: bash bench/gpu_check.sh LOG_DIR [STAGE ...]}
 shift
 mkdir -p "$out"
 stages=("$@")
-[ ${#stages[@]} -eq 0 ] && stages=(tests defaults compile step naive demo budget)
+[ ${#stages[@]} -eq 0 ] && stages=(tests syncs defaults compile step naive demo budget)
 export PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv >"$out/gpu.txt" 2>&1
 python -c "import torch; print(torch.__version__, torch.version.cuda, torch.cuda.get_device_name())" >>"$out/gpu.txt" 2>&1
@@ -33,6 +34,8 @@ run() {  # run STAGE COMMAND...: the command's output into LOG_DIR/STAGE.log, it
 for stage in "${stages[@]}"; do
   case $stage in
     tests) run tests python -m pytest -q -x tests/test_gpu.py tests/test_compile.py ;;
+    syncs) run syncs python bench/bench_syncs.py --device cuda --models mms --batch_size 16 --precision bf16 \
+      --out "$out/syncs.json" ;;
     defaults) run defaults python bench/bench_train.py defaults --models mms --steps 60 --clips 640 ;;
     compile) run compile python bench/bench_compile.py --device cuda --models mms --batch_sizes 16,32 \
       --precision bf16 --steps 6 --out "$out/compile.json" ;;
