@@ -3,7 +3,8 @@ all the work queued before it, and the host cannot queue the next kernels meanwh
 read once per optimiser step (the finiteness check that decides whether the optimisers step) and once per
 metric line. Counted here on the real Trainer (CPU, tiny model) with profiling.HostReads: a read added to
 the loop's bookkeeping (budget, logging, the micro-batch trial, recovery) fails this test. The model's own
-reads (the CPU alignment search, transformers' spline checks) are reported, not limited."""
+reads (the CPU alignment search, transformers' text-encoder mask check) are not limited here:
+bench/bench_syncs.py lists them."""
 
 from __future__ import annotations
 
