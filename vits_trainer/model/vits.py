@@ -26,12 +26,15 @@ from .alignment import maximum_path
 from .losses import duration_loss_deterministic, kl_loss, mel_reconstruction_loss
 from .spectrogram import SpectrogramFrontEnd
 from .spline import install as install_spline
+from .wavenet import install as install_wavenet
 
 LOG_2PI = math.log(2 * math.pi)
 
 
 # the duration predictor's spline without device reads in training, and safe on empty input (spline.py)
 install_spline()
+# the WaveNet layers of the posterior encoder and flow without a CPU-tensor read and a zeros add each
+install_wavenet()
 
 
 def sequence_mask(lengths: torch.Tensor, max_length: int) -> torch.Tensor:
