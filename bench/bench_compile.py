@@ -4,16 +4,22 @@
     python bench/bench_compile.py --models tiny --batch_sizes 8 --steps 4 --backend aot_eager
 
 Each (model, batch size) is set up as train_vits.py does it (`build_session`, ~3 s tone-language
-clips, the model made as in bench_step.py), twice from the same seed: one session runs the trainer's
-`GanStep` eager, the other with `use_compiled(True)` (decoder on segments and both discriminator passes
-compiled; CUDA graphs on a GPU). Both see the same length-bucketed batches (`--length_buckets`, on by
-default as on CUDA) in the same order, one optimiser step per call.
+clips, the model made as in bench_step.py), once eager and once per compiled scope, from the same
+seed: one session runs the trainer's `GanStep` eager, the others with `use_compiled(True)` and the
+scope's parts (`--scopes`, model/compiled.py):
+- segments: the decoder on segments and both discriminator passes (CUDA graphs on a GPU);
+- fused: those, and the text encoder, posterior encoder, flow and duration predictor compiled with
+  dynamic lengths, fused kernels without CUDA graphs (what the trainer compiles);
+- graphs: as fused, with a CUDA graph per shape for those four too.
+All see the same length-bucketed batches (`--length_buckets`, on by default as on CUDA) in the same
+order, one optimiser step per call.
 
 - compile: the first --compile_steps compiled steps (compilation, graph recording) minus as many
   compiled steps at their median: what compiling cost;
 - step: medians of --steps steps after those (eager: after --warmup steps), device synchronised;
 - losses: every loss and both gradient norms of the first step of both sessions (same weights, batch
-  and segments), the largest relative difference;
+  and segments), the largest relative difference (inductor draws its own random numbers for dropout
+  and the noise inside compiled parts, so on a GPU this includes their effect);
 - payback: compiled steps after which the compilation is earned back.
 For the MMS-size model on CUDA it prints the share of an arithmetic ceiling of 3,000-4,000 samples/s
 (docs/performance.md). JSON goes to bench/results/compile.json.
@@ -45,6 +51,7 @@ from bench.bench_step import (  # noqa: E402
 )
 from vits_trainer.data.loader import ClipDataset, collate_batch  # noqa: E402
 from vits_trainer.data.synthetic import make_corpus  # noqa: E402
+from vits_trainer.model.compiled import UTTERANCE_PARTS, compiled_parts  # noqa: E402
 from vits_trainer.training.evaluate import move_batch  # noqa: E402
 from vits_trainer.training.loop import gan_step  # noqa: E402
 from vits_trainer.training.runtime import quiet_transformers  # noqa: E402
@@ -52,12 +59,22 @@ from vits_trainer.training.runtime import quiet_transformers  # noqa: E402
 CEILING = (3000.0, 4000.0)  # samples/s, MMS size on an H100 (docs/performance.md): the estimate
 
 
-def run_session(cfg, compiled: bool, backend: str | None, steps: int, warmup: int) -> dict:
+SCOPES = ("segments", "fused", "graphs")
+
+
+def run_session(cfg, scope: str | None, backend: str | None, steps: int, warmup: int) -> dict:
+    """`scope`: None for the eager step, else one of SCOPES."""
     torch.manual_seed(0)
     session = quiet_session(cfg)
     step_fn = gan_step(session)
-    if compiled:
+    if scope is not None:
         step_fn.use_compiled(True, backend)
+        parts = session.generator_raw.compiled
+        if scope == "segments":
+            for name in UTTERANCE_PARTS:
+                del parts[name]
+        elif scope == "graphs":
+            parts.update(compiled_parts(session.model, session.device.type, backend, utterance_graphs=True))
     dataset = ClipDataset(session.data.train)
     batches = batches_of(session)
     device = session.device
@@ -102,8 +119,14 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--warmup", type=int, default=2, help="eager steps not timed")
     parser.add_argument("--compile_steps", type=int, default=2, help="compiled steps counted as compilation")
     parser.add_argument("--backend", default=None, help="torch.compile backend (default: inductor)")
+    parser.add_argument(
+        "--scopes", default="fused", help=f"compiled scopes to compare, of {','.join(SCOPES)}"
+    )
     parser.add_argument("--out", type=Path, default=ROOT / "bench" / "results" / "compile.json")
     args = parser.parse_args(argv)
+    scopes = args.scopes.split(",")
+    if not set(scopes) <= set(SCOPES):
+        parser.error(f"--scopes: choose from {', '.join(SCOPES)}")
     quiet_transformers()
     gpu = torch.cuda.get_device_name() if args.device == "cuda" else None
     print(
@@ -120,55 +143,62 @@ def main(argv: list[str] | None = None) -> int:
             model_dir = make_model_dir(kind, tmp / f"model-{kind}")
             for b in (int(x) for x in args.batch_sizes.split(",")):
                 runs = {}
-                for mode in ("eager", "compiled"):
+                for mode in ("eager", *scopes):
                     cfg = train_config(
                         tmp / f"{kind}-{b}-{mode}", data_dir, model_dir, kind, b, args.device, args.precision
                     )
                     cfg.length_buckets = args.length_buckets
-                    warmup = args.compile_steps if mode == "compiled" else args.warmup
+                    scope = None if mode == "eager" else mode
+                    warmup = args.warmup if scope is None else args.compile_steps
                     print(
                         f"{kind} batch {b} {mode}: {warmup} untimed + {args.steps} timed steps ...",
                         flush=True,
                     )
-                    runs[mode] = run_session(cfg, mode == "compiled", args.backend, args.steps, warmup)
-                eager, comp = runs["eager"], runs["compiled"]
-                compile_s = sum(comp["first_steps_s"]) - len(comp["first_steps_s"]) * comp["step_s"]
-                saved = eager["step_s"] - comp["step_s"]
-                diff = max(
-                    abs(comp["first_metrics"][k] - v) / max(abs(v), 1e-6)
-                    for k, v in eager["first_metrics"].items()
-                )
-                row = {
-                    "model": kind,
-                    "discriminator_width": DISCRIMINATOR_WIDTH[kind],
-                    "batch_size": b,
-                    "precision": args.precision,
-                    "length_buckets": args.length_buckets,
-                    "backend": args.backend or "inductor",
-                    "eager": eager,
-                    "compiled": comp,
-                    "compile_seconds": compile_s,
-                    "speedup": eager["step_s"] / comp["step_s"],
-                    "payback_steps": compile_s / saved if saved > 0 else None,
-                    "max_relative_loss_difference": diff,
-                }
-                rows.append(row)
-                ceiling = ""
-                if kind == "mms" and args.device == "cuda":
-                    sps = comp["samples_per_second"]
-                    ceiling = f", {sps / CEILING[1]:.1%}-{sps / CEILING[0]:.1%} of the estimated ceiling"
-                payback = "never" if saved <= 0 else f"{compile_s / saved:.0f} steps"
-                print(
-                    f"  eager {eager['step_s']:.3f} s ({eager['samples_per_second']:.1f} samples/s) | compiled "
-                    f"{comp['step_s']:.3f} s ({comp['samples_per_second']:.1f} samples/s) | {row['speedup']:.2f}x | "
-                    f"compile {compile_s:.0f} s, paid back after {payback} | "
-                    f"losses differ by at most {diff:.1e}{ceiling}",
-                    flush=True,
-                )
+                    runs[mode] = run_session(cfg, scope, args.backend, args.steps, warmup)
+                eager = runs["eager"]
+                for scope in scopes:
+                    rows.append(compare(kind, b, scope, eager, runs[scope], args))
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps({"device": args.device, "gpu": gpu, "rows": rows}, indent=2) + "\n")
     print(f"wrote {args.out}")
     return 0
+
+
+def compare(kind: str, b: int, scope: str, eager: dict, comp: dict, args) -> dict:
+    """One row: a compiled scope's run against the eager one, printed."""
+    compile_s = sum(comp["first_steps_s"]) - len(comp["first_steps_s"]) * comp["step_s"]
+    saved = eager["step_s"] - comp["step_s"]
+    diff = max(
+        abs(comp["first_metrics"][k] - v) / max(abs(v), 1e-6) for k, v in eager["first_metrics"].items()
+    )
+    row = {
+        "model": kind,
+        "discriminator_width": DISCRIMINATOR_WIDTH[kind],
+        "batch_size": b,
+        "precision": args.precision,
+        "length_buckets": args.length_buckets,
+        "backend": args.backend or "inductor",
+        "scope": scope,
+        "eager": eager,
+        "compiled": comp,
+        "compile_seconds": compile_s,
+        "speedup": eager["step_s"] / comp["step_s"],
+        "payback_steps": compile_s / saved if saved > 0 else None,
+        "max_relative_loss_difference": diff,
+    }
+    ceiling = ""
+    if kind == "mms" and args.device == "cuda":
+        sps = comp["samples_per_second"]
+        ceiling = f", {sps / CEILING[1]:.1%}-{sps / CEILING[0]:.1%} of the estimated ceiling"
+    payback = "never" if saved <= 0 else f"{compile_s / saved:.0f} steps"
+    print(
+        f"  eager {eager['step_s']:.3f} s ({eager['samples_per_second']:.1f} samples/s) | {scope} "
+        f"{comp['step_s']:.3f} s ({comp['samples_per_second']:.1f} samples/s) | {row['speedup']:.2f}x | "
+        f"compile {compile_s:.0f} s, paid back after {payback} | "
+        f"losses differ by at most {diff:.1e}{ceiling}",
+        flush=True,
+    )
+    return row
 
 
 if __name__ == "__main__":

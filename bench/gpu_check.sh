@@ -4,7 +4,7 @@
 #   bash bench/gpu_check.sh LOG_DIR [STAGE ...]      (no STAGE: all of them, in this order)
 #
 # tests    the CUDA tests (tests/test_gpu.py) and the compiled-step tests
-# compile  the compiled step against the eager one, MMS size, bf16 (bench_compile.py)
+# compile  the compiled step (three scopes) against the eager one, MMS size, bf16 (bench_compile.py)
 # step     where an MMS-size step goes, eager, fp32 and bf16 (bench_step.py)
 # syncs    where an MMS-size step waits for the GPU (bench_syncs.py)
 # defaults the runner at train_vits.py's default flags, MMS size, against the naive loop (bench_train.py defaults)
@@ -38,7 +38,7 @@ for stage in "${stages[@]}"; do
       --out "$out/syncs.json" ;;
     defaults) run defaults python bench/bench_train.py defaults --models mms --steps 60 --clips 640 ;;
     compile) run compile python bench/bench_compile.py --device cuda --models mms --batch_sizes 16,32 \
-      --precision bf16 --steps 6 --out "$out/compile.json" ;;
+      --scopes segments,fused,graphs --precision bf16 --steps 6 --out "$out/compile.json" ;;
     step) run step python bench/bench_step.py --device cuda --models mms --precisions no,bf16 \
       --mms_batch_sizes 8,16,32 --steps 4 --warmup 2 --out "$out/step.json" ;;
     naive) run naive python bench/bench_train.py baseline --models mms --batch_sizes 16 --steps 10 ;;

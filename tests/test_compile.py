@@ -67,7 +67,59 @@ def test_use_compiled_false_restores_the_eager_step(tmp_path, tiny_model_dir, to
 
 def test_compile_mode_uses_cuda_graphs_only_on_a_gpu():
     assert compiled_module.compile_mode("cuda") == "reduce-overhead"
+    assert compiled_module.compile_mode("cuda", graphs=False) == "default"
     assert compiled_module.compile_mode("cpu") == "default"
+
+
+def test_new_lengths_compile_nothing_and_evaluation_stays_eager(tmp_path, tiny_model_dir, tone_corpus):
+    """Every network the step runs is compiled. The utterance parts see each batch's own text and frame
+    lengths: they compile once, for every length, and later shapes compile nothing (on a GPU a compile
+    costs seconds to minutes, so a run must not meet one per shape). An evaluation forward (full
+    length, no gradients) runs eager and compiles nothing."""
+    from torch._dynamo.backends.registry import lookup_backend
+
+    from vits_trainer.data.loader import ClipDataset, collate_batch
+
+    graphs = []
+
+    def counting_backend(gm, example_inputs):
+        graphs.append(gm)
+        return lookup_backend("aot_eager")(gm, example_inputs)
+
+    s = _session(tmp_path, tone_corpus, tiny_model_dir)
+    step = GanStep(s.accelerator, s.generator, s.discriminator, s.g_optimizer, s.d_optimizer)
+    torch._dynamo.reset()
+    step.use_compiled(True, backend=counting_backend)
+    assert set(s.generator_raw.compiled) == {*compiled_module.SEGMENT_PARTS, *compiled_module.UTTERANCE_PARTS}
+
+    dataset = ClipDataset(s.data.train)
+    by_length = sorted(range(len(dataset)), key=lambda i: len(dataset[i]["audio"]))
+    batches = []  # 4 clips each, from the shortest to the longest: every batch has its own lengths
+    for k in (0, 3, 1, 2):
+        batch = collate_batch([dataset[i] for i in by_length[4 * k : 4 * k + 4]])
+        batch.pop("indices")
+        batch.pop("text_lengths")
+        batches.append(batch)
+    shapes = [(b["input_ids"].shape[-1], b["audio"].shape[-1]) for b in batches]
+    assert len(set(shapes)) == 4, shapes
+
+    counts = []
+    for i, batch in enumerate(batches):
+        torch.manual_seed(i)
+        assert not step(batch).skipped
+        counts.append(len(graphs))
+    assert counts[0] > 0 and counts[3] == counts[0], (counts, shapes)
+
+    s.generator.eval()
+    with torch.no_grad():
+        s.generator(
+            batches[0]["input_ids"],
+            batches[0]["attention_mask"],
+            batches[0]["audio"],
+            batches[0]["audio_lengths"],
+            full_length=True,
+        )
+    assert len(graphs) == counts[0]
 
 
 # ---- the loop's choice ---------------------------------------------------------------------------
@@ -83,7 +135,7 @@ def test_compile_on_trains_compiled_and_reports_the_comparison(
     assert report["setting"] == "on" and report["compiled"] and report["state"] == "on", report
     assert report["eager_seconds_per_sample"] > 0 and report["compiled_seconds_per_sample"] > 0
     assert report["compile_seconds"] is not None
-    assert "compile: compiling the decoder and discriminator passes" in out
+    assert "compile: compiling the generator's networks and the discriminator" in out
     assert "compile: on (--compile on): compiled in" in out
     assert summary["steps"] == 10 and summary["skipped_steps"] == 0
     assert "decoder" in session.generator_raw.compiled
@@ -103,6 +155,7 @@ def test_a_failing_compiled_step_falls_back_to_eager_and_the_run_goes_on(
         def forward(self, *args):
             raise RuntimeError("simulated compiler failure\nsecond line")
 
+    monkeypatch.setattr("vits_trainer.training.step.compiled_parts", lambda *a, **k: {})  # eager
     monkeypatch.setattr("vits_trainer.training.step.compiled", lambda module, *a, **k: Broken(module))
     session, summary = train_tiny(tmp_path, tone_corpus, tiny_model_dir, max_steps=6, compile="on")
     out = capsys.readouterr().out

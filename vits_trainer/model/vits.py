@@ -88,8 +88,9 @@ class VitsGenerator(nn.Module):
         self.mas_backend = mas_backend
         self.timer = NO_TIMER  # a SectionTimer in the benchmarks
         self.gradient_checkpointing = False
-        # compiled callables of fixed-shape parts ("decoder": the decoder on training segments), set by
-        # the step (compiled.py); a dict, so they are not registered as submodules (state dict unchanged)
+        # compiled callables of the model's parts for the training forward, by attribute name ("decoder":
+        # on training segments; "text_encoder", "posterior_encoder", "flow", "duration_predictor"), set
+        # by the step (compiled.py); a dict, so they are not registered as submodules (state dict unchanged)
         self.compiled: dict[str, object] = {}
 
     def enable_gradient_checkpointing(self) -> None:
@@ -112,9 +113,15 @@ class VitsGenerator(nn.Module):
             return self.model.embed_speaker(speaker_ids).unsqueeze(-1)
         return None
 
-    def encode_text(self, input_ids, attention_mask):
+    def part(self, name: str, compiled: bool = True):
+        """The model's part `name`, compiled where the step compiled it and `compiled` allows."""
+        part = self.compiled.get(name) if compiled else None
+        return getattr(self.model, name) if part is None else part
+
+    def encode_text(self, input_ids, attention_mask, compiled: bool = False):
         mask = attention_mask.unsqueeze(-1).to(self.model.text_encoder.embed_tokens.weight.dtype)
-        out = self.model.text_encoder(input_ids=input_ids, padding_mask=mask, attention_mask=attention_mask)
+        encoder = self.part("text_encoder", compiled)
+        out = encoder(input_ids=input_ids, padding_mask=mask, attention_mask=attention_mask)
         hidden = out.last_hidden_state.transpose(1, 2)  # [B, H, T]
         # transformers calls it a log-variance; it is used as a log standard deviation (exp(.) * noise)
         return hidden, out.prior_means.transpose(1, 2), out.prior_log_variances.transpose(1, 2)
@@ -146,11 +153,12 @@ class VitsGenerator(nn.Module):
         text_lengths = attention_mask.sum(-1)
         y_mask = sequence_mask(frame_lengths, spec.size(-1)).unsqueeze(1).to(spec.dtype)
         x_mask = attention_mask.unsqueeze(1).to(spec.dtype)
+        compiled = not full_length  # evaluation runs eager: other shapes, no gradients
         with timer("generator"):
             g = self.speaker_embedding(speaker_ids)
-            hidden, m_p, logs_p = self.encode_text(input_ids, attention_mask)
-            z, _, logs_q = self._run(self.model.posterior_encoder, spec, y_mask, g)
-            z_p = self._run(self.model.flow, z, y_mask, g)
+            hidden, m_p, logs_p = self.encode_text(input_ids, attention_mask, compiled)
+            z, _, logs_q = self._run(self.part("posterior_encoder", compiled), spec, y_mask, g)
+            z_p = self._run(self.part("flow", compiled), z, y_mask, g)
 
         with timer("mas"), torch.no_grad(), torch.autocast(device_type=spec.device.type, enabled=False):
             log_lik = prior_log_likelihood(z_p.float(), m_p.float(), logs_p.float())
@@ -159,10 +167,10 @@ class VitsGenerator(nn.Module):
 
         with timer("generator"):
             if self.model.config.use_stochastic_duration_prediction:
-                nll = self.model.duration_predictor(hidden, x_mask, g, durations=durations)
+                nll = self.part("duration_predictor", compiled)(hidden, x_mask, g, durations=durations)
                 duration = nll.float().sum() / x_mask.sum()
             else:
-                log_pred = self.model.duration_predictor(hidden, x_mask, g)
+                log_pred = self.part("duration_predictor", compiled)(hidden, x_mask, g)
                 duration = duration_loss_deterministic(log_pred, durations, x_mask)
 
             # the prior of each frame is that of the token the path assigns it to
@@ -176,8 +184,7 @@ class VitsGenerator(nn.Module):
                 mel_mask = y_mask
             else:
                 starts = random_segment_starts(frame_lengths, seg)
-                decoder = self.compiled.get("decoder", self.model.decoder)
-                fake = self._run(decoder, slice_segments(z, starts, seg), g) if decode else None
+                fake = self._run(self.part("decoder"), slice_segments(z, starts, seg), g) if decode else None
                 real = slice_segments(audio, starts * hop, seg * hop)
                 mel_mask = None
         with timer("spectrogram"):

@@ -1,7 +1,7 @@
 """Whether the step runs compiled (--compile): decided from the device and the training time left,
 then measured on real steps and undone when it does not pay.
 
-Compiling costs time before it saves any: Dynamo traces the fixed-shape part of the step, inductor
+Compiling costs time before it saves any: Dynamo traces the networks (model/compiled.py), inductor
 generates kernels, CUDA graphs are recorded. That time is spent inside the budget like any other, so:
 - `auto` compiles only on CUDA, in a single process, without --gradient_checkpointing, and when at
   least COMPILE_MIN_MINUTES of training time are left after the micro-batch trial (a run too short to
@@ -155,8 +155,12 @@ class CompileChoice:
 
     def _start_compiling(self) -> None:
         self.log(
-            "compile: compiling the decoder and discriminator passes"
-            + (" with CUDA graphs" if self.device_type == "cuda" else "")
+            "compile: compiling the generator's networks and the discriminator"
+            + (
+                " (the decoder and discriminator passes with CUDA graphs)"
+                if self.device_type == "cuda"
+                else ""
+            )
             + f" (--compile {self.setting}); the next {COMPILE_STEPS} steps include the compilation"
         )
         self.use(True)
