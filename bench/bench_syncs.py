@@ -12,8 +12,9 @@ it, is run with:
   warning is counted at the innermost line of this project or of transformers that made it;
 - on a CPU (no synchronisation to see): every `aten::_local_scalar_dense` (a value read into Python),
   `nonzero`, `masked_select` and index or write through a boolean mask, counted the same way (a
-  backward operator at the line of the backward call). A read of a CPU tensor is counted too, though on a GPU it
-  would not wait (transformers' WaveNet slices by a CPU tensor of its channel count: 2 per layer).
+  backward operator at the line of the backward call). A read of a CPU tensor is counted too, though
+  on a GPU it would not wait (transformers' own WaveNet slices by a CPU tensor of its channel count, 2
+  per layer; model/wavenet.py's does not).
 Prints the total and each place with its count; JSON to bench/results/syncs.json.
 """
 
