@@ -51,7 +51,7 @@ from bench.bench_step import (  # noqa: E402
 )
 from vits_trainer.data.loader import ClipDataset, collate_batch  # noqa: E402
 from vits_trainer.data.synthetic import make_corpus  # noqa: E402
-from vits_trainer.model.compiled import UTTERANCE_PARTS, compiled_parts  # noqa: E402
+from vits_trainer.model.compiled import UTTERANCE_PARTS, LengthChecked, compiled_parts  # noqa: E402
 from vits_trainer.training.evaluate import move_batch  # noqa: E402
 from vits_trainer.training.loop import gan_step  # noqa: E402
 from vits_trainer.training.runtime import quiet_transformers  # noqa: E402
@@ -74,7 +74,9 @@ def run_session(cfg, scope: str | None, backend: str | None, steps: int, warmup:
             for name in UTTERANCE_PARTS:
                 del parts[name]
         elif scope == "graphs":
-            parts.update(compiled_parts(session.model, session.device.type, backend, utterance_graphs=True))
+            parts.update(
+                compiled_parts(session.model, session.device.type, backend, utterance_graphs=True, log=print)
+            )
     dataset = ClipDataset(session.data.train)
     batches = batches_of(session)
     device = session.device
@@ -95,6 +97,7 @@ def run_session(cfg, scope: str | None, backend: str | None, steps: int, warmup:
         skipped += int(result.skipped)
         if first_metrics is None:
             first_metrics = {k: float(v) for k, v in result.metrics.items()}
+    checked = [p for p in session.generator_raw.compiled.values() if isinstance(p, LengthChecked)]
     head, tail = times[:warmup], times[warmup:]
     median = statistics.median(tail)
     return {
@@ -105,6 +108,9 @@ def run_session(cfg, scope: str | None, backend: str | None, steps: int, warmup:
         "skipped_steps": skipped,
         "first_metrics": first_metrics,
         "peak_vram_gb": torch.cuda.max_memory_allocated(device) / 2**30 if device.type == "cuda" else None,
+        # compilations on new lengths, and the parts that went back to eager for them
+        "recompiles": {p.name: p.recompiles for p in checked},
+        "eager_parts": {p.name: p.eager_reason for p in checked if p.eager_reason},
     }
 
 

@@ -122,6 +122,44 @@ def test_new_lengths_compile_nothing_and_evaluation_stays_eager(tmp_path, tiny_m
     assert len(graphs) == counts[0]
 
 
+class _FixesItsLength(torch.nn.Module):
+    """A module whose code needs its input's length as a Python int: torch compiles it per length."""
+
+    def forward(self, x):
+        return x * torch.tensor([1.0] * x.shape[-1])
+
+
+def test_a_part_that_compiles_again_for_new_lengths_goes_back_to_eager():
+    lines = []
+    part = compiled_module.LengthChecked("flow", _FixesItsLength(), "cpu", "aot_eager", False, lines.append)
+    for length in (5, 6, 5, 7, 8):  # 5 twice: a length seen before compiles nothing
+        torch.testing.assert_close(part(torch.ones(2, length)), torch.ones(2, length))
+    assert part.recompiles == 3 and part.eager_reason == "new lengths compiled it again 3 times"
+    assert lines == ["compile: the flow runs eager: new lengths compiled it again 3 times"]
+    graphs = part.graphs
+    part(torch.ones(2, 9))  # eager now: nothing more is compiled
+    assert part.graphs == graphs and part.recompiles == 3
+
+
+def test_inductor_compiles_a_1d_convolution_and_its_backward_once_for_every_length(tmp_path, monkeypatch):
+    """Real code generation (inductor, on the CPU): torch 2.13 fixes the length of a 1-D convolution's
+    backward to the first batch's unless model/compiled.py keeps it symbolic."""
+    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path))  # no cached code from other runs
+    torch._dynamo.reset()
+    torch.manual_seed(0)
+    conv = torch.nn.Conv1d(2, 2, 3, padding=1)
+    compiled_module.keep_conv1d_backward_dynamic()
+    part = compiled_module.LengthChecked("posterior_encoder", conv, "cpu", "inductor", False, print)
+    for length in (16, 24, 32):
+        x = torch.randn(1, 2, length, requires_grad=True)
+        part(x).square().sum().backward()
+        grad = x.grad
+        x.grad = None
+        conv(x).square().sum().backward()
+        torch.testing.assert_close(grad, x.grad)
+    assert part.graphs == 1 and part.recompiles == 0 and part.eager_reason is None
+
+
 # ---- the loop's choice ---------------------------------------------------------------------------
 
 

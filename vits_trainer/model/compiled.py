@@ -23,7 +23,13 @@ Two kinds of shapes:
 
 from __future__ import annotations
 
+import warnings
+
 import torch
+
+# transformers' text encoder asks an lru_cache'd function whether torch.distributed is available;
+# Dynamo traces the function itself and warns of a "potential risk" that does not apply to it
+warnings.filterwarnings("ignore", message="Dynamo detected a call to a `functools.lru_cache`-wrapped")
 
 BACKEND = "inductor"  # torch's default compiler; the CPU tests use "aot_eager" (capture without codegen)
 SEGMENT_PARTS = ("decoder",)
@@ -51,18 +57,100 @@ def compiled(
     return torch.compile(module, backend=backend, mode=mode, dynamic=dynamic)
 
 
+def keep_conv1d_backward_dynamic() -> None:
+    """Make inductor lower a 1-D convolution's backward without fixing its length.
+
+    Since torch 2.13 inductor lowers `convolution_backward` through a function that, before choosing
+    a kernel, guards the strides of the input gradient to integers: a 1-D convolution's length becomes
+    a constant and every new length compiles the part again (`tests/test_compile.py`). For a 1-D
+    convolution that function always ends in the ATen kernel (its Triton templates are 2-D only), so
+    calling that kernel directly, as its own fallback does, gives the same code without the guard. 2-D
+    convolutions (the discriminator, fixed shapes) keep torch's lowering. Once per process; a torch
+    without that lowering is left as it is."""
+    try:
+        from torch._inductor import lowering
+        from torch._inductor.kernel import conv
+    except ImportError:
+        return
+    op = torch.ops.aten.convolution_backward.default
+    original = lowering.lowerings.get(op)
+    fallback = getattr(conv, "aten_convolution_backward_fallback", None)
+    if original is None or fallback is None or getattr(original, "keeps_conv1d_dynamic", False):
+        return
+
+    def lower(grad_out, input, weight, *args, **kwargs):
+        chosen = fallback if len(weight.get_size()) == 3 else original
+        return chosen(grad_out, input, weight, *args, **kwargs)
+
+    lower.keeps_conv1d_dynamic = True
+    lowering.lowerings[op] = lower
+
+
+class LengthChecked:
+    """An utterance part compiled for every length, which goes back to eager when new lengths compile
+    it again: some operators make torch fix a symbolic length to the batch's (a torch release's
+    lowering, a module's code), and then each new length would cost a compilation (seconds to
+    minutes) while the loop takes it for a step. A compilation on lengths seen before (another path
+    through the text encoder's layer drop) does not count."""
+
+    RECOMPILES = 2  # compilations on new lengths tolerated after the first call
+
+    def __init__(self, name: str, module, device_type: str, backend: str | None, graphs: bool, log):
+        self.name, self.module, self.log = name, module, log
+        self.graphs = 0  # graphs Dynamo handed to the backend
+        self.recompiles = 0
+        self.shapes: set[tuple] = set()
+        self.eager_reason: str | None = None
+        self.compiled = torch.compile(
+            module, backend=self._counting(backend, device_type, graphs), dynamic=True
+        )
+
+    def _counting(self, backend: str | None, device_type: str, graphs: bool):
+        from torch._dynamo.backends.registry import lookup_backend
+
+        backend = backend or BACKEND
+        inner = lookup_backend(backend)
+        if backend == "inductor" and compile_mode(device_type, graphs) == "reduce-overhead":
+            from torch._inductor.compile_fx import compile_fx
+
+            def inner(gm, example_inputs):
+                return compile_fx(gm, example_inputs, config_patches={"triton.cudagraphs": True})
+
+        def count(gm, example_inputs):
+            self.graphs += 1
+            return inner(gm, example_inputs)
+
+        return count
+
+    def __call__(self, *args, **kwargs):
+        if self.eager_reason is not None:
+            return self.module(*args, **kwargs)
+        shape = tuple(tuple(a.shape) for a in (*args, *kwargs.values()) if isinstance(a, torch.Tensor))
+        before, new_shape = self.graphs, shape not in self.shapes
+        self.shapes.add(shape)
+        out = self.compiled(*args, **kwargs)
+        if new_shape and len(self.shapes) > 1 and self.graphs > before:
+            self.recompiles += 1
+            if self.recompiles > self.RECOMPILES:
+                self.eager_reason = f"new lengths compiled it again {self.recompiles} times"
+                self.log(f"compile: the {self.name.replace('_', ' ')} runs eager: {self.eager_reason}")
+        return out
+
+
 def compiled_parts(
     model: torch.nn.Module,
     device_type: str,
     backend: str | None = None,
     utterance_graphs: bool | None = None,
+    log=print,
 ) -> dict:
     """Every part of a `VitsModel` the training forward runs, compiled, by attribute name
-    (`utterance_graphs`: None for UTTERANCE_GRAPHS)."""
+    (`utterance_graphs`: None for UTTERANCE_GRAPHS; `log`: where a part that goes eager says so)."""
+    keep_conv1d_backward_dynamic()
     graphs = UTTERANCE_GRAPHS if utterance_graphs is None else utterance_graphs
     parts = {name: compiled(getattr(model, name), device_type, backend) for name in SEGMENT_PARTS}
     for name in UTTERANCE_PARTS:
-        parts[name] = compiled(getattr(model, name), device_type, backend, dynamic=True, graphs=graphs)
+        parts[name] = LengthChecked(name, getattr(model, name), device_type, backend, graphs, log)
     return parts
 
 

@@ -47,6 +47,7 @@ def gan_step(session: Session) -> GanStep:
         s.d_optimizer,
         cfg.loss_weights(),
         cfg.max_grad_norm,
+        s.log,
     )
 
 

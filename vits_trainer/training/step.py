@@ -100,6 +100,7 @@ class GanStep:
         d_optimizer: torch.optim.Optimizer,
         weights: LossWeights | None = None,
         max_grad_norm: float = 10.0,
+        log=print,
     ):
         self.accelerator = accelerator
         self.generator = generator
@@ -109,6 +110,7 @@ class GanStep:
         self.d_optimizer = d_optimizer
         self.weights = weights or LossWeights()
         self.max_grad_norm = max_grad_norm
+        self.log = log  # a compiled part that goes back to eager says so here
         self.g_params = [p for group in g_optimizer.param_groups for p in group["params"]]
         self.d_params = [p for group in d_optimizer.param_groups for p in group["params"]]
         self.timer = NO_TIMER  # a SectionTimer in the benchmarks (also set on the generator)
@@ -127,7 +129,7 @@ class GanStep:
             raise ValueError("a compiled step runs in a single process")
         device_type = self.accelerator.device.type
         self.compiled_disc = compiled(self.disc_raw, device_type, backend)
-        generator.compiled.update(compiled_parts(generator.model, device_type, backend))
+        generator.compiled.update(compiled_parts(generator.model, device_type, backend, log=self.log))
 
     def _no_sync(self, sync: bool):
         if sync or self.accelerator.num_processes == 1:
