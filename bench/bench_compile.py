@@ -7,10 +7,13 @@ Each (model, batch size) is set up as train_vits.py does it (`build_session`, ~3
 clips, the model made as in bench_step.py), once eager and once per compiled scope, from the same
 seed: one session runs the trainer's `GanStep` eager, the others with `use_compiled(True)` and the
 scope's parts (`--scopes`, model/compiled.py):
-- segments: the decoder on segments and both discriminator passes (CUDA graphs on a GPU);
+- segments: the decoder on segments and both discriminator passes (CUDA graphs on a GPU; what the
+  trainer compiles);
 - fused: those, and the text encoder, posterior encoder, flow and duration predictor compiled with
-  dynamic lengths, fused kernels without CUDA graphs (what the trainer compiles);
+  dynamic lengths, fused kernels without CUDA graphs;
 - graphs: as fused, with a CUDA graph per shape for those four too.
+Each row also gives the compilations on new lengths per utterance part and the parts that went back
+to eager for them.
 All see the same length-bucketed batches (`--length_buckets`, on by default as on CUDA) in the same
 order, one optimiser step per call.
 
@@ -51,15 +54,12 @@ from bench.bench_step import (  # noqa: E402
 )
 from vits_trainer.data.loader import ClipDataset, collate_batch  # noqa: E402
 from vits_trainer.data.synthetic import make_corpus  # noqa: E402
-from vits_trainer.model.compiled import UTTERANCE_PARTS, LengthChecked, compiled_parts  # noqa: E402
+from vits_trainer.model.compiled import SCOPES, LengthChecked  # noqa: E402
 from vits_trainer.training.evaluate import move_batch  # noqa: E402
 from vits_trainer.training.loop import gan_step  # noqa: E402
 from vits_trainer.training.runtime import quiet_transformers  # noqa: E402
 
 CEILING = (3000.0, 4000.0)  # samples/s, MMS size on an H100 (docs/performance.md): the estimate
-
-
-SCOPES = ("segments", "fused", "graphs")
 
 
 def run_session(cfg, scope: str | None, backend: str | None, steps: int, warmup: int) -> dict:
@@ -68,15 +68,7 @@ def run_session(cfg, scope: str | None, backend: str | None, steps: int, warmup:
     session = quiet_session(cfg)
     step_fn = gan_step(session)
     if scope is not None:
-        step_fn.use_compiled(True, backend)
-        parts = session.generator_raw.compiled
-        if scope == "segments":
-            for name in UTTERANCE_PARTS:
-                del parts[name]
-        elif scope == "graphs":
-            parts.update(
-                compiled_parts(session.model, session.device.type, backend, utterance_graphs=True, log=print)
-            )
+        step_fn.use_compiled(True, backend, scope)
     dataset = ClipDataset(session.data.train)
     batches = batches_of(session)
     device = session.device
@@ -126,7 +118,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--compile_steps", type=int, default=2, help="compiled steps counted as compilation")
     parser.add_argument("--backend", default=None, help="torch.compile backend (default: inductor)")
     parser.add_argument(
-        "--scopes", default="fused", help=f"compiled scopes to compare, of {','.join(SCOPES)}"
+        "--scopes", default="segments", help=f"compiled scopes to compare, of {','.join(SCOPES)}"
     )
     parser.add_argument("--out", type=Path, default=ROOT / "bench" / "results" / "compile.json")
     args = parser.parse_args(argv)

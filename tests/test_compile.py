@@ -36,17 +36,21 @@ def _run_steps(step: GanStep, batch: dict, steps: int) -> list[dict[str, float]]
     return out
 
 
-def test_compiled_and_eager_steps_give_the_same_losses(tmp_path, tiny_model_dir, tone_corpus):
+@pytest.mark.parametrize("scope", ["segments", "fused"])
+def test_compiled_and_eager_steps_give_the_same_losses(tmp_path, tiny_model_dir, tone_corpus, scope):
     """Three full optimiser steps from the same weights on the same batch: every loss and both gradient
-    norms agree, so the compiled graphs (decoder, discriminator with its frozen generator pass) also
-    produce the same gradients and updates."""
+    norms agree, so the compiled graphs (decoder, discriminator with its frozen generator pass; with
+    "fused" the encoders, flow and duration predictor too) also produce the same gradients and updates."""
     results = {}
     for mode in ("eager", "compiled"):
         s = _session(tmp_path / mode, tone_corpus, tiny_model_dir)
         step = GanStep(s.accelerator, s.generator, s.discriminator, s.g_optimizer, s.d_optimizer)
         if mode == "compiled":
-            step.use_compiled(True, backend="aot_eager")
-            assert "decoder" in s.generator_raw.compiled
+            step.use_compiled(True, backend="aot_eager", scope=scope)
+            expected = set(compiled_module.SEGMENT_PARTS)
+            if scope == "fused":
+                expected |= set(compiled_module.UTTERANCE_PARTS)
+            assert set(s.generator_raw.compiled) == expected
         results[mode] = _run_steps(step, one_batch(s), 3)
         if mode == "compiled":  # the compiled callables never enter the saved weights
             assert not any("_orig_mod" in k for k in s.model.state_dict())
@@ -65,6 +69,17 @@ def test_use_compiled_false_restores_the_eager_step(tmp_path, tiny_model_dir, to
     assert step.compiled_disc is None and not s.generator_raw.compiled
 
 
+def test_the_trainer_compiles_the_fixed_shape_scope_and_refuses_an_unknown_one(
+    tmp_path, tiny_model_dir, tone_corpus
+):
+    s = _session(tmp_path, tone_corpus, tiny_model_dir)
+    step = GanStep(s.accelerator, s.generator, s.discriminator, s.g_optimizer, s.d_optimizer)
+    step.use_compiled(True, backend="aot_eager")
+    assert compiled_module.SCOPE == "segments" and set(s.generator_raw.compiled) == {"decoder"}
+    with pytest.raises(ValueError, match="unknown compile scope 'all'"):
+        step.use_compiled(True, backend="aot_eager", scope="all")
+
+
 def test_compile_mode_uses_cuda_graphs_only_on_a_gpu():
     assert compiled_module.compile_mode("cuda") == "reduce-overhead"
     assert compiled_module.compile_mode("cuda", graphs=False) == "default"
@@ -72,10 +87,10 @@ def test_compile_mode_uses_cuda_graphs_only_on_a_gpu():
 
 
 def test_new_lengths_compile_nothing_and_evaluation_stays_eager(tmp_path, tiny_model_dir, tone_corpus):
-    """Every network the step runs is compiled. The utterance parts see each batch's own text and frame
-    lengths: they compile once, for every length, and later shapes compile nothing (on a GPU a compile
-    costs seconds to minutes, so a run must not meet one per shape). An evaluation forward (full
-    length, no gradients) runs eager and compiles nothing."""
+    """The "fused" scope compiles every network the step runs. The utterance parts see each batch's own
+    text and frame lengths: captured once (aot_eager) for every length, later shapes compile nothing
+    (on a GPU a compile costs seconds to minutes, so a run must not meet one per shape). An evaluation
+    forward (full length, no gradients) runs eager and compiles nothing."""
     from torch._dynamo.backends.registry import lookup_backend
 
     from vits_trainer.data.loader import ClipDataset, collate_batch
@@ -89,7 +104,7 @@ def test_new_lengths_compile_nothing_and_evaluation_stays_eager(tmp_path, tiny_m
     s = _session(tmp_path, tone_corpus, tiny_model_dir)
     step = GanStep(s.accelerator, s.generator, s.discriminator, s.g_optimizer, s.d_optimizer)
     torch._dynamo.reset()
-    step.use_compiled(True, backend=counting_backend)
+    step.use_compiled(True, backend=counting_backend, scope="fused")
     assert set(s.generator_raw.compiled) == {*compiled_module.SEGMENT_PARTS, *compiled_module.UTTERANCE_PARTS}
 
     dataset = ClipDataset(s.data.train)
@@ -173,7 +188,7 @@ def test_compile_on_trains_compiled_and_reports_the_comparison(
     assert report["setting"] == "on" and report["compiled"] and report["state"] == "on", report
     assert report["eager_seconds_per_sample"] > 0 and report["compiled_seconds_per_sample"] > 0
     assert report["compile_seconds"] is not None
-    assert "compile: compiling the generator's networks and the discriminator" in out
+    assert "compile: compiling the decoder and discriminator passes" in out
     assert "compile: on (--compile on): compiled in" in out
     assert summary["steps"] == 10 and summary["skipped_steps"] == 0
     assert "decoder" in session.generator_raw.compiled
@@ -205,9 +220,11 @@ def test_a_failing_compiled_step_falls_back_to_eager_and_the_run_goes_on(
     assert not session.generator_raw.compiled
 
 
-def _choice(setting="auto", device="cuda", processes=1, checkpointing=False):
+def _choice(setting="auto", device="cuda", processes=1, checkpointing=False, compilations=lambda: 0):
     calls, lines = [], []
-    choice = CompileChoice(setting, device, processes, checkpointing, calls.append, lines.append)
+    choice = CompileChoice(
+        setting, device, processes, checkpointing, calls.append, lines.append, compilations
+    )
     return choice, calls, lines
 
 
@@ -253,6 +270,23 @@ def test_auto_keeps_a_faster_compiled_step_and_the_budget_skips_the_compiling_st
     assert summary["compile_seconds"] == pytest.approx(63.0)  # 65 s, less the 2 eager steps they replaced
     assert "compile: on: compiled in 63 s; a step 0.50 s against 1.00 s eager (2.00x)" in lines[-1]
     assert "earned back after ~126 steps" in lines[-1]
+
+
+def test_steps_that_compile_again_count_as_compilation_not_as_measured_steps():
+    """A part meeting new lengths compiles again after the compiling steps (until LengthChecked sends
+    it back to eager): those steps are compilation time, and the measurement waits for clean ones."""
+    graphs = [10]
+    choice, calls, lines = _choice("auto", compilations=lambda: graphs[0])
+    choice.begin(2 * HOUR, 1.0 / 8)
+    graphs[0] = 20  # the compilation
+    assert _steps(choice, [60.0, 5.0]) == [False, False]
+    graphs[0] = 21  # a recompilation in the first step after them
+    assert _steps(choice, [30.0]) == [False]
+    assert _steps(choice, [0.5, 0.5]) == [True, True] and choice.phase == "measuring"
+    graphs[0] = 22
+    assert _steps(choice, [20.0, 0.5]) == [False, True]
+    assert choice.phase == "on" and choice.summary()["speedup"] == pytest.approx(2.0)
+    assert choice.summary()["compile_seconds"] == pytest.approx(115.0 - 4 * 1.0)
 
 
 def test_auto_goes_back_to_eager_when_the_compiled_step_is_not_faster():

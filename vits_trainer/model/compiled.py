@@ -1,24 +1,26 @@
-"""torch.compile for a training step: the model's parts and the discriminator, CUDA graphs on a GPU.
+"""torch.compile for a training step, CUDA graphs on a GPU.
 
 On a GPU the eager step is limited by the host launching thousands of small kernels, not by the GPU's
 arithmetic. Compiled, a part's small operators are fused into fewer kernels, launched without Python
 and autograd bookkeeping per operator, and where shapes are fixed replayed as CUDA graphs
 (`mode="reduce-overhead"`): one launch per graph. The alignment search, the losses and the
-spectrograms stay eager between them.
+spectrograms stay eager between them. What is compiled is a scope (SCOPES):
 
-Two kinds of shapes:
-- SEGMENT_PARTS (the decoder on `segment_frames`-frame slices) and the discriminator ([real; fake]
-  slices of `segment_size` samples) see shapes that depend only on the micro-batch size: static
-  (`dynamic=False`) and CUDA graphs; a new micro-batch size (an epoch's short last step, an
-  out-of-memory retry) compiles its own graph rather than a slower dynamic one.
-- UTTERANCE_PARTS (text encoder, posterior encoder, flow, duration predictor) see each batch's padded
-  text and frame lengths: compiled once with symbolic shapes (`dynamic=True`), so no later batch
-  compiles again, whatever its lengths or size (a compile in the middle of training would cost
-  seconds to minutes, and the loop's measurement of the compiled step would time it as a step).
-  Their kernels are fused but not captured as CUDA graphs
-  (UTTERANCE_GRAPHS): a graph would be recorded, and its memory held, for each new shape in the middle
-  of training (length buckets, data/shapes.py, bring that to ~100 shapes per epoch, not one).
-`python bench/bench_compile.py --scopes segments,fused,graphs` measures the three choices.
+- "segments" (the trainer's, SCOPE): SEGMENT_PARTS (the decoder on `segment_frames`-frame slices) and
+  the discriminator ([real; fake] slices of `segment_size` samples), whose shapes depend only on the
+  micro-batch size: static (`dynamic=False`) and CUDA graphs; a new micro-batch size (an epoch's
+  short last step, an out-of-memory retry) compiles its own graph rather than a slower dynamic one.
+- "fused": also UTTERANCE_PARTS (text encoder, posterior encoder, flow, duration predictor), which see
+  each batch's padded text and frame lengths: compiled once with symbolic shapes (`dynamic=True`),
+  fused kernels without CUDA graphs (a graph would be recorded, and its memory held, per shape).
+  Each is LengthChecked: a part that new lengths compile again goes back to eager.
+- "graphs": as "fused", with CUDA graphs for the utterance parts too, one per shape.
+
+The trainer keeps "segments" until a GPU shows the others pay: on the CPU with inductor (torch 2.13)
+the utterance parts compiled again for new lengths (a 1-D convolution's backward, which
+keep_conv1d_backward_dynamic fixes, and an operator of the duration predictor's backward), and one
+backward with symbolic lengths failed a stride check. `python bench/bench_compile.py --scopes
+segments,fused,graphs` measures the three.
 """
 
 from __future__ import annotations
@@ -34,7 +36,8 @@ warnings.filterwarnings("ignore", message="Dynamo detected a call to a `functool
 BACKEND = "inductor"  # torch's default compiler; the CPU tests use "aot_eager" (capture without codegen)
 SEGMENT_PARTS = ("decoder",)
 UTTERANCE_PARTS = ("text_encoder", "posterior_encoder", "flow", "duration_predictor")
-UTTERANCE_GRAPHS = False  # CUDA graphs for the utterance parts too (one per shape), see above
+SCOPES = ("segments", "fused", "graphs")
+SCOPE = "segments"  # what the trainer compiles, see above
 
 
 def compile_mode(device_type: str, graphs: bool = True) -> str:
@@ -141,17 +144,27 @@ def compiled_parts(
     model: torch.nn.Module,
     device_type: str,
     backend: str | None = None,
-    utterance_graphs: bool | None = None,
+    scope: str = SCOPE,
     log=print,
 ) -> dict:
-    """Every part of a `VitsModel` the training forward runs, compiled, by attribute name
-    (`utterance_graphs`: None for UTTERANCE_GRAPHS; `log`: where a part that goes eager says so)."""
-    keep_conv1d_backward_dynamic()
-    graphs = UTTERANCE_GRAPHS if utterance_graphs is None else utterance_graphs
+    """The parts of a `VitsModel` that `scope` compiles, compiled, by attribute name (`log`: where a
+    part that goes back to eager says so)."""
+    if scope not in SCOPES:
+        raise ValueError(f"unknown compile scope {scope!r}: choose from {', '.join(SCOPES)}")
     parts = {name: compiled(getattr(model, name), device_type, backend) for name in SEGMENT_PARTS}
-    for name in UTTERANCE_PARTS:
-        parts[name] = LengthChecked(name, getattr(model, name), device_type, backend, graphs, log)
+    if scope != "segments":
+        keep_conv1d_backward_dynamic()
+        for name in UTTERANCE_PARTS:
+            graphs = scope == "graphs"
+            parts[name] = LengthChecked(name, getattr(model, name), device_type, backend, graphs, log)
     return parts
+
+
+def graphs_compiled() -> int:
+    """Graphs torch.compile has compiled in this process (each compilation and recompilation)."""
+    from torch._dynamo.utils import counters
+
+    return counters["stats"]["unique_graphs"]
 
 
 def mark_step_begin(device_type: str) -> None:

@@ -1,14 +1,16 @@
 """Whether the step runs compiled (--compile): decided from the device and the training time left,
 then measured on real steps and undone when it does not pay.
 
-Compiling costs time before it saves any: Dynamo traces the networks (model/compiled.py), inductor
-generates kernels, CUDA graphs are recorded. That time is spent inside the budget like any other, so:
+Compiling costs time before it saves any: Dynamo traces the fixed-shape part of the step
+(model/compiled.py), inductor generates kernels, CUDA graphs are recorded. That time is spent inside the budget like any other, so:
 - `auto` compiles only on CUDA, in a single process, without --gradient_checkpointing, and when at
   least COMPILE_MIN_MINUTES of training time are left after the micro-batch trial (a run too short to
   earn compilation back stays eager). A CPU stays eager: CUDA graphs, the main gain, exist only on a
   GPU, and inductor's code generation takes minutes on a few cores.
 - The first COMPILE_STEPS compiled steps are the compilation (they train, but the budget does not
-  take their time as a step's); the next MEASURE_STEPS are compared with eager steps at the same
+  take their time as a step's); so is a later step during which something compiled again (a new
+  micro-batch size, a part meeting new lengths), up to LATE_COMPILE_STEPS of them; the
+  next MEASURE_STEPS are compared with eager steps at the same
   micro-batch size (the trial's, else EAGER_STEPS measured first). With `auto` the compiled step is
   kept only when it is faster; otherwise the run goes back to eager, and the compilation was the whole
   cost. `on` keeps it (and reports the comparison).
@@ -22,10 +24,13 @@ from __future__ import annotations
 import statistics
 from collections.abc import Callable
 
+from ..model.compiled import graphs_compiled
+
 COMPILE_MIN_MINUTES = 20.0  # auto: training time that must be left to try compiling
 EAGER_STEPS = 3  # eager steps measured first when no trial measured the size (the first a warm-up)
 COMPILE_STEPS = 2  # the first compiles, the second records CUDA graphs (one more warm-up elsewhere)
 MEASURE_STEPS = 3  # compiled steps compared with the eager ones
+LATE_COMPILE_STEPS = 12  # steps after those that compiled again, taken as compilation, not measured
 FASTER = 0.97  # kept when a compiled step takes less than this share of an eager one (per sample)
 
 
@@ -40,6 +45,7 @@ class CompileChoice:
         gradient_checkpointing: bool,
         use: Callable[[bool], None],
         log: Callable[[str], None],
+        compilations: Callable[[], int] = graphs_compiled,
     ) -> None:
         self.setting = setting
         self.device_type = device_type
@@ -47,6 +53,8 @@ class CompileChoice:
         self.gradient_checkpointing = gradient_checkpointing
         self.use = use
         self.log = log
+        self.compilations = compilations  # graphs compiled in this process so far
+        self.graphs_seen = 0
         self.phase = (
             "undecided"  # -> "off" | "eager" (measuring) -> "compiling" -> "measuring" -> "on" | "off"
         )
@@ -110,12 +118,19 @@ class CompileChoice:
                 self.eager_reference = statistics.median(self.eager[1:])
                 self._start_compiling()
             return True
+        compiled_again = False
+        if self.phase in ("compiling", "measuring"):
+            graphs = self.compilations()
+            compiled_again, self.graphs_seen = graphs != self.graphs_seen, graphs
         if self.phase == "compiling":
             self.compile_steps.append(seconds)
             if len(self.compile_steps) >= COMPILE_STEPS:
                 self.phase = "measuring"
             return False
         if self.phase == "measuring":
+            if compiled_again and len(self.compile_steps) < COMPILE_STEPS + LATE_COMPILE_STEPS:
+                self.compile_steps.append(seconds)
+                return False
             if clean and per_sample is not None:
                 self.compiled.append(per_sample)
             if len(self.compiled) >= MEASURE_STEPS:
@@ -155,14 +170,11 @@ class CompileChoice:
 
     def _start_compiling(self) -> None:
         self.log(
-            "compile: compiling the generator's networks and the discriminator"
-            + (
-                " (the decoder and discriminator passes with CUDA graphs)"
-                if self.device_type == "cuda"
-                else ""
-            )
+            "compile: compiling the decoder and discriminator passes"
+            + (" with CUDA graphs" if self.device_type == "cuda" else "")
             + f" (--compile {self.setting}); the next {COMPILE_STEPS} steps include the compilation"
         )
+        self.graphs_seen = self.compilations()
         self.use(True)
         self.phase = "compiling"
 
@@ -172,7 +184,9 @@ class CompileChoice:
     def _judge(self, samples: int) -> None:
         eager, compiled = self.eager_reference, self._compiled_per_sample()
         # what compiling cost beyond the eager steps it replaced
-        self.compile_seconds = max(0.0, sum(self.compile_steps) - COMPILE_STEPS * samples * (eager or 0.0))
+        self.compile_seconds = max(
+            0.0, sum(self.compile_steps) - len(self.compile_steps) * samples * (eager or 0.0)
+        )
         ratio = eager / compiled if eager and compiled else None
         measured = (
             f"a step {compiled * samples:.2f} s against {eager * samples:.2f} s eager"

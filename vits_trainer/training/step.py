@@ -16,8 +16,8 @@ Order and bookkeeping, and why:
   `AcceleratedOptimizer.step` would call `update()` after each optimiser, so the raw optimisers are
   stepped here instead.
 - Losses and spectrograms are float32 (autocast covers only the networks).
-- `use_compiled(True)` runs the networks compiled (model/compiled.py): the model's parts and both
-  discriminator passes; whether that pays is decided by the loop (compile_choice.py).
+- `use_compiled(True)` runs the decoder on segments and both discriminator passes compiled
+  (model/compiled.py); whether that pays is decided by the loop (compile_choice.py).
 """
 
 from __future__ import annotations
@@ -27,7 +27,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from ..model.compiled import compiled, compiled_parts, mark_step_begin
+from ..model.compiled import SCOPE, compiled, compiled_parts, mark_step_begin
 from ..model.losses import (
     LossWeights,
     discriminator_loss,
@@ -116,9 +116,9 @@ class GanStep:
         self.timer = NO_TIMER  # a SectionTimer in the benchmarks (also set on the generator)
         self.compiled_disc = None  # the discriminator compiled (use_compiled), else None: eager
 
-    def use_compiled(self, on: bool, backend: str | None = None) -> None:
-        """Run the networks compiled (the model's parts and both discriminator passes; the alignment
-        search and the losses stay eager), or eager again. One process only: under DDP the
+    def use_compiled(self, on: bool, backend: str | None = None, scope: str = SCOPE) -> None:
+        """Run the networks of `scope` compiled (model/compiled.py; the trainer's: the decoder on
+        segments and both discriminator passes), or eager again. One process only: under DDP the
         discriminator's pass must go through its wrapper."""
         generator = self.accelerator.unwrap_model(self.generator)
         if not on:
@@ -129,7 +129,7 @@ class GanStep:
             raise ValueError("a compiled step runs in a single process")
         device_type = self.accelerator.device.type
         self.compiled_disc = compiled(self.disc_raw, device_type, backend)
-        generator.compiled.update(compiled_parts(generator.model, device_type, backend, log=self.log))
+        generator.compiled.update(compiled_parts(generator.model, device_type, backend, scope, self.log))
 
     def _no_sync(self, sync: bool):
         if sync or self.accelerator.num_processes == 1:
