@@ -100,8 +100,6 @@ def runner_throughput(
     accumulation: int = 1,
     micro: str = "auto",
 ):
-    from vits_trainer.training.loop import Trainer
-    from vits_trainer.training.session import build_session
 
     out = Path(tempfile.mkdtemp(dir=tmp))
     cfg = dataclasses.replace(
@@ -126,9 +124,7 @@ def runner_throughput(
         log_every=1,
         cpu=not torch.cuda.is_available(),
     )
-    session = build_session(cfg, time.time())
-    summary = Trainer(session).train()
-    records = [json.loads(x) for x in (out / "ckpt" / "metrics.jsonl").read_text().splitlines()]
+    session, summary, records = train_and_read_metrics(cfg)
     vram = max((r.get("vram_gb", 0.0) for r in records), default=0.0)
     return {
         "samples_per_second": summary["samples_per_second"],
@@ -140,6 +136,17 @@ def runner_throughput(
     }
 
 
+def train_and_read_metrics(cfg) -> tuple:
+    """Build a session for `cfg`, train it; (session, train summary, metrics.jsonl records)."""
+    from vits_trainer.training.loop import Trainer
+    from vits_trainer.training.session import build_session
+
+    session = build_session(cfg, time.time())
+    summary = Trainer(session).train()
+    lines = (Path(cfg.checkpoint_dir) / "metrics.jsonl").read_text().splitlines()
+    return session, summary, [json.loads(x) for x in lines]
+
+
 # An MMS-size training sample (~3 s clip) is ~200-240 GFLOP; an H100's dense bf16 rate makes that
 # ~3,000-4,000 samples/s: an estimate (docs/performance.md), the middle of which the shares are of
 CEILING_SAMPLES_PER_SECOND = 3500.0
@@ -148,8 +155,6 @@ CEILING_SAMPLES_PER_SECOND = 3500.0
 def defaults_throughput(tmp: Path, data: Path, model: Path, width: float, steps: int) -> dict:
     """The runner at train_vits.py's defaults for `steps` optimiser steps, then the naive loop on the
     same clips per step; the steady state is the second half of the runner's steps."""
-    from vits_trainer.training.loop import Trainer
-    from vits_trainer.training.session import build_session
 
     out = Path(tempfile.mkdtemp(dir=tmp))
     defaults = TrainConfig()
@@ -167,9 +172,7 @@ def defaults_throughput(tmp: Path, data: Path, model: Path, width: float, steps:
         log_every=1,
         cpu=not torch.cuda.is_available(),
     )
-    session = build_session(cfg, time.time())
-    summary = Trainer(session).train()
-    records = [json.loads(x) for x in (out / "ckpt" / "metrics.jsonl").read_text().splitlines()]
+    session, summary, records = train_and_read_metrics(cfg)
     steps_logged = [r for r in records if "loss_g" in r]
     steady = steps_logged[len(steps_logged) // 2 :]
     clips = defaults.batch_size * defaults.gradient_accumulation_steps
