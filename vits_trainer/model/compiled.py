@@ -45,19 +45,13 @@ def compile_mode(device_type: str, graphs: bool = True) -> str:
     return "reduce-overhead" if device_type == "cuda" and graphs else "default"
 
 
-def compiled(
-    module: torch.nn.Module,
-    device_type: str,
-    backend: str | None = None,
-    dynamic: bool | None = False,
-    graphs: bool = True,
-):
-    """`module` compiled for the training step (`dynamic`: as torch.compile's; `graphs`: CUDA graphs on
-    a GPU). The returned wrapper is an `nn.Module`: keep it out of other modules' attributes, or it is
-    registered (and saved) as their submodule."""
+def compiled(module: torch.nn.Module, device_type: str, backend: str | None = None):
+    """`module` compiled for fixed shapes (CUDA graphs on a GPU). The returned wrapper is an
+    `nn.Module`: keep it out of other modules' attributes, or it is registered (and saved) as their
+    submodule."""
     backend = backend or BACKEND
-    mode = compile_mode(device_type, graphs) if backend == "inductor" else None
-    return torch.compile(module, backend=backend, mode=mode, dynamic=dynamic)
+    mode = compile_mode(device_type) if backend == "inductor" else None
+    return torch.compile(module, backend=backend, mode=mode, dynamic=False)
 
 
 def keep_conv1d_backward_dynamic() -> None:

@@ -88,9 +88,9 @@ class VitsGenerator(nn.Module):
         self.mas_backend = mas_backend
         self.timer = NO_TIMER  # a SectionTimer in the benchmarks
         self.gradient_checkpointing = False
-        # compiled callables of the model's parts for the training forward, by attribute name ("decoder":
-        # on training segments; "text_encoder", "posterior_encoder", "flow", "duration_predictor"), set
-        # by the step (compiled.py); a dict, so they are not registered as submodules (state dict unchanged)
+        # compiled callables of the model's parts for the training forward, by attribute name (the
+        # parts of the step's compile scope, compiled.py), set by the step; a dict, so they are not
+        # registered as submodules (state dict unchanged)
         self.compiled: dict[str, object] = {}
 
     def enable_gradient_checkpointing(self) -> None:

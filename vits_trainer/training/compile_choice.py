@@ -2,18 +2,18 @@
 then measured on real steps and undone when it does not pay.
 
 Compiling costs time before it saves any: Dynamo traces the fixed-shape part of the step
-(model/compiled.py), inductor generates kernels, CUDA graphs are recorded. That time is spent inside the budget like any other, so:
+(model/compiled.py), inductor generates kernels, CUDA graphs are recorded. That time is spent inside
+the budget like any other, so:
 - `auto` compiles only on CUDA, in a single process, without --gradient_checkpointing, and when at
   least COMPILE_MIN_MINUTES of training time are left after the micro-batch trial (a run too short to
   earn compilation back stays eager). A CPU stays eager: CUDA graphs, the main gain, exist only on a
   GPU, and inductor's code generation takes minutes on a few cores.
 - The first COMPILE_STEPS compiled steps are the compilation (they train, but the budget does not
   take their time as a step's); so is a later step during which something compiled again (a new
-  micro-batch size, a part meeting new lengths), up to LATE_COMPILE_STEPS of them; the
-  next MEASURE_STEPS are compared with eager steps at the same
-  micro-batch size (the trial's, else EAGER_STEPS measured first). With `auto` the compiled step is
-  kept only when it is faster; otherwise the run goes back to eager, and the compilation was the whole
-  cost. `on` keeps it (and reports the comparison).
+  micro-batch size, a part meeting new lengths), up to LATE_COMPILE_STEPS of them; the next
+  MEASURE_STEPS are compared with eager steps at the same micro-batch size (the trial's, else
+  EAGER_STEPS measured first). With `auto` the compiled step is kept only when it is faster;
+  otherwise the run goes back to eager, and the compilation was the whole cost. `on` keeps it (and reports the comparison).
 - A compiled step that raises (a compiler or driver problem) puts the run back to eager; the loop
   redoes that step eagerly.
 Each decision is one `compile:` line in the log, and `summary()` goes into train_summary.json.
