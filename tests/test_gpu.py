@@ -99,9 +99,10 @@ def test_compiled_step_with_cuda_graphs_gives_the_eager_losses(
     tmp_path, tiny_model_dir, tone_corpus, monkeypatch
 ):
     """The default backend (inductor) with CUDA graphs against the eager step: 3 optimiser steps from the
-    same weights on the same batch (the CPU test uses the aot_eager backend). The compiled parts draw
-    random numbers (dropout, the posterior's and duration predictor's noise): inductor is told to draw
-    them with torch's own generator, as eager does, so both see the same numbers."""
+    same weights on the same batch (the CPU test uses the aot_eager backend), in the trainer's scope.
+    Should that scope come to hold parts that draw random numbers (dropout, the posterior's and
+    duration predictor's noise, as "fused" does), inductor draws them with torch's own generator, as
+    eager does, so both see the same numbers."""
     import torch._inductor.config as inductor_config
 
     monkeypatch.setattr(inductor_config, "fallback_random", True)
