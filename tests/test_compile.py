@@ -175,6 +175,35 @@ def test_inductor_compiles_a_1d_convolution_and_its_backward_once_for_every_leng
     assert part.graphs == 1 and part.recompiles == 0 and part.eager_reason is None
 
 
+
+def test_inductor_compiles_relative_position_attention_once_for_every_length(tmp_path, monkeypatch):
+    """Real code generation (inductor, on the CPU) of the text encoder's attention, whose relative
+    position scores inductor's forward lays out differently from eager: torch 2.13 compiles the
+    backward for the first batch's strides, and the next length failed its stride assertion, unless
+    model/compiled.py hands the backward the forward's stride expressions."""
+    from transformers.models.vits.modeling_vits import VitsAttention
+
+    from vits_trainer.model.tiny import tiny_config as vits_config
+
+    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path))
+    torch._dynamo.reset()
+    torch.manual_seed(0)
+    config = vits_config(10, hidden_size=8, num_attention_heads=2, attention_dropout=0.0)
+    attention = VitsAttention(config).train()
+    assert attention.window_size < 6  # every length below takes the same path (no padding branch)
+    compiled_module.keep_saved_strides_symbolic()
+    part = compiled_module.LengthChecked("text_encoder", attention, "cpu", "inductor", False, print)
+    graphs = []
+    for length in (6, 8, 10):
+        x = torch.randn(2, length, 8, requires_grad=True)
+        part(x)[0].square().sum().backward()  # without the fix: AssertionError at length 10
+        graphs.append(part.graphs)
+        grad = x.grad
+        x.grad = None
+        attention(x)[0].square().sum().backward()
+        torch.testing.assert_close(grad, x.grad, rtol=1e-4, atol=1e-5)
+    assert graphs[0] == graphs[-1] and part.recompiles == 0 and part.eager_reason is None
+
 # ---- the loop's choice ---------------------------------------------------------------------------
 
 

@@ -83,6 +83,48 @@ def keep_conv1d_backward_dynamic() -> None:
     lowering.lowerings[op] = lower
 
 
+def keep_saved_strides_symbolic() -> None:
+    """Make AOTAutograd compile a backward for symbolic lengths when inductor lays out a saved
+    activation differently from eager.
+
+    AOTAutograd compiles the backward with fake tensors laid out as eager lays them out; where
+    inductor's forward chose another layout for a tensor it saves (the text encoder's relative
+    position scores, the softmax statistics of the duration predictor's spline) it restrides the fake
+    tensor to the forward's strides, but to their values for the first batch's lengths (torch 2.13,
+    `set_tracing_context_output_strides`): either the length becomes a constant there (every new length
+    compiles the part again) or, where no guard was recorded, the backward asserts the first batch's
+    strides and fails on the next length ("expected ... stride 111==159"). Handing it inductor's
+    stride expressions instead keeps them symbolic. Once per process; a torch without that function is
+    left as it is."""
+    try:
+        from torch._inductor import output_code
+        from torch._inductor.utils import shape_env_from_inputs
+    except ImportError:
+        return
+    original = getattr(output_code, "set_tracing_context_output_strides", None)
+    if original is None or getattr(original, "keeps_strides_symbolic", False):
+        return
+
+    def report(example_inputs, compiled_graph) -> None:
+        context = torch._guards.TracingContext.try_get()
+        shape_env = shape_env_from_inputs(example_inputs)
+        strides = getattr(compiled_graph, "output_strides", None)
+        if context is None or context.output_strides is None or shape_env is None or strides is None:
+            return original(example_inputs, compiled_graph)
+
+        def value(expr):
+            try:
+                return int(expr)
+            except (TypeError, ValueError):
+                return shape_env.deserialize_symexpr(expr)
+
+        for exprs in strides:
+            context.output_strides.append(None if exprs is None else tuple(value(e) for e in exprs))
+
+    report.keeps_strides_symbolic = True
+    output_code.set_tracing_context_output_strides = report
+
+
 class LengthChecked:
     """An utterance part compiled for every length, which goes back to eager when new lengths compile
     it again: some operators make torch fix a symbolic length to the batch's (a torch release's
@@ -148,6 +190,7 @@ def compiled_parts(
     parts = {name: compiled(getattr(model, name), device_type, backend) for name in SEGMENT_PARTS}
     if scope != "segments":
         keep_conv1d_backward_dynamic()
+        keep_saved_strides_symbolic()
         for name in UTTERANCE_PARTS:
             graphs = scope == "graphs"
             parts[name] = LengthChecked(name, getattr(model, name), device_type, backend, graphs, log)
