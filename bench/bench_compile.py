@@ -7,10 +7,10 @@ Each (model, batch size) is set up as train_vits.py does it (`build_session`, ~3
 clips, the model made as in bench_step.py), once eager and once per compiled scope, from the same
 seed: one session runs the trainer's `GanStep` eager, the others with `use_compiled(True)` and the
 scope's parts (`--scopes`, model/compiled.py):
-- segments: the decoder on segments and both discriminator passes (CUDA graphs on a GPU; what the
-  trainer compiles);
+- segments: the decoder on segments and both discriminator passes (CUDA graphs on a GPU);
 - fused: those, and the text encoder, posterior encoder, flow and duration predictor compiled with
-  dynamic lengths, fused kernels without CUDA graphs;
+  dynamic lengths, fused kernels without CUDA graphs (the trainer measures fused, then segments, and
+  keeps the faster);
 - graphs: as fused, with a CUDA graph per shape for those four too.
 Each row also gives the compilations on new lengths per utterance part and the parts that went back
 to eager for them.

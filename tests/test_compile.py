@@ -69,13 +69,22 @@ def test_use_compiled_false_restores_the_eager_step(tmp_path, tiny_model_dir, to
     assert step.compiled_disc is None and not s.generator_raw.compiled
 
 
-def test_the_trainer_compiles_the_fixed_shape_scope_and_refuses_an_unknown_one(
+def test_scopes_switch_without_compiling_a_part_twice_and_an_unknown_one_is_refused(
     tmp_path, tiny_model_dir, tone_corpus
 ):
+    """The trainer compiles the widest scope it measures, then narrower ones from the same parts."""
     s = _session(tmp_path, tone_corpus, tiny_model_dir)
     step = GanStep(s.accelerator, s.generator, s.discriminator, s.g_optimizer, s.d_optimizer)
     step.use_compiled(True, backend="aot_eager")
     assert compiled_module.SCOPE == "segments" and set(s.generator_raw.compiled) == {"decoder"}
+    decoder, disc = s.generator_raw.compiled["decoder"], step.compiled_disc
+    step.use_compiled(True, backend="aot_eager", scope="fused")
+    fused = dict(s.generator_raw.compiled)
+    assert set(fused) == {"decoder", *compiled_module.UTTERANCE_PARTS}
+    step.use_compiled(True, backend="aot_eager", scope="segments")
+    assert s.generator_raw.compiled == {"decoder": decoder} and step.compiled_disc is disc
+    step.use_compiled(True, backend="aot_eager", scope="fused")
+    assert s.generator_raw.compiled == fused and fused["decoder"] is decoder
     with pytest.raises(ValueError, match="unknown compile scope 'all'"):
         step.use_compiled(True, backend="aot_eager", scope="all")
 
@@ -175,7 +184,6 @@ def test_inductor_compiles_a_1d_convolution_and_its_backward_once_for_every_leng
     assert part.graphs == 1 and part.recompiles == 0 and part.eager_reason is None
 
 
-
 def test_inductor_compiles_relative_position_attention_once_for_every_length(tmp_path, monkeypatch):
     """Real code generation (inductor, on the CPU) of the text encoder's attention, whose relative
     position scores inductor's forward lays out differently from eager: torch 2.13 compiles the
@@ -204,6 +212,7 @@ def test_inductor_compiles_relative_position_attention_once_for_every_length(tmp
         torch.testing.assert_close(grad, x.grad, rtol=1e-4, atol=1e-5)
     assert graphs[0] == graphs[-1] and part.recompiles == 0 and part.eager_reason is None
 
+
 # ---- the loop's choice ---------------------------------------------------------------------------
 
 
@@ -211,23 +220,25 @@ def test_compile_on_trains_compiled_and_reports_the_comparison(
     tmp_path, tiny_model_dir, tone_corpus, monkeypatch, capsys
 ):
     monkeypatch.setattr(compiled_module, "BACKEND", "aot_eager")  # see the module docstring
-    session, summary = train_tiny(tmp_path, tone_corpus, tiny_model_dir, max_steps=10, compile="on")
+    session, summary = train_tiny(tmp_path, tone_corpus, tiny_model_dir, max_steps=14, compile="on")
     out = capsys.readouterr().out
     report = summary["compile"]
     assert report["setting"] == "on" and report["compiled"] and report["state"] == "on", report
     assert report["eager_seconds_per_sample"] > 0 and report["compiled_seconds_per_sample"] > 0
     assert report["compile_seconds"] is not None
-    assert "compile: compiling the decoder and discriminator passes" in out
-    assert "compile: on (--compile on): compiled in" in out
-    assert summary["steps"] == 10 and summary["skipped_steps"] == 0
-    assert "decoder" in session.generator_raw.compiled
+    assert "compile: compiling the text encoder, posterior encoder, flow, duration predictor, decoder" in out
+    assert "compile: on (--compile on), " in out and "compiled in" in out
+    assert set(report["seconds_per_sample_by_scope"]) == {"fused", "segments"}  # both measured
+    assert summary["steps"] == 14 and summary["skipped_steps"] == 0
+    kept = {"fused": {"decoder", *compiled_module.UTTERANCE_PARTS}, "segments": {"decoder"}}
+    assert set(session.generator_raw.compiled) == kept[report["scope"]]
 
 
 def test_a_failing_compiled_step_falls_back_to_eager_and_the_run_goes_on(
     tmp_path, tiny_model_dir, tone_corpus, monkeypatch, capsys
 ):
     """A compiler or driver error inside a compiled step (simulated: the compiled discriminator raises)
-    puts the run back to eager; the step is redone and nothing is skipped."""
+    puts the run on a narrower scope, then back to eager; the step is redone and nothing is skipped."""
 
     class Broken(torch.nn.Module):
         def __init__(self, module):
@@ -243,17 +254,22 @@ def test_a_failing_compiled_step_falls_back_to_eager_and_the_run_goes_on(
     out = capsys.readouterr().out
     assert summary["steps"] == 6 and summary["skipped_steps"] == 0
     assert summary["compile"]["state"] == "off" and not summary["compile"]["compiled"]
-    assert (
-        "compile: the compiled step failed (RuntimeError: simulated compiler failure); back to eager" in out
-    )
+    failed = "compile: the compiled step failed (RuntimeError: simulated compiler failure); "
+    assert failed + "now compiling only the decoder and discriminator passes, redoing the step" in out
+    assert failed + "back to eager, redoing the step" in out
     assert not session.generator_raw.compiled
 
 
-def _choice(setting="auto", device="cuda", processes=1, checkpointing=False, compilations=lambda: 0):
+def _choice(
+    setting="auto", device="cuda", processes=1, checkpointing=False, compilations=lambda: 0, scopes=None
+):
     calls, lines = [], []
-    choice = CompileChoice(
-        setting, device, processes, checkpointing, calls.append, lines.append, compilations
-    )
+
+    def use(on, scope=None):  # GanStep.use_compiled: the scope switched to, False for eager
+        calls.append(scope if on else False)
+
+    scopes = scopes or compiled_module.TRIED
+    choice = CompileChoice(setting, device, processes, checkpointing, use, lines.append, compilations, scopes)
     return choice, calls, lines
 
 
@@ -285,27 +301,44 @@ def _steps(choice, seconds_per_step: list[float], samples: int = 8) -> list[bool
     return [choice.observe(sec, samples, True) for sec in seconds_per_step]
 
 
-def test_auto_keeps_a_faster_compiled_step_and_the_budget_skips_the_compiling_steps():
+def test_auto_keeps_the_fastest_scope_and_the_budget_skips_the_compiling_steps():
+    """The widest scope is compiled and measured, then the narrower one from the same compiled parts;
+    the faster is kept."""
     choice, calls, lines = _choice("auto")
     choice.begin(2 * HOUR, None)  # no trial figure: eager steps are measured first
     assert choice.phase == "eager" and calls == []
     assert _steps(choice, [9.0, 1.0, 1.0]) == [True, True, True]  # a slow warm-up, then 1 s steps
-    assert calls == [True] and choice.phase == "compiling" and choice.eager_reference == 1.0 / 8
+    assert calls == ["fused"] and choice.phase == "compiling" and choice.eager_reference == 1.0 / 8
+    assert "compile: compiling the text encoder, posterior encoder, flow, duration predictor" in lines[-1]
     assert _steps(choice, [60.0, 5.0]) == [False, False]  # compilation: not a step's time
     assert _steps(choice, [0.5, 0.5, 0.5]) == [True, True, True]
-    assert choice.phase == "on" and calls == [True]
+    assert calls == ["fused", "segments"] and choice.phase == "measuring"
+    assert _steps(choice, [0.8, 0.8, 0.8]) == [True, True, True]
+    assert choice.phase == "on" and calls == ["fused", "segments", "fused"]  # back to the faster
     summary = choice.summary()
-    assert summary["compiled"] and summary["speedup"] == pytest.approx(2.0)
+    assert summary["compiled"] and summary["scope"] == "fused" and summary["speedup"] == pytest.approx(2.0)
+    assert summary["seconds_per_sample_by_scope"] == pytest.approx({"fused": 0.5 / 8, "segments": 0.8 / 8})
     assert summary["compile_seconds"] == pytest.approx(63.0)  # 65 s, less the 2 eager steps they replaced
-    assert "compile: on: compiled in 63 s; a step 0.50 s against 1.00 s eager (2.00x)" in lines[-1]
-    assert "earned back after ~126 steps" in lines[-1]
+    assert lines[-1].startswith(
+        "compile: on, the text encoder, posterior encoder, flow, duration predictor, decoder and "
+        "discriminator passes: compiled in 63 s; a step 0.50 s against 1.00 s eager (2.00x), "
+        "earned back after ~126 steps; compiling the decoder and discriminator passes: 0.80 s"
+    )
+
+
+def test_auto_keeps_the_narrower_scope_when_it_is_faster():
+    choice, calls, lines = _choice("auto")
+    choice.begin(2 * HOUR, 1.0 / 8)  # the trial's figure for this size
+    _steps(choice, [60.0, 5.0, 0.9, 0.9, 0.9, 0.6, 0.6, 0.6])
+    assert calls == ["fused", "segments"] and choice.summary()["scope"] == "segments"
+    assert "compile: on, the decoder and discriminator passes: compiled in" in lines[-1]
 
 
 def test_steps_that_compile_again_count_as_compilation_not_as_measured_steps():
     """A part meeting new lengths compiles again after the compiling steps (until LengthChecked sends
     it back to eager): those steps are compilation time, and the measurement waits for clean ones."""
     graphs = [10]
-    choice, calls, lines = _choice("auto", compilations=lambda: graphs[0])
+    choice, calls, lines = _choice("auto", compilations=lambda: graphs[0], scopes=("segments",))
     choice.begin(2 * HOUR, 1.0 / 8)
     graphs[0] = 20  # the compilation
     assert _steps(choice, [60.0, 5.0]) == [False, False]
@@ -318,20 +351,37 @@ def test_steps_that_compile_again_count_as_compilation_not_as_measured_steps():
     assert choice.summary()["compile_seconds"] == pytest.approx(115.0 - 4 * 1.0)
 
 
-def test_auto_goes_back_to_eager_when_the_compiled_step_is_not_faster():
+def test_auto_goes_back_to_eager_when_no_compiled_scope_is_faster():
     choice, calls, lines = _choice("auto")
     choice.begin(2 * HOUR, 1.0 / 8)  # the trial's figure for this size
-    assert calls == [True] and choice.phase == "compiling"
-    _steps(choice, [30.0, 2.0, 1.0, 0.99, 1.2])
-    assert calls == [True, False] and choice.phase == "off" and not choice.summary()["compiled"]
+    assert calls == ["fused"] and choice.phase == "compiling"
+    _steps(choice, [30.0, 2.0, 1.1, 1.1, 1.1, 1.0, 0.99, 1.2])
+    assert calls == ["fused", "segments", False] and choice.phase == "off"
+    assert not choice.summary()["compiled"] and choice.summary()["scope"] is None
     assert "compile: back to eager: a step 1.00 s against 1.00 s eager" in lines[-1]
 
 
 def test_compile_on_keeps_the_compiled_step_even_when_slower():
     choice, calls, lines = _choice("on", device="cpu")
     choice.begin(60.0, 1.0 / 8)  # a short run on a CPU: the user asked for it
-    _steps(choice, [30.0, 2.0, 1.2, 1.2, 1.2])
-    assert calls == [True] and choice.phase == "on" and "(--compile on)" in lines[-1]
+    _steps(choice, [30.0, 2.0, 1.2, 1.2, 1.2, 1.3, 1.3, 1.3])
+    assert calls == ["fused", "segments", "fused"] and choice.phase == "on" and "(--compile on)" in lines[-1]
+
+
+def test_a_failing_scope_is_dropped_for_the_narrower_one():
+    choice, calls, lines = _choice("auto")
+    choice.begin(2 * HOUR, 1.0 / 8)
+    _steps(choice, [30.0])
+    assert choice.failed(RuntimeError("inductor: something\ndetails")) is True
+    assert calls == ["fused", "segments"] and choice.active
+    assert lines[-1] == (
+        "compile: the compiled step failed (RuntimeError: inductor: something); now compiling only "
+        "the decoder and discriminator passes, redoing the step"
+    )
+    _steps(choice, [2.0, 0.5, 0.5, 0.5])
+    assert choice.phase == "on" and choice.summary()["scope"] == "segments"
+    assert set(choice.summary()["seconds_per_sample_by_scope"]) == {"segments"}
+    assert choice.failed(RuntimeError("again")) is True and choice.phase == "off" and calls[-1] is False
 
 
 def test_short_steps_are_not_compared():
@@ -339,4 +389,4 @@ def test_short_steps_are_not_compared():
     choice, calls, _ = _choice("auto")
     choice.begin(2 * HOUR, 1.0 / 8)
     _steps(choice, [30.0, 2.0])
-    assert choice.observe(20.0, 3, clean=False) is True and choice.compiled == []
+    assert choice.observe(20.0, 3, clean=False) is True and choice.measured == {}

@@ -95,14 +95,14 @@ def test_runner_cli_on_the_gpu_keeps_its_budget(tmp_path, tiny_model_dir, tone_c
     VitsModel.from_pretrained(tmp_path / "final_model")
 
 
+@pytest.mark.parametrize("scope", ["segments", "fused", "graphs"])
 def test_compiled_step_with_cuda_graphs_gives_the_eager_losses(
-    tmp_path, tiny_model_dir, tone_corpus, monkeypatch
+    tmp_path, tiny_model_dir, tone_corpus, monkeypatch, scope
 ):
     """The default backend (inductor) with CUDA graphs against the eager step: 3 optimiser steps from the
-    same weights on the same batch (the CPU test uses the aot_eager backend), in the trainer's scope.
-    Should that scope come to hold parts that draw random numbers (dropout, the posterior's and
-    duration predictor's noise, as "fused" does), inductor draws them with torch's own generator, as
-    eager does, so both see the same numbers."""
+    same weights on the same batch (the CPU test uses the aot_eager backend), in each scope. The
+    utterance parts draw random numbers (dropout, the posterior's and duration predictor's noise):
+    inductor draws them with torch's own generator, as eager does, so both see the same numbers."""
     import torch._inductor.config as inductor_config
 
     monkeypatch.setattr(inductor_config, "fallback_random", True)
@@ -119,7 +119,7 @@ def test_compiled_step_with_cuda_graphs_gives_the_eager_losses(
         torch.manual_seed(0)
         s = build_session(cfg, time.time())
         step = GanStep(s.accelerator, s.generator, s.discriminator, s.g_optimizer, s.d_optimizer)
-        step.use_compiled(mode == "compiled")
+        step.use_compiled(mode == "compiled", scope=scope)
         results[mode] = _run_steps(step, move_batch(one_batch(s), s.device), 3)
     for eager, comp in zip(results["eager"], results["compiled"], strict=True):
         for key in eager:
@@ -127,9 +127,10 @@ def test_compiled_step_with_cuda_graphs_gives_the_eager_losses(
 
 
 def test_runner_with_compile_on_the_gpu(tmp_path, tiny_model_dir, tone_corpus, capsys):
-    session, summary = gpu_run(tmp_path, tone_corpus, tiny_model_dir, max_steps=12, compile="on")
+    session, summary = gpu_run(tmp_path, tone_corpus, tiny_model_dir, max_steps=16, compile="on")
     out = capsys.readouterr().out
     assert summary["compile"]["state"] == "on", out[-4000:]
-    assert summary["length_buckets"] is True and summary["steps"] == 12
+    assert set(summary["compile"]["seconds_per_sample_by_scope"]) == {"fused", "segments"}, out[-4000:]
+    assert summary["length_buckets"] is True and summary["steps"] == 16
     assert "with CUDA graphs" in out
     assert all_finite(session.model, session.discriminator_raw)

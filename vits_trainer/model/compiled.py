@@ -6,21 +6,21 @@ and autograd bookkeeping per operator, and where shapes are fixed replayed as CU
 (`mode="reduce-overhead"`): one launch per graph. The alignment search, the losses and the
 spectrograms stay eager between them. What is compiled is a scope (SCOPES):
 
-- "segments" (the trainer's, SCOPE): SEGMENT_PARTS (the decoder on `segment_frames`-frame slices) and
-  the discriminator ([real; fake] slices of `segment_size` samples), whose shapes depend only on the
-  micro-batch size: static (`dynamic=False`) and CUDA graphs; a new micro-batch size (an epoch's
-  short last step, an out-of-memory retry) compiles its own graph rather than a slower dynamic one.
+- "segments": SEGMENT_PARTS (the decoder on `segment_frames`-frame slices) and the discriminator
+  ([real; fake] slices of `segment_size` samples), whose shapes depend only on the micro-batch size:
+  static (`dynamic=False`) and CUDA graphs; a new micro-batch size (an epoch's short last step, an
+  out-of-memory retry) compiles its own graph rather than a slower dynamic one.
 - "fused": also UTTERANCE_PARTS (text encoder, posterior encoder, flow, duration predictor), which see
   each batch's padded text and frame lengths: compiled once with symbolic shapes (`dynamic=True`),
   fused kernels without CUDA graphs (a graph would be recorded, and its memory held, per shape).
   Each is LengthChecked: a part that new lengths compile again goes back to eager.
 - "graphs": as "fused", with CUDA graphs for the utterance parts too, one per shape.
 
-The trainer keeps "segments" until a GPU shows the others pay: on the CPU with inductor (torch 2.13)
-the utterance parts compiled again for new lengths (a 1-D convolution's backward, which
-keep_conv1d_backward_dynamic fixes, and an operator of the duration predictor's backward), and one
-backward with symbolic lengths failed a stride check. `python bench/bench_compile.py --scopes
-segments,fused,graphs` measures the three.
+The trainer (compile_choice.py) compiles "fused" and measures it, then "segments" from the same
+compiled parts, and keeps the faster, or eager. Two torch 2.13 behaviours would make the utterance
+parts compile again for every new length, and are changed here once per process:
+keep_conv1d_backward_dynamic and keep_saved_strides_symbolic. `python bench/bench_compile.py
+--scopes segments,fused,graphs` measures the three.
 """
 
 from __future__ import annotations
@@ -37,7 +37,8 @@ BACKEND = "inductor"  # torch's default compiler; the CPU tests use "aot_eager" 
 SEGMENT_PARTS = ("decoder",)
 UTTERANCE_PARTS = ("text_encoder", "posterior_encoder", "flow", "duration_predictor")
 SCOPES = ("segments", "fused", "graphs")
-SCOPE = "segments"  # what the trainer compiles, see above
+SCOPE = "segments"  # GanStep.use_compiled's default
+TRIED = ("fused", "segments")  # what the trainer measures (compile_choice.py), widest first
 
 
 def compile_mode(device_type: str, graphs: bool = True) -> str:
@@ -182,19 +183,36 @@ def compiled_parts(
     backend: str | None = None,
     scope: str = SCOPE,
     log=print,
+    made: dict | None = None,
 ) -> dict:
     """The parts of a `VitsModel` that `scope` compiles, compiled, by attribute name (`log`: where a
-    part that goes back to eager says so)."""
+    part that goes back to eager says so). `made`: parts compiled before for other scopes, taken from
+    and added to, so that going from one scope to another compiles only what the first lacked."""
     if scope not in SCOPES:
         raise ValueError(f"unknown compile scope {scope!r}: choose from {', '.join(SCOPES)}")
-    parts = {name: compiled(getattr(model, name), device_type, backend) for name in SEGMENT_PARTS}
+    made = {} if made is None else made
+    parts = {}
+    for name in SEGMENT_PARTS:
+        if name not in made:
+            made[name] = compiled(getattr(model, name), device_type, backend)
+        parts[name] = made[name]
     if scope != "segments":
         keep_conv1d_backward_dynamic()
         keep_saved_strides_symbolic()
+        graphs = scope == "graphs"
         for name in UTTERANCE_PARTS:
-            graphs = scope == "graphs"
-            parts[name] = LengthChecked(name, getattr(model, name), device_type, backend, graphs, log)
+            key = f"{name} ({scope})"
+            if key not in made:
+                made[key] = LengthChecked(name, getattr(model, name), device_type, backend, graphs, log)
+            parts[name] = made[key]
     return parts
+
+
+def describe(scope: str) -> str:
+    """What a scope compiles, for the log."""
+    if scope == "segments":
+        return "the decoder and discriminator passes"
+    return "the text encoder, posterior encoder, flow, duration predictor, decoder and discriminator passes"
 
 
 def graphs_compiled() -> int:

@@ -1,21 +1,24 @@
 """Whether the step runs compiled (--compile): decided from the device and the training time left,
 then measured on real steps and undone when it does not pay.
 
-Compiling costs time before it saves any: Dynamo traces the fixed-shape part of the step
-(model/compiled.py), inductor generates kernels, CUDA graphs are recorded. That time is spent inside
-the budget like any other, so:
+Compiling costs time before it saves any: Dynamo traces the step's networks (model/compiled.py),
+inductor generates kernels, CUDA graphs are recorded. That time is spent inside the budget like any
+other, so:
 - `auto` compiles only on CUDA, in a single process, without --gradient_checkpointing, and when at
   least COMPILE_MIN_MINUTES of training time are left after the micro-batch trial (a run too short to
   earn compilation back stays eager). A CPU stays eager: CUDA graphs, the main gain, exist only on a
   GPU, and inductor's code generation takes minutes on a few cores.
-- The first COMPILE_STEPS compiled steps are the compilation (they train, but the budget does not
-  take their time as a step's); so is a later step during which something compiled again (a new
-  micro-batch size, a part meeting new lengths), up to LATE_COMPILE_STEPS of them; the next
-  MEASURE_STEPS are compared with eager steps at the same micro-batch size (the trial's, else
-  EAGER_STEPS measured first). With `auto` the compiled step is kept only when it is faster;
-  otherwise the run goes back to eager, and the compilation was the whole cost. `on` keeps it (and reports the comparison).
-- A compiled step that raises (a compiler or driver problem) puts the run back to eager; the loop
-  redoes that step eagerly.
+- The scopes (TRIED, widest first) are compiled at once: the first COMPILE_STEPS compiled steps are
+  the compilation (they train, but the budget does not take their time as a step's); so is a later
+  step during which something compiled again (a new micro-batch size, a part meeting new lengths), up
+  to LATE_COMPILE_STEPS of them.
+- Each scope's next MEASURE_STEPS steps are measured, the widest first, then each narrower one from
+  the parts already compiled, and compared with eager steps at the same micro-batch size (the
+  trial's, else EAGER_STEPS measured first). With `auto` the fastest scope is kept when it is faster
+  than eager; otherwise the run goes back to eager, and the compilation was the whole cost. `on`
+  keeps the fastest scope (and reports the comparison).
+- A compiled step that raises (a compiler or driver problem) puts the run on the next narrower scope,
+  or back to eager; the loop redoes that step.
 Each decision is one `compile:` line in the log, and `summary()` goes into train_summary.json.
 """
 
@@ -24,7 +27,7 @@ from __future__ import annotations
 import statistics
 from collections.abc import Callable
 
-from ..model.compiled import graphs_compiled
+from ..model.compiled import TRIED, describe, graphs_compiled
 
 COMPILE_MIN_MINUTES = 20.0  # auto: training time that must be left to try compiling
 EAGER_STEPS = 3  # eager steps measured first when no trial measured the size (the first a warm-up)
@@ -43,15 +46,18 @@ class CompileChoice:
         device_type: str,
         processes: int,
         gradient_checkpointing: bool,
-        use: Callable[[bool], None],
+        use: Callable[..., None],
         log: Callable[[str], None],
         compilations: Callable[[], int] = graphs_compiled,
+        scopes: tuple[str, ...] = TRIED,
     ) -> None:
         self.setting = setting
         self.device_type = device_type
         self.processes = processes
         self.gradient_checkpointing = gradient_checkpointing
-        self.use = use
+        self.use = use  # use(True, scope=...) / use(False): GanStep.use_compiled
+        self.scopes = scopes  # measured in this order; the first is compiled, the others are subsets
+        self.scope: str | None = None  # the scope the step runs (being measured, or kept)
         self.log = log
         self.compilations = compilations  # graphs compiled in this process so far
         self.graphs_seen = 0
@@ -62,7 +68,7 @@ class CompileChoice:
         self.eager: list[float] = []  # seconds per sample of eager steps (the first may be a warm-up)
         self.eager_reference: float | None = None
         self.compile_steps: list[float] = []  # seconds of the compiling steps
-        self.compiled: list[float] = []  # seconds per sample of measured compiled steps
+        self.measured: dict[str, list[float]] = {}  # seconds per sample of compiled steps, by scope
         self.compile_seconds: float | None = None
         self.failures = 0
 
@@ -132,20 +138,35 @@ class CompileChoice:
                 self.compile_steps.append(seconds)
                 return False
             if clean and per_sample is not None:
-                self.compiled.append(per_sample)
-            if len(self.compiled) >= MEASURE_STEPS:
-                self._judge(samples)
+                self.measured.setdefault(self.scope, []).append(per_sample)
+            if len(self.measured.get(self.scope, [])) >= MEASURE_STEPS:
+                narrower = self.scopes.index(self.scope) + 1
+                if narrower < len(self.scopes):  # its parts are compiled already: measure it next
+                    self.scope = self.scopes[narrower]
+                    self.use(True, scope=self.scope)
+                else:
+                    self._judge(samples)
             return True
         return True
 
     def failed(self, err: BaseException) -> bool:
-        """A step raised `err`: True when it ran compiled (the run is now eager; redo the step)."""
+        """A step raised `err`: True when it ran compiled (the run now compiles a narrower scope, or is
+        eager; redo the step)."""
         if not self.active:
             return False
         self.failures += 1
         first_line = (str(err).strip().splitlines() or [type(err).__name__])[0][:300]
+        what = f"the compiled step failed ({type(err).__name__}: {first_line})"
+        narrower = self.scopes.index(self.scope) + 1 if self.scope in self.scopes else len(self.scopes)
+        if narrower < len(self.scopes):  # the failed scope is not measured nor tried again
+            self.measured.pop(self.scope, None)
+            self.scopes = self.scopes[narrower:]
+            self.scope = self.scopes[0]
+            self.use(True, scope=self.scope)
+            self.log(f"compile: {what}; now compiling only {describe(self.scope)}, redoing the step")
+            return True
         self.use(False)
-        self.phase, self.reason = "off", f"the compiled step failed ({type(err).__name__}: {first_line})"
+        self.phase, self.reason = "off", what
         self.log(f"compile: {self.reason}; back to eager, redoing the step")
         return True
 
@@ -155,11 +176,15 @@ class CompileChoice:
             "setting": self.setting,
             "compiled": self.phase == "on",
             "state": self.phase,
+            "scope": self.scope if self.phase == "on" else None,
             "reason": self.reason,
             "compile_seconds": self.compile_seconds,
             "eager_seconds_per_sample": eager,
             "compiled_seconds_per_sample": compiled,
             "speedup": (eager / compiled) if eager and compiled else None,
+            "seconds_per_sample_by_scope": {
+                scope: statistics.median(times) for scope, times in self.measured.items() if times
+            },
         }
 
     # ---- transitions ----------------------------------------------------------------------------
@@ -169,19 +194,30 @@ class CompileChoice:
         self.log(f"compile: off ({reason})")
 
     def _start_compiling(self) -> None:
+        self.scope = self.scopes[0]
         self.log(
-            "compile: compiling the decoder and discriminator passes"
+            f"compile: compiling {describe(self.scope)}"
             + (" with CUDA graphs" if self.device_type == "cuda" else "")
             + f" (--compile {self.setting}); the next {COMPILE_STEPS} steps include the compilation"
         )
         self.graphs_seen = self.compilations()
-        self.use(True)
+        self.use(True, scope=self.scope)
         self.phase = "compiling"
 
+    def _best(self) -> str | None:
+        """The measured scope with the fastest step."""
+        timed = {scope: statistics.median(t) for scope, t in self.measured.items() if t}
+        return min(timed, key=timed.get) if timed else None
+
     def _compiled_per_sample(self) -> float | None:
-        return statistics.median(self.compiled) if self.compiled else None
+        times = self.measured.get(self.scope)
+        return statistics.median(times) if times else None
 
     def _judge(self, samples: int) -> None:
+        best = self._best()
+        if best is not None and best != self.scope:
+            self.scope = best
+            self.use(True, scope=best)  # compiled already: nothing compiles again
         eager, compiled = self.eager_reference, self._compiled_per_sample()
         # what compiling cost beyond the eager steps it replaced
         self.compile_seconds = max(
@@ -193,6 +229,11 @@ class CompileChoice:
             if eager and compiled
             else "no eager step to compare with"
         )
+        others = "".join(
+            f"; compiling {describe(scope)}: {statistics.median(times) * samples:.2f} s"
+            for scope, times in self.measured.items()
+            if scope != self.scope and times
+        )
         if self.setting == "on" or (ratio is not None and compiled < FASTER * eager):
             self.phase = "on"
             self.reason = f"{ratio:.2f}x the eager step" if ratio else "--compile on"
@@ -202,11 +243,14 @@ class CompileChoice:
                     f", earned back after ~{self.compile_seconds / ((eager - compiled) * samples):.0f} steps"
                 )
             self.log(
-                f"compile: on{' (--compile on)' if self.setting == 'on' else ''}: compiled in "
-                f"{self.compile_seconds:.0f} s; {measured}{f' ({ratio:.2f}x)' if ratio else ''}{payback}"
+                f"compile: on{' (--compile on)' if self.setting == 'on' else ''}, {describe(self.scope)}: "
+                f"compiled in {self.compile_seconds:.0f} s; {measured}{f' ({ratio:.2f}x)' if ratio else ''}"
+                f"{payback}{others}"
             )
         else:
             self.use(False)
             self.phase = "off"
             self.reason = f"the compiled step was not faster ({ratio:.2f}x)" if ratio else "not measured"
-            self.log(f"compile: back to eager: {measured}; compiling cost {self.compile_seconds:.0f} s")
+            self.log(
+                f"compile: back to eager: {measured}{others}; compiling cost {self.compile_seconds:.0f} s"
+            )

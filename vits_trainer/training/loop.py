@@ -254,13 +254,23 @@ class Trainer:
         except Exception as err:
             if is_out_of_memory(err):
                 result, micro = self.micro.retry_after_oom(pending, self.window, micro, self.run_cycle)
-            elif self.compiler.failed(err):  # now eager: the same cycle again
-                self.step_fn.abandon_cycle()
-                self.window.forget_cycle()
-                result = self.run_cycle(pending, micro, self.window)
+            elif self.compiler.active:
+                result = self.redo_less_compiled(err, pending, micro)
             else:
                 raise
             return result, micro, False
+
+    def redo_less_compiled(self, err: Exception, pending: list[dict], micro: int):
+        """A compiled cycle raised `err`: the same cycle again with a narrower compile scope, or eager,
+        until it runs; an error of the eager step is raised."""
+        while self.compiler.failed(err):
+            self.step_fn.abandon_cycle()
+            self.window.forget_cycle()
+            try:
+                return self.run_cycle(pending, micro, self.window)
+            except Exception as again:
+                err = again
+        raise err
 
     def run_cycle(self, pending: list[dict], micro: int, window: StepWindow):
         """One optimiser step: this cycle's loader batches as micro-batches of at most `micro` clips."""

@@ -16,8 +16,9 @@ Order and bookkeeping, and why:
   `AcceleratedOptimizer.step` would call `update()` after each optimiser, so the raw optimisers are
   stepped here instead.
 - Losses and spectrograms are float32 (autocast covers only the networks).
-- `use_compiled(True)` runs the decoder on segments and both discriminator passes compiled
-  (model/compiled.py); whether that pays is decided by the loop (compile_choice.py).
+- `use_compiled(True, scope=...)` runs the parts of a compile scope compiled (model/compiled.py; by
+  default the decoder on segments and both discriminator passes); whether that pays, and which scope,
+  is decided by the loop (compile_choice.py).
 """
 
 from __future__ import annotations
@@ -115,21 +116,27 @@ class GanStep:
         self.d_params = [p for group in d_optimizer.param_groups for p in group["params"]]
         self.timer = NO_TIMER  # a SectionTimer in the benchmarks (also set on the generator)
         self.compiled_disc = None  # the discriminator compiled (use_compiled), else None: eager
+        self.compiled_made: dict = {}  # every part compiled so far, kept while the step is compiled
 
     def use_compiled(self, on: bool, backend: str | None = None, scope: str = SCOPE) -> None:
-        """Run the networks of `scope` compiled (model/compiled.py; the trainer's: the decoder on
-        segments and both discriminator passes), or eager again. One process only: under DDP the
-        discriminator's pass must go through its wrapper."""
+        """Run the networks of `scope` compiled (model/compiled.py; by default the decoder on segments
+        and both discriminator passes), or eager again. Going to another scope compiles only the parts
+        not compiled before. One process only: under DDP the discriminator's pass must go through its
+        wrapper."""
         generator = self.accelerator.unwrap_model(self.generator)
         if not on:
             self.compiled_disc = None
+            self.compiled_made = {}
             generator.compiled.clear()
             return
         if self.accelerator.num_processes > 1:
             raise ValueError("a compiled step runs in a single process")
         device_type = self.accelerator.device.type
-        self.compiled_disc = compiled(self.disc_raw, device_type, backend)
-        generator.compiled.update(compiled_parts(generator.model, device_type, backend, scope, self.log))
+        parts = compiled_parts(generator.model, device_type, backend, scope, self.log, self.compiled_made)
+        if self.compiled_disc is None:
+            self.compiled_disc = compiled(self.disc_raw, device_type, backend)
+        generator.compiled.clear()
+        generator.compiled.update(parts)
 
     def _no_sync(self, sync: bool):
         if sync or self.accelerator.num_processes == 1:
