@@ -260,6 +260,42 @@ def test_a_failing_compiled_step_falls_back_to_eager_and_the_run_goes_on(
     assert not session.generator_raw.compiled
 
 
+def test_a_redo_that_runs_out_of_memory_goes_to_smaller_micro_batches(
+    tmp_path, tiny_model_dir, tone_corpus, monkeypatch, capsys
+):
+    """Simulated (no GPU here): the widest scope fails to compile, and the step redone with the
+    narrower one runs out of memory; the micro-batch retry takes over, and the run goes on compiled."""
+    from vits_trainer.training.step import GanStep as Step
+
+    def uncompiled(model, device_type, backend=None, scope="segments", log=print, made=None):
+        names = compiled_module.SEGMENT_PARTS
+        if scope != "segments":
+            names = (*names, *compiled_module.UTTERANCE_PARTS)
+        return {name: getattr(model, name) for name in names}  # compiled parts standing in: eager ones
+
+    monkeypatch.setattr("vits_trainer.training.step.compiled_parts", uncompiled)
+    monkeypatch.setattr("vits_trainer.training.step.compiled", lambda module, *a, **k: module)
+    real = Step.micro_step
+
+    def failing(self, batch, first, last, scale):
+        scope = self.accelerator.unwrap_model(self.generator).compiled
+        if "text_encoder" in scope:
+            raise RuntimeError("simulated compiler failure")
+        if scope and batch["input_ids"].size(0) > 4:
+            raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB")
+        return real(self, batch, first, last, scale)
+
+    monkeypatch.setattr(Step, "micro_step", failing)
+    session, summary = train_tiny(
+        tmp_path, tone_corpus, tiny_model_dir, max_steps=10, compile="on", micro_batch_size="8"
+    )
+    out = capsys.readouterr().out
+    assert "now compiling only the decoder and discriminator passes, redoing the step" in out
+    assert "out of memory" in out
+    assert summary["steps"] == 10 and summary["skipped_steps"] == 0
+    assert summary["compile"]["state"] == "on" and summary["compile"]["scope"] == "segments"
+
+
 def _choice(
     setting="auto", device="cuda", processes=1, checkpointing=False, compilations=lambda: 0, scopes=None
 ):

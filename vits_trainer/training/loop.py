@@ -246,31 +246,25 @@ class Trainer:
 
     def run_step(self, pending: list[dict]):
         """The cycle's forward/backward passes and optimiser step, redone after an out-of-memory error
-        (smaller micro-batches) or a failed compiled step (eager). (result, micro-batch size, clean:
-        it ran once)."""
+        (smaller micro-batches) or a failed compiled step (a narrower compile scope, or eager), as often
+        as a redo fails that way. (result, micro-batch size, clean: it ran once)."""
         micro = self.micro.size()
         try:
             return self.run_cycle(pending, micro, self.window), micro, True
-        except Exception as err:
+        except Exception as first:
+            err = first
+        while True:
             if is_out_of_memory(err):
                 result, micro = self.micro.retry_after_oom(pending, self.window, micro, self.run_cycle)
-            elif self.compiler.active:
-                result = self.redo_less_compiled(err, pending, micro)
-            else:
-                raise
-            return result, micro, False
-
-    def redo_less_compiled(self, err: Exception, pending: list[dict], micro: int):
-        """A compiled cycle raised `err`: the same cycle again with a narrower compile scope, or eager,
-        until it runs; an error of the eager step is raised."""
-        while self.compiler.failed(err):
+                return result, micro, False
+            if not self.compiler.failed(err):  # an error of the eager step
+                raise err
             self.step_fn.abandon_cycle()
             self.window.forget_cycle()
             try:
-                return self.run_cycle(pending, micro, self.window)
+                return self.run_cycle(pending, micro, self.window), micro, False
             except Exception as again:
                 err = again
-        raise err
 
     def run_cycle(self, pending: list[dict], micro: int, window: StepWindow):
         """One optimiser step: this cycle's loader batches as micro-batches of at most `micro` clips."""
