@@ -22,7 +22,7 @@ order, one optimiser step per call.
 - step: medians of --steps steps after those (eager: after --warmup steps), device synchronised;
 - losses: every loss and both gradient norms of the first step of both sessions (same weights, batch
   and segments), the largest relative difference (inductor draws its own random numbers for dropout
-  and the noise inside compiled parts, so on a GPU this includes their effect);
+  and the noise inside compiled parts, so this includes their effect, unless --fallback_random);
 - payback: compiled steps after which the compilation is earned back.
 For the MMS-size model on CUDA it prints the share of an arithmetic ceiling of 3,000-4,000 samples/s
 (docs/performance.md). JSON goes to bench/results/compile.json.
@@ -120,8 +120,17 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--scopes", default="segments", help=f"compiled scopes to compare, of {','.join(SCOPES)}"
     )
+    parser.add_argument(
+        "--fallback_random",
+        action="store_true",
+        help="inductor draws random numbers with torch's generator, as eager does: the losses compare",
+    )
     parser.add_argument("--out", type=Path, default=ROOT / "bench" / "results" / "compile.json")
     args = parser.parse_args(argv)
+    if args.fallback_random:
+        import torch._inductor.config as inductor_config
+
+        inductor_config.fallback_random = True
     scopes = args.scopes.split(",")
     if not set(scopes) <= set(SCOPES):
         parser.error(f"--scopes: choose from {', '.join(SCOPES)}")
