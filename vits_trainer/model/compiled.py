@@ -209,10 +209,9 @@ def compiled_parts(
 
 
 def describe(scope: str) -> str:
-    """What a scope compiles, for the log."""
-    if scope == "segments":
-        return "the decoder and discriminator passes"
-    return "the text encoder, posterior encoder, flow, duration predictor, decoder and discriminator passes"
+    """What a scope compiles, for the log: "the decoder and discriminator passes", ..."""
+    names = (*(UTTERANCE_PARTS if scope != "segments" else ()), *SEGMENT_PARTS)
+    return f"the {', '.join(name.replace('_', ' ') for name in names)} and discriminator passes"
 
 
 def graphs_compiled() -> int:

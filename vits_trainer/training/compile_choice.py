@@ -140,10 +140,10 @@ class CompileChoice:
             if clean and per_sample is not None:
                 self.measured.setdefault(self.scope, []).append(per_sample)
             if len(self.measured.get(self.scope, [])) >= MEASURE_STEPS:
-                narrower = self.scopes.index(self.scope) + 1
-                if narrower < len(self.scopes):  # its parts are compiled already: measure it next
-                    self.scope = self.scopes[narrower]
-                    self.use(True, scope=self.scope)
+                narrower = self._narrower()
+                if narrower is not None:  # its parts are compiled already: measure it next
+                    self.scope = narrower
+                    self.use(True, scope=narrower)
                 else:
                     self._judge(samples)
             return True
@@ -157,12 +157,12 @@ class CompileChoice:
         self.failures += 1
         first_line = (str(err).strip().splitlines() or [type(err).__name__])[0][:300]
         what = f"the compiled step failed ({type(err).__name__}: {first_line})"
-        narrower = self.scopes.index(self.scope) + 1 if self.scope in self.scopes else len(self.scopes)
-        if narrower < len(self.scopes):  # the failed scope is not measured nor tried again
+        narrower = self._narrower()
+        if narrower is not None:  # the failed scope is not measured nor tried again
             self.measured.pop(self.scope, None)
-            self.scopes = self.scopes[narrower:]
-            self.scope = self.scopes[0]
-            self.use(True, scope=self.scope)
+            self.scopes = self.scopes[self.scopes.index(narrower) :]
+            self.scope = narrower
+            self.use(True, scope=narrower)
             self.log(f"compile: {what}; now compiling only {describe(self.scope)}, redoing the step")
             return True
         self.use(False)
@@ -182,9 +182,7 @@ class CompileChoice:
             "eager_seconds_per_sample": eager,
             "compiled_seconds_per_sample": compiled,
             "speedup": (eager / compiled) if eager and compiled else None,
-            "seconds_per_sample_by_scope": {
-                scope: statistics.median(times) for scope, times in self.measured.items() if times
-            },
+            "seconds_per_sample_by_scope": self._medians(),
         }
 
     # ---- transitions ----------------------------------------------------------------------------
@@ -204,14 +202,22 @@ class CompileChoice:
         self.use(True, scope=self.scope)
         self.phase = "compiling"
 
+    def _narrower(self) -> str | None:
+        """The scope after the current one (made of parts compiled already), if any."""
+        following = self.scopes[self.scopes.index(self.scope) + 1 :] if self.scope in self.scopes else ()
+        return following[0] if following else None
+
+    def _medians(self) -> dict[str, float]:
+        """Seconds per sample of each measured scope's steps."""
+        return {scope: statistics.median(times) for scope, times in self.measured.items() if times}
+
     def _best(self) -> str | None:
         """The measured scope with the fastest step."""
-        timed = {scope: statistics.median(t) for scope, t in self.measured.items() if t}
-        return min(timed, key=timed.get) if timed else None
+        medians = self._medians()
+        return min(medians, key=medians.get) if medians else None
 
     def _compiled_per_sample(self) -> float | None:
-        times = self.measured.get(self.scope)
-        return statistics.median(times) if times else None
+        return self._medians().get(self.scope)
 
     def _judge(self, samples: int) -> None:
         best = self._best()
@@ -230,9 +236,9 @@ class CompileChoice:
             else "no eager step to compare with"
         )
         others = "".join(
-            f"; compiling {describe(scope)}: {statistics.median(times) * samples:.2f} s"
-            for scope, times in self.measured.items()
-            if scope != self.scope and times
+            f"; compiling {describe(scope)}: {per_sample * samples:.2f} s"
+            for scope, per_sample in self._medians().items()
+            if scope != self.scope
         )
         if self.setting == "on" or (ratio is not None and compiled < FASTER * eager):
             self.phase = "on"
