@@ -248,23 +248,19 @@ class Trainer:
         """The cycle's forward/backward passes and optimiser step, redone after an out-of-memory error
         (smaller micro-batches) or a failed compiled step (a narrower compile scope, or eager), as often
         as a redo fails that way. (result, micro-batch size, clean: it ran once)."""
-        micro = self.micro.size()
-        try:
-            return self.run_cycle(pending, micro, self.window), micro, True
-        except Exception as first:
-            err = first
+        micro, clean = self.micro.size(), True
         while True:
-            if is_out_of_memory(err):
-                result, micro = self.micro.retry_after_oom(pending, self.window, micro, self.run_cycle)
-                return result, micro, False
-            if not self.compiler.failed(err):  # an error of the eager step
-                raise err
-            self.step_fn.abandon_cycle()
-            self.window.forget_cycle()
             try:
-                return self.run_cycle(pending, micro, self.window), micro, False
-            except Exception as again:
-                err = again
+                return self.run_cycle(pending, micro, self.window), micro, clean
+            except Exception as err:
+                if is_out_of_memory(err):
+                    result, micro = self.micro.retry_after_oom(pending, self.window, micro, self.run_cycle)
+                    return result, micro, False
+                if not self.compiler.failed(err):  # an error of the eager step
+                    raise
+            self.step_fn.abandon_cycle()  # now a narrower scope, or eager: the same cycle again
+            self.window.forget_cycle()
+            clean = False
 
     def run_cycle(self, pending: list[dict], micro: int, window: StepWindow):
         """One optimiser step: this cycle's loader batches as micro-batches of at most `micro` clips."""
