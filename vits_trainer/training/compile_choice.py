@@ -158,9 +158,8 @@ class CompileChoice:
         first_line = (str(err).strip().splitlines() or [type(err).__name__])[0][:300]
         what = f"the compiled step failed ({type(err).__name__}: {first_line})"
         narrower = self._narrower()
-        if narrower is not None:  # the failed scope is not measured nor tried again
+        if narrower is not None:  # the failed scope's figures go: it cannot be chosen
             self.measured.pop(self.scope, None)
-            self.scopes = self.scopes[self.scopes.index(narrower) :]
             self.scope = narrower
             self.use(True, scope=narrower)
             self.log(f"compile: {what}; now compiling only {describe(self.scope)}, redoing the step")
