@@ -398,7 +398,7 @@ def budget_run(tmp: Path, data: Path, model: Path, minutes: float) -> dict:
         "0.1",
         "--save_minutes",
         "1",
-        "--cpu",
+        *([] if torch.cuda.is_available() else ["--cpu"]),  # the device a user's run would get
     ]
     start = time.monotonic()
     proc = subprocess.run(cmd, capture_output=True, text=True)

@@ -3,6 +3,8 @@
 #
 #   bash bench/gpu_check.sh LOG_DIR [STAGE ...]      (no STAGE: all of them, in this order)
 #
+# probe    each import and the first CUDA work, timed (bench/gpu_probe.py); always first: if it fails,
+#          nothing else runs
 # tests    the CUDA tests (tests/test_gpu.py) and the compiled-step tests
 # compile  the compiled step (three scopes) against the eager one, MMS size, bf16 (bench_compile.py)
 # step     where an MMS-size step goes, eager, fp32 and bf16 (bench_step.py)
@@ -10,30 +12,58 @@
 # defaults the runner at train_vits.py's default flags, MMS size, against the naive loop (bench_train.py defaults)
 # naive    the runner against a naive loop, MMS size, fp32 batch 16 (bench_train.py baseline)
 # demo     train_vits.py --demo on the GPU with its defaults
-# budget   a 10-minute budget on the GPU (bench_train.py budget)
-# Stages are independent: a failing one is reported and the next one runs.
+# budget   a 10-minute budget on the GPU (bench_train.py budget; BUDGET_MINUTES sets another)
+#
+# Stages are independent: a failing one is reported and the next one runs. A borrowed machine's call
+# has a time limit, and a process stuck in the driver ignores even SIGKILL, so the script never waits
+# on a stage past STAGE_SECONDS (default: no limit): it then sends SIGABRT (PYTHONFAULTHANDLER prints
+# where each Python thread was), SIGKILL ten seconds later, and goes on without it. Each stage's start,
+# end and last log lines also go to standard output, for when the log files cannot be fetched.
 set -uo pipefail
+set -m  # each stage in its own process group, so that stopping it stops its workers too
 cd "$(dirname "$0")/.."
 out=${1:?usage: bash bench/gpu_check.sh LOG_DIR [STAGE ...]}
 shift
 mkdir -p "$out"
 stages=("$@")
-[ ${#stages[@]} -eq 0 ] && stages=(tests syncs defaults compile step naive demo budget)
-export PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1
-nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv >"$out/gpu.txt" 2>&1
-python -c "import torch; print(torch.__version__, torch.version.cuda, torch.cuda.get_device_name())" >>"$out/gpu.txt" 2>&1
+[ ${#stages[@]} -eq 0 ] && stages=(probe tests syncs defaults compile step naive demo budget)
+[ "${stages[0]}" = probe ] || stages=(probe "${stages[@]}")
+export PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1 PYTHONFAULTHANDLER=1
+timeout -k 5 30 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv >"$out/gpu.txt" 2>&1
 
 run() {  # run STAGE COMMAND...: the command's output into LOG_DIR/STAGE.log, its exit status reported
   local stage=$1
   shift
-  local start=$SECONDS
-  "$@" >"$out/$stage.log" 2>&1
-  echo "$stage: exit $? in $((SECONDS - start)) s ($*)" | tee -a "$out/summary.txt"
+  local start=$SECONDS limit=${STAGE_SECONDS:-0} status="" i
+  echo "$(date +%T) $stage: start ($*)"
+  "$@" >"$out/$stage.log" 2>&1 &
+  local pid=$!
+  while kill -0 "$pid" 2>/dev/null; do
+    if [ "$limit" -gt 0 ] && [ $((SECONDS - start)) -ge "$limit" ]; then
+      status="stopped at STAGE_SECONDS=$limit, "
+      kill -ABRT -- "-$pid" 2>/dev/null
+      for i in 1 2 3 4 5 6 7 8 9 10; do kill -0 "$pid" 2>/dev/null && sleep 1; done
+      kill -KILL -- "-$pid" 2>/dev/null
+      sleep 1
+      break
+    fi
+    sleep 1
+  done
+  if kill -0 "$pid" 2>/dev/null; then
+    status+="still running after SIGKILL (stuck in the kernel or driver), left behind"
+  else
+    wait "$pid"
+    status+="exit $?"
+  fi
+  echo "$stage: $status in $((SECONDS - start)) s ($*)" | tee -a "$out/summary.txt"
+  tail -n 12 "$out/$stage.log" | sed "s/^/  $stage | /"
+  [ "$status" = "exit 0" ]
 }
 
 for stage in "${stages[@]}"; do
   case $stage in
-    tests) run tests python -m pytest -q -x tests/test_gpu.py tests/test_compile.py ;;
+    probe) run probe python bench/gpu_probe.py --seconds 120 ;;
+    tests) run tests python -m pytest -v -x tests/test_gpu.py tests/test_compile.py ;;
     syncs) run syncs python bench/bench_syncs.py --device cuda --models mms --batch_size 16 --precision bf16 \
       --out "$out/syncs.json" ;;
     defaults) run defaults python bench/bench_train.py defaults --models mms --steps 60 --clips 640 ;;
@@ -43,7 +73,7 @@ for stage in "${stages[@]}"; do
       --mms_batch_sizes 8,16,32 --steps 4 --warmup 2 --out "$out/step.json" ;;
     naive) run naive python bench/bench_train.py baseline --models mms --batch_sizes 16 --steps 10 ;;
     demo) run demo python train_vits.py --demo ;;
-    budget) run budget python bench/bench_train.py budget --minutes 10 ;;
+    budget) run budget python bench/bench_train.py budget --minutes "${BUDGET_MINUTES:-10}" ;;
     *) echo "unknown stage: $stage" | tee -a "$out/summary.txt" ;;
-  esac
+  esac || { [ "$stage" = probe ] && echo "the probe failed: no other stage can run" && exit 1; }
 done
