@@ -152,9 +152,12 @@ def train_and_read_metrics(cfg) -> tuple:
 CEILING_SAMPLES_PER_SECOND = 3500.0
 
 
-def defaults_throughput(tmp: Path, data: Path, model: Path, width: float, steps: int) -> dict:
+def defaults_throughput(
+    tmp: Path, data: Path, model: Path, width: float, steps: int, compile_mode: str | None = None
+) -> dict:
     """The runner at train_vits.py's defaults for `steps` optimiser steps, then the naive loop on the
-    same clips per step; the steady state is the second half of the runner's steps."""
+    same clips per step; the steady state is the second half of the runner's steps. `compile_mode`
+    replaces the default --compile (off: the eager runner alone, without minutes of compilation)."""
 
     out = Path(tempfile.mkdtemp(dir=tmp))
     defaults = TrainConfig()
@@ -171,6 +174,7 @@ def defaults_throughput(tmp: Path, data: Path, model: Path, width: float, steps:
         target_hours=10,
         log_every=1,
         cpu=not torch.cuda.is_available(),
+        compile=compile_mode or defaults.compile,
     )
     session, summary, records = train_and_read_metrics(cfg)
     steps_logged = [r for r in records if "loss_g" in r]
@@ -426,6 +430,9 @@ def main() -> None:
     parser.add_argument("--clips", type=int, default=160)
     parser.add_argument("--minutes", default="2,5,10")
     parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument(
+        "--compile", choices=["auto", "on", "off"], help="defaults: replaces the default --compile"
+    )
     args = parser.parse_args()
     RESULTS.mkdir(parents=True, exist_ok=True)
     rows = []
@@ -443,7 +450,10 @@ def main() -> None:
         elif args.what == "defaults":
             for kind in args.models.split(","):
                 model, width = make_model(kind, tmp / kind)
-                row = {"model": kind, **defaults_throughput(tmp, data, model, width, args.steps)}
+                row = {
+                    "model": kind,
+                    **defaults_throughput(tmp, data, model, width, args.steps, args.compile),
+                }
                 print(json.dumps(row), flush=True)
                 print(
                     f"{kind}, default flags: {row['samples_per_second']:.1f} samples/s "

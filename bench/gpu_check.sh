@@ -9,6 +9,8 @@
 # compile  the compiled step (three scopes) against the eager one, MMS size, bf16 (bench_compile.py)
 # step     where an MMS-size step goes, eager, fp32 and bf16 (bench_step.py)
 # syncs    where an MMS-size step waits for the GPU (bench_syncs.py)
+# eager    the runner at default flags but --compile off, MMS size, against the naive loop (minutes
+#          sooner than defaults: no compilation)
 # defaults the runner at train_vits.py's default flags, MMS size, against the naive loop (bench_train.py defaults)
 # naive    the runner against a naive loop, MMS size, fp32 batch 16 (bench_train.py baseline)
 # demo     train_vits.py --demo on the GPU with its defaults
@@ -26,7 +28,7 @@ out=${1:?usage: bash bench/gpu_check.sh LOG_DIR [STAGE ...]}
 shift
 mkdir -p "$out"
 stages=("$@")
-[ ${#stages[@]} -eq 0 ] && stages=(probe tests syncs defaults compile step naive demo budget)
+[ ${#stages[@]} -eq 0 ] && stages=(probe tests eager syncs defaults compile step naive demo budget)
 [ "${stages[0]}" = probe ] || stages=(probe "${stages[@]}")
 export PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1 PYTHONFAULTHANDLER=1
 timeout -k 5 30 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv >"$out/gpu.txt" 2>&1
@@ -64,6 +66,7 @@ for stage in "${stages[@]}"; do
   case $stage in
     probe) run probe python bench/gpu_probe.py --seconds 120 ;;
     tests) run tests python -m pytest -v -x tests/test_gpu.py tests/test_compile.py ;;
+    eager) run eager python bench/bench_train.py defaults --models mms --steps 40 --clips 640 --compile off ;;
     syncs) run syncs python bench/bench_syncs.py --device cuda --models mms --batch_size 16 --precision bf16 \
       --out "$out/syncs.json" ;;
     defaults) run defaults python bench/bench_train.py defaults --models mms --steps 60 --clips 640 ;;
