@@ -17,10 +17,14 @@
 # budget   a 10-minute budget on the GPU (bench_train.py budget; BUDGET_MINUTES sets another)
 #
 # Stages are independent: a failing one is reported and the next one runs. A borrowed machine's call
-# has a time limit, and a process stuck in the driver ignores even SIGKILL, so the script never waits
-# on a stage past STAGE_SECONDS (default: no limit): it then sends SIGABRT (PYTHONFAULTHANDLER prints
-# where each Python thread was), SIGKILL ten seconds later, and goes on without it. Each stage's start,
-# end and last log lines also go to standard output, for when the log files cannot be fetched.
+# has a time limit, and what a call that outruns it printed may never come back, so:
+#   STAGE_SECONDS  a stage still running after this many seconds gets SIGABRT (PYTHONFAULTHANDLER
+#                  prints where each Python thread was), SIGKILL ten seconds later, and the script goes
+#                  on without waiting for it (a process stuck in the driver ignores even SIGKILL);
+#   CALL_SECONDS   the whole script ends 30 s before this many seconds: each stage's limit is cut to
+#                  what is left, and a stage with less than a minute left is skipped.
+# Neither is set by default (no limit). Each stage's start, end and last log lines also go to standard
+# output, for when the log files cannot be fetched.
 set -uo pipefail
 set -m  # each stage in its own process group, so that stopping it stops its workers too
 cd "$(dirname "$0")/.."
@@ -36,13 +40,21 @@ timeout -k 5 30 nvidia-smi --query-gpu=name,memory.total,driver_version --format
 run() {  # run STAGE COMMAND...: the command's output into LOG_DIR/STAGE.log, its exit status reported
   local stage=$1
   shift
-  local start=$SECONDS limit=${STAGE_SECONDS:-0} status="" i
-  echo "$(date +%T) $stage: start ($*)"
+  local start=$SECONDS limit=${STAGE_SECONDS:-0} status="" i left
+  if [ "${CALL_SECONDS:-0}" -gt 0 ]; then
+    left=$((CALL_SECONDS - 30 - SECONDS))
+    if [ "$left" -lt 60 ]; then
+      echo "$stage: skipped, ${left} s left of CALL_SECONDS=$CALL_SECONDS" | tee -a "$out/summary.txt"
+      return 1
+    fi
+    [ "$limit" -gt 0 ] && [ "$limit" -le "$left" ] || limit=$left
+  fi
+  echo "$(date +%T) $stage: start$([ "$limit" -gt 0 ] && echo ", at most $limit s") ($*)"
   "$@" >"$out/$stage.log" 2>&1 &
   local pid=$!
   while kill -0 "$pid" 2>/dev/null; do
     if [ "$limit" -gt 0 ] && [ $((SECONDS - start)) -ge "$limit" ]; then
-      status="stopped at STAGE_SECONDS=$limit, "
+      status="stopped after $limit s, "
       kill -ABRT -- "-$pid" 2>/dev/null
       for i in 1 2 3 4 5 6 7 8 9 10; do kill -0 "$pid" 2>/dev/null && sleep 1; done
       kill -KILL -- "-$pid" 2>/dev/null
