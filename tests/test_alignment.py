@@ -215,7 +215,16 @@ for ties in (False, True):
 def test_triton_kernel_in_the_interpreter_matches_reference() -> None:
     """The CUDA kernel's logic, run on the CPU by Triton's interpreter (where Triton is installed; CI's
     CPU build of torch has none, so this is skipped there and the CUDA test above checks it on a GPU)."""
-    pytest.importorskip("triton")
+    triton = pytest.importorskip("triton")
+    import numpy as np
+
+    def major_minor(version: str) -> tuple[int, int]:
+        return tuple(int(part) for part in version.split(".")[:2])
+
+    if major_minor(triton.__version__) < (3, 7) and major_minor(np.__version__) >= (2, 4):
+        # the interpreter turns a loop bound into an int with int() of a 1-element array, which numpy
+        # 2.4 refuses (triton-lang/triton#9171, fixed after 3.6); compiled kernels are not affected
+        pytest.skip(f"Triton {triton.__version__}'s interpreter fails under numpy {np.__version__}")
     import os
     import subprocess
     import sys
