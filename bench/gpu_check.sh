@@ -5,7 +5,7 @@
 #
 # probe    each import and the first CUDA work, timed (bench/gpu_probe.py); always first: if it fails,
 #          nothing else runs
-# tests    the CUDA tests (tests/test_gpu.py) and the compiled-step tests
+# tests    the CUDA tests: tests/test_gpu.py and the CUDA alignment backends (tests/test_alignment.py)
 # compile  the compiled step (three scopes) against the eager one, MMS size, bf16 (bench_compile.py)
 # step     where an MMS-size step goes, eager, fp32 and bf16 (bench_step.py)
 # syncs    where an MMS-size step waits for the GPU (bench_syncs.py)
@@ -77,7 +77,7 @@ run() {  # run STAGE COMMAND...: the command's output into LOG_DIR/STAGE.log, it
 for stage in "${stages[@]}"; do
   case $stage in
     probe) run probe python bench/gpu_probe.py --seconds 120 ;;
-    tests) run tests python -m pytest -v -x tests/test_gpu.py tests/test_compile.py ;;
+    tests) run tests python -m pytest -v tests/test_gpu.py tests/test_alignment.py ;;
     eager) run eager python bench/bench_train.py defaults --models mms --steps 40 --clips 640 --compile off ;;
     syncs) run syncs python bench/bench_syncs.py --device cuda --models mms --batch_size 16 --precision bf16 \
       --out "$out/syncs.json" ;;
