@@ -431,3 +431,39 @@ def test_short_steps_are_not_compared():
     choice.begin(2 * HOUR, 1.0 / 8)
     _steps(choice, [30.0, 2.0])
     assert choice.observe(20.0, 3, clean=False) is True and choice.measured == {}
+
+
+def test_a_redo_after_running_out_of_memory_that_fails_to_compile_goes_to_a_narrower_scope(
+    tmp_path, tiny_model_dir, tone_corpus, monkeypatch, capsys
+):
+    """Simulated (no GPU here): the widest scope runs out of memory at 8 clips, and the step redone in
+    smaller micro-batches fails to compile; the run goes on with the narrower scope at the smaller
+    micro-batch instead of ending on the compile error."""
+    from vits_trainer.training.step import GanStep as Step
+
+    def uncompiled(model, device_type, backend=None, scope="segments", log=print, made=None):
+        names = compiled_module.SEGMENT_PARTS
+        if scope != "segments":
+            names = (*names, *compiled_module.UTTERANCE_PARTS)
+        return {name: getattr(model, name) for name in names}  # compiled parts standing in: eager ones
+
+    monkeypatch.setattr("vits_trainer.training.step.compiled_parts", uncompiled)
+    monkeypatch.setattr("vits_trainer.training.step.compiled", lambda module, *a, **k: module)
+    real = Step.micro_step
+
+    def failing(self, batch, first, last, scale):
+        if "text_encoder" in self.accelerator.unwrap_model(self.generator).compiled:
+            if batch["input_ids"].size(0) > 4:
+                raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB")
+            raise RuntimeError("simulated compiler failure")
+        return real(self, batch, first, last, scale)
+
+    monkeypatch.setattr(Step, "micro_step", failing)
+    session, summary = train_tiny(
+        tmp_path, tone_corpus, tiny_model_dir, max_steps=10, compile="on", micro_batch_size="8"
+    )
+    out = capsys.readouterr().out
+    assert "out of memory at step" in out
+    assert "now compiling only the decoder and discriminator passes, redoing the step" in out
+    assert summary["steps"] == 10 and summary["skipped_steps"] == 0
+    assert summary["compile"]["scope"] == "segments" and set(session.generator_raw.compiled) == {"decoder"}

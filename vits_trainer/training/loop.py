@@ -123,7 +123,7 @@ class Trainer:
         pinned = "OMP_NUM_THREADS" in (self.threads.get("set_by_user") or "")
         self.cpu_share = cpu_share(self.threads["torch_threads"], pinned)  # follows the machine's load
         self.threads["adaptive"] = self.cpu_share is not None
-        self.micro = MicroBatchPolicy(session, self.metrics, self.agreement, self.step_fn.abandon_cycle)
+        self.micro = MicroBatchPolicy(session, self.metrics, self.agreement)
         self.compiler = CompileChoice(
             cfg.compile,
             session.device.type,
@@ -253,14 +253,15 @@ class Trainer:
             try:
                 return self.run_cycle(pending, micro, self.window), micro, clean
             except Exception as err:
-                if is_out_of_memory(err):
-                    result, micro = self.micro.retry_after_oom(pending, self.window, micro, self.run_cycle)
-                    return result, micro, False
-                if not self.compiler.failed(err):  # an error of the eager step
+                out_of_memory = is_out_of_memory(err)
+                if not out_of_memory and not self.compiler.failed(err):  # an error of the eager step
                     raise
-            self.step_fn.abandon_cycle()  # now a narrower scope, or eager: the same cycle again
+            # outside the except block, so that the failed cycle's frames and activations are freed
+            self.step_fn.abandon_cycle()
             self.window.forget_cycle()
             clean = False
+            if out_of_memory:  # the same cycle in smaller micro-batches; else a narrower scope, or eager
+                micro = self.micro.smaller_after_oom(micro)
 
     def run_cycle(self, pending: list[dict], micro: int, window: StepWindow):
         """One optimiser step: this cycle's loader batches as micro-batches of at most `micro` clips."""

@@ -6,7 +6,6 @@ smaller micro-batches after running out of memory.
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
 
 from ..errors import UserError
 from .microbatch import (
@@ -19,18 +18,17 @@ from .microbatch import (
     hardware_id,
     per_process_batch,
 )
-from .recovery import free_memory, is_out_of_memory
+from .recovery import free_memory
 
 
 class MicroBatchPolicy:
     """The micro-batch size of a run. Owns the trial while it runs (`trial`), its steps (`trial_steps`)
     and the size the last step ran at (`last_micro`); the chosen size lives in the session's state."""
 
-    def __init__(self, session, metrics, agreement, abandon_cycle: Callable[[], None]) -> None:
+    def __init__(self, session, metrics, agreement) -> None:
         self.s = session
         self.metrics = metrics
         self.agreement = agreement
-        self.abandon_cycle = abandon_cycle  # the step's: drop a failed cycle's gradients
         self.step_clips = per_process_batch(session.cfg)  # clips per optimiser step, per process
         self.trial: MicroBatchTrial | None = None  # the trial while it runs
         self.trial_steps: list[tuple[int, float, int, bool]] = []  # (size, seconds, samples, clean)
@@ -151,11 +149,11 @@ class MicroBatchPolicy:
             "gradient_accumulation_steps": accumulation_for(self.step_clips, micro),
         }
 
-    def retry_after_oom(self, pending: list[dict], window, failed: int, run_cycle: Callable):
-        """Free memory and redo this cycle from its start with a smaller micro-batch (same clips): during
-        the trial the size that failed (and every larger one) is ruled out and the fastest measured one
-        is used; otherwise, or when none is left, the micro-batch is halved. `run_cycle(pending, micro,
-        window)` runs the cycle. (result, micro size)."""
+    def smaller_after_oom(self, failed: int) -> int:
+        """The micro-batch to redo a cycle with after one of `failed` clips ran out of memory (the same
+        clips; the caller has dropped the cycle's gradients): during the trial that size (and every
+        larger one) is ruled out and the fastest measured one is used; otherwise, or when none is left,
+        the micro-batch is halved."""
         s = self.s
         if s.accelerator.num_processes > 1:
             raise UserError(
@@ -163,45 +161,33 @@ class MicroBatchPolicy:
                 f"automatic retry is off (the others would wait forever): lower --micro_batch_size (or "
                 f"--batch_size) and resume"
             )
-        while True:
-            self.abandon_cycle()
-            window.forget_cycle()
-            free_memory()
-            micro = None
-            if self.trial is not None:
-                larger = [m for m in self.trial.sizes if m > failed]
-                s.log(
-                    f"micro-batch trial: {failed} clips ran out of memory at step {s.budget.global_step + 1}: "
-                    f"ruled out{' with ' + ', '.join(map(str, larger)) if larger else ''}"
-                )
-                self.metrics.write(
-                    {"event": "oom", "step": s.budget.global_step, "micro_batch_size": failed, "trial": True}
-                )
-                self.trial.exclude(failed)
-                if not self.trial.done:
-                    micro = self.size()
-                else:
-                    self.finish_trial()
-                    if s.state.micro_batch_size < failed:  # a smaller size was measured: it fits
-                        micro = self.size()
-            if micro is None:
-                before = failed
-                if before <= 1:
-                    raise UserError(
-                        "out of GPU memory even with a micro-batch of 1 clip: lower --segment_size, prepare "
-                        "shorter clips (prepare_data.py --max_seconds), use --bf16/--fp16, or a smaller model"
-                    )
-                s.state.split *= 2
-                micro = self.size()
-                s.log(
-                    f"out of memory at step {s.budget.global_step + 1}: micro-batch {before} -> {micro} "
-                    f"clips, gradient accumulation {accumulation_for(self.step_clips, before)} -> "
-                    f"{accumulation_for(self.step_clips, micro)} (same effective batch); retrying the step"
-                )
-                self.metrics.write({"event": "oom", "step": s.budget.global_step, "split": s.state.split})
-            try:
-                return run_cycle(pending, micro, window), micro
-            except Exception as err:
-                if not is_out_of_memory(err):
-                    raise
-                failed = micro
+        free_memory()
+        if self.trial is not None:
+            larger = [m for m in self.trial.sizes if m > failed]
+            s.log(
+                f"micro-batch trial: {failed} clips ran out of memory at step {s.budget.global_step + 1}: "
+                f"ruled out{' with ' + ', '.join(map(str, larger)) if larger else ''}"
+            )
+            self.metrics.write(
+                {"event": "oom", "step": s.budget.global_step, "micro_batch_size": failed, "trial": True}
+            )
+            self.trial.exclude(failed)
+            if not self.trial.done:
+                return self.size()
+            self.finish_trial()
+            if s.state.micro_batch_size < failed:  # a smaller size was measured: it fits
+                return self.size()
+        if failed <= 1:
+            raise UserError(
+                "out of GPU memory even with a micro-batch of 1 clip: lower --segment_size, prepare "
+                "shorter clips (prepare_data.py --max_seconds), use --bf16/--fp16, or a smaller model"
+            )
+        s.state.split *= 2
+        micro = self.size()
+        s.log(
+            f"out of memory at step {s.budget.global_step + 1}: micro-batch {failed} -> {micro} "
+            f"clips, gradient accumulation {accumulation_for(self.step_clips, failed)} -> "
+            f"{accumulation_for(self.step_clips, micro)} (same effective batch); retrying the step"
+        )
+        self.metrics.write({"event": "oom", "step": s.budget.global_step, "split": s.state.split})
+        return micro
