@@ -265,22 +265,27 @@ def test_a_failing_compiled_step_falls_back_to_eager_and_the_run_goes_on(
     assert not session.generator_raw.compiled
 
 
-def test_a_redo_that_runs_out_of_memory_goes_to_smaller_micro_batches(
-    tmp_path, tiny_model_dir, tone_corpus, monkeypatch, capsys
-):
-    """Simulated (no GPU here): the widest scope fails to compile, and the step redone with the
-    narrower one runs out of memory; the micro-batch retry takes over, and the run goes on compiled."""
-    from vits_trainer.training.step import GanStep as Step
+def _eager_parts_for_compiled_ones(monkeypatch):
+    """Each scope's parts handed back uncompiled, so the scope logic runs without compiling; the real
+    GanStep.micro_step, for a test's stand-in to call."""
 
     def uncompiled(model, device_type, backend=None, scope="segments", log=print, made=None):
         names = compiled_module.SEGMENT_PARTS
         if scope != "segments":
             names = (*names, *compiled_module.UTTERANCE_PARTS)
-        return {name: getattr(model, name) for name in names}  # compiled parts standing in: eager ones
+        return {name: getattr(model, name) for name in names}
 
     monkeypatch.setattr("vits_trainer.training.step.compiled_parts", uncompiled)
     monkeypatch.setattr("vits_trainer.training.step.compiled", lambda module, *a, **k: module)
-    real = Step.micro_step
+    return GanStep.micro_step
+
+
+def test_a_redo_that_runs_out_of_memory_goes_to_smaller_micro_batches(
+    tmp_path, tiny_model_dir, tone_corpus, monkeypatch, capsys
+):
+    """Simulated (no GPU here): the widest scope fails to compile, and the step redone with the
+    narrower one runs out of memory; the micro-batch retry takes over, and the run goes on compiled."""
+    real = _eager_parts_for_compiled_ones(monkeypatch)
 
     def failing(self, batch, first, last, scale):
         scope = self.accelerator.unwrap_model(self.generator).compiled
@@ -290,7 +295,7 @@ def test_a_redo_that_runs_out_of_memory_goes_to_smaller_micro_batches(
             raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB")
         return real(self, batch, first, last, scale)
 
-    monkeypatch.setattr(Step, "micro_step", failing)
+    monkeypatch.setattr(GanStep, "micro_step", failing)
     session, summary = train_tiny(
         tmp_path, tone_corpus, tiny_model_dir, max_steps=10, compile="on", micro_batch_size="8"
     )
@@ -439,17 +444,7 @@ def test_a_redo_after_running_out_of_memory_that_fails_to_compile_goes_to_a_narr
     """Simulated (no GPU here): the widest scope runs out of memory at 8 clips, and the step redone in
     smaller micro-batches fails to compile; the run goes on with the narrower scope at the smaller
     micro-batch instead of ending on the compile error."""
-    from vits_trainer.training.step import GanStep as Step
-
-    def uncompiled(model, device_type, backend=None, scope="segments", log=print, made=None):
-        names = compiled_module.SEGMENT_PARTS
-        if scope != "segments":
-            names = (*names, *compiled_module.UTTERANCE_PARTS)
-        return {name: getattr(model, name) for name in names}  # compiled parts standing in: eager ones
-
-    monkeypatch.setattr("vits_trainer.training.step.compiled_parts", uncompiled)
-    monkeypatch.setattr("vits_trainer.training.step.compiled", lambda module, *a, **k: module)
-    real = Step.micro_step
+    real = _eager_parts_for_compiled_ones(monkeypatch)
 
     def failing(self, batch, first, last, scale):
         if "text_encoder" in self.accelerator.unwrap_model(self.generator).compiled:
@@ -458,7 +453,7 @@ def test_a_redo_after_running_out_of_memory_that_fails_to_compile_goes_to_a_narr
             raise RuntimeError("simulated compiler failure")
         return real(self, batch, first, last, scale)
 
-    monkeypatch.setattr(Step, "micro_step", failing)
+    monkeypatch.setattr(GanStep, "micro_step", failing)
     session, summary = train_tiny(
         tmp_path, tone_corpus, tiny_model_dir, max_steps=10, compile="on", micro_batch_size="8"
     )
