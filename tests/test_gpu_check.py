@@ -55,3 +55,11 @@ def test_each_stage_command_parses(stage, argv, monkeypatch):
     monkeypatch.chdir(ROOT)
     with pytest.raises(Parsed):
         runpy.run_path(str(script), run_name="__main__")
+
+
+def test_the_session_wrapper_runs_known_stages():
+    """bench/gpu_session.sh's default plan names gpu_check.sh stages (a typo would cost a lent call)."""
+    wrapper = (ROOT / "bench" / "gpu_session.sh").read_text(encoding="utf-8")
+    plan = re.search(r"set -- ((?:\w+ ?)+)", wrapper).group(1).split()
+    known = {s for s, _ in _stage_commands()}
+    assert plan and plan[0] == "probe" and set(plan) <= known, plan

@@ -1,0 +1,39 @@
+#!/usr/bin/env bash
+# One call on a lent GPU machine: the carried wheels installed, bench/gpu_check.sh's stages run inside
+# the call's limit, every log packed into one file that comes back.
+#
+#   bash bench/gpu_session.sh OUT_DIR SECONDS [STAGE ...]
+#
+# OUT_DIR   where gpu_logs.tar.gz and summary.txt go (a lent machine returns few files: one archive)
+# SECONDS   the call's limit: gpu_check.sh ends 30 s before it (CALL_SECONDS), so the archive is made
+# STAGE     gpu_check.sh's stages; none: probe eager tests defaults, the order that fits a 15-minute
+#           lease (one ~10-minute call): the current step at default flags, eager, against the naive
+#           loop first, then the CUDA tests, then the runner as it compiles by default.
+#
+# Here, first: `bash bench/gpu_wheels.sh`; then the device's run with carry [".whl"] and
+# `bash bench/gpu_session.sh $OUT 570`, timeout_s 600.
+set -uo pipefail
+cd "$(dirname "$0")/.."
+out=${1:?usage: bash bench/gpu_session.sh OUT_DIR SECONDS [STAGE ...]}
+limit=${2:?usage: bash bench/gpu_session.sh OUT_DIR SECONDS [STAGE ...]}
+shift 2
+[ $# -gt 0 ] || set -- probe eager tests defaults
+mkdir -p "$out"
+if compgen -G ".whl/*.whl" >/dev/null; then
+  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site \
+    .whl/*.whl || { echo "the carried wheels did not install"; exit 1; }
+  export PYTHONPATH=/tmp/site${PYTHONPATH:+:$PYTHONPATH}
+else
+  echo "no .whl/ carried: soundfile, librosa and a usable transformers may be missing (bash bench/gpu_wheels.sh)"
+fi
+# gpu_check.sh's stages call `python`; the lent machines name the interpreter python3
+bin=$(mktemp -d)
+ln -s "$(command -v python3)" "$bin/python"
+export PATH=$bin:$PATH
+logs=$(mktemp -d)
+CALL_SECONDS=$((limit - SECONDS)) bash bench/gpu_check.sh "$logs" "$@"
+status=$?
+cp "$logs/summary.txt" "$out/" 2>/dev/null
+tar -czf "$out/gpu_logs.tar.gz" -C "$logs" .
+echo "logs: $out/gpu_logs.tar.gz ($(du -h "$out/gpu_logs.tar.gz" | cut -f1))"
+exit $status
