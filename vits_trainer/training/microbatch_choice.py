@@ -142,8 +142,10 @@ class MicroBatchPolicy:
             self.finish_trial()
 
     def used(self) -> dict:
-        """The micro-batch size and gradient accumulation the run trains with (the last step's)."""
-        micro = self.last_micro or self.size()
+        """The micro-batch size and gradient accumulation the run trains with: the chosen size (after
+        any out-of-memory split), or the last step's while the trial runs. A run that ends on the
+        trial's last step reports the size it chose, not the last one tried."""
+        micro = self.size() if self.trial is None else (self.last_micro or self.size())
         return {
             "micro_batch_size": micro,
             "gradient_accumulation_steps": accumulation_for(self.step_clips, micro),
