@@ -110,7 +110,6 @@ def test_the_choice_keeps_every_steps_clips(tmp_path, tiny_model_dir, tone_corpu
     assert state["train_state"]["micro_batch_size"] == chosen
 
 
-
 def test_a_run_ending_on_the_trials_last_step_reports_the_chosen_size():
     """max_steps can end a run on the trial's last step, which ran the largest size tried; the summary
     and checkpoints report the size chosen (here 16 of 8 x 4 clips), not that one."""
@@ -126,6 +125,7 @@ def test_a_run_ending_on_the_trials_last_step_reports_the_chosen_size():
     assert policy.used() == {"micro_batch_size": 8, "gradient_accumulation_steps": 4}
     policy.trial = MicroBatchTrial([8, 16, 32], 4)  # while the trial runs: the last step's size
     assert policy.used()["micro_batch_size"] == 32
+
 
 def test_simulated_out_of_memory_rules_a_size_out(tmp_path, tiny_model_dir, tone_corpus, monkeypatch, capsys):
     real = GanStep.micro_step
