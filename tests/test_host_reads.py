@@ -50,3 +50,55 @@ def test_the_loop_reads_the_device_once_per_step_and_once_per_metric_line(
         ("tolist", "training/step.py"): steps,  # the finiteness check
         ("tolist", "training/loop.py"): steps // log_every,  # a metric line's sums
     }, dict(reads.counts)
+
+
+def test_micro_batches_go_to_a_gpu_from_pinned_memory(monkeypatch):
+    """A copy to a GPU from pageable memory may wait for every kernel queued before it. The loader pins
+    its batches, but micro-batches merged from several are new tensors: move_batch pins them before
+    their non-blocking copy, and copies pinned ones as they are. There is no GPU here, so pinning and
+    the copy are stand-ins (is_pinned, pin_memory and .to patched); what is checked is what each copy
+    starts from."""
+    from vits_trainer.training.evaluate import move_batch
+    from vits_trainer.training.microbatch import micro_batches
+
+    pinned, pins, copies = set(), [], []
+    monkeypatch.setattr(torch.Tensor, "is_pinned", lambda self: self.data_ptr() in pinned)
+
+    def pin_memory(self):
+        out = self.clone()
+        pinned.add(out.data_ptr())
+        pins.append(out)
+        return out
+
+    monkeypatch.setattr(torch.Tensor, "pin_memory", pin_memory)
+
+    def loader_batch(clips: int, text: int, samples: int) -> dict:
+        batch = {
+            "input_ids": torch.ones(clips, text, dtype=torch.long),
+            "attention_mask": torch.ones(clips, text, dtype=torch.long),
+            "audio": torch.ones(clips, 1, samples),
+            "audio_lengths": torch.full((clips,), samples),
+        }
+        pinned.update(v.data_ptr() for v in batch.values())  # as the DataLoader's pinning thread leaves them
+        return batch
+
+    def moved(batch: dict, device: str) -> list[tuple[bool, str, bool]]:
+        copies.clear()
+
+        def to(self, device, non_blocking=False):
+            copies.append((self.is_pinned(), torch.device(device).type, non_blocking))
+            return self
+
+        with monkeypatch.context() as m:
+            m.setattr(torch.Tensor, "to", to)
+            move_batch(batch, torch.device(device))
+        return list(copies)
+
+    pending = [loader_batch(2, 5, 40), loader_batch(2, 3, 30)]
+    merged = micro_batches(pending, 4)  # one micro-batch of both loader batches: new tensors
+    assert len(merged) == 1 and not any(v.is_pinned() for v in merged[0].values())
+    assert moved(merged[0], "cuda") == [(True, "cuda", True)] * 4 and len(pins) == 4
+    pins.clear()
+    as_loaded = micro_batches(pending, 2)  # the loader's own batches: already pinned, not copied again
+    assert moved(as_loaded[0], "cuda") == [(True, "cuda", True)] * 4 and not pins
+    assert moved(merged[0], "cpu") == [(False, "cpu", True)] * 4 and not pins  # no pinning without a GPU
