@@ -6,9 +6,10 @@
 #
 # OUT_DIR   where gpu_logs.tar.gz and summary.txt go (a lent machine returns few files: one archive)
 # SECONDS   the call's limit: gpu_check.sh ends 30 s before it (CALL_SECONDS), so the archive is made
-# STAGE     gpu_check.sh's stages; none: probe eager tests defaults, the order that fits a 15-minute
-#           lease (one ~10-minute call): the current step at default flags, eager, against the naive
-#           loop first, then the CUDA tests, then the runner as it compiles by default.
+# STAGE     gpu_check.sh's stages; none: probe eager defaults tests, ordered for a 15-minute lease (one
+#           ~10-minute call): the current step at default flags, eager, against the naive loop; the
+#           runner as it compiles by default (the targets); then the CUDA tests, whose log
+#           names each test as it ends, so a stage cut at the limit still reports the ones that ran.
 #
 # Here, first: `bash bench/gpu_wheels.sh`; then the device's run with carry [".whl"] and
 # `bash bench/gpu_session.sh $OUT 570`, timeout_s 600.
@@ -17,7 +18,7 @@ cd "$(dirname "$0")/.."
 out=${1:?usage: bash bench/gpu_session.sh OUT_DIR SECONDS [STAGE ...]}
 limit=${2:?usage: bash bench/gpu_session.sh OUT_DIR SECONDS [STAGE ...]}
 shift 2
-[ $# -gt 0 ] || set -- probe eager tests defaults
+[ $# -gt 0 ] || set -- probe eager defaults tests
 mkdir -p "$out"
 if compgen -G ".whl/*.whl" >/dev/null; then
   python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site \
@@ -26,9 +27,11 @@ if compgen -G ".whl/*.whl" >/dev/null; then
 else
   echo "no .whl/ carried: soundfile, librosa and a usable transformers may be missing (bash bench/gpu_wheels.sh)"
 fi
-# gpu_check.sh's stages call `python`; the lent machines name the interpreter python3
+# gpu_check.sh's stages call `python`; the lent machines name the interpreter python3, a venv's, which a
+# symbolic link to it would leave (no torch): a script that runs it
 bin=$(mktemp -d)
-ln -s "$(command -v python3)" "$bin/python"
+printf '#!/bin/sh\nexec python3 "$@"\n' >"$bin/python"
+chmod +x "$bin/python"
 export PATH=$bin:$PATH
 logs=$(mktemp -d)
 CALL_SECONDS=$((limit - SECONDS)) bash bench/gpu_check.sh "$logs" "$@"
