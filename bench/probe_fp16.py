@@ -128,8 +128,10 @@ losses = {
     "mel": out.mel,
     "kl": out.kl,
     "duration": out.duration,
-    "adversarial": generator_adversarial_loss(logits, n),
-    "feature_matching": feature_matching_loss(feats, n),
+    "adversarial": generator_adversarial_loss([x[n:] for x in logits]),
+    "feature_matching": feature_matching_loss(
+        [[m[:n] for m in maps] for maps in feats], [[m[n:] for m in maps] for maps in feats]
+    ),
 }
 loss_g = generator_total(losses, LossWeights())
 print("losses", {k: float(v) for k, v in losses.items()}, "loss_d", float(loss_d))

@@ -141,6 +141,40 @@ def test_generator_step_leaves_no_gradient_in_the_discriminator(fresh_session):
     assert all(p.requires_grad for p in s.discriminator_raw.parameters())
 
 
+def test_generator_gradients_are_those_of_a_second_pass_over_real_and_fake(fresh_session):
+    """The step's generator pass runs D on the fakes alone and takes feature matching's real targets
+    from the discriminator's pass. VITS runs D again over [real; fake]; with D's weights unchanged
+    between the two passes both give the same losses and generator gradients. The reference here is
+    that second pass with the losses written per map, as VITS defines them."""
+    s = fresh_session
+    from vits_trainer.model.losses import LossWeights
+    from vits_trainer.training.step import GanStep
+
+    batch = one_batch(s)
+    torch.manual_seed(1)
+    step = GanStep(s.accelerator, s.generator, s.discriminator, s.g_optimizer, s.d_optimizer)
+    metrics = step(batch, micro_index=0, cycle_length=2).metrics
+    got = {n: p.grad.clone() for n, p in s.generator_raw.named_parameters()}
+
+    s.g_optimizer.zero_grad(set_to_none=True)
+    torch.manual_seed(1)  # the same segments and noise
+    out = s.generator(**batch)
+    n = out.waveform_real.size(0)
+    s.discriminator_raw.requires_grad_(False)
+    logits, features = s.discriminator_raw(torch.cat([out.waveform_real, out.waveform_fake]))
+    s.discriminator_raw.requires_grad_(True)
+    adversarial = sum(torch.mean((1 - x[n:].float()) ** 2) for x in logits)
+    matching = sum(torch.mean(torch.abs(m[:n].detach() - m[n:])) for maps in features for m in maps)
+    w = LossWeights()
+    total = w.mel * out.mel + w.kl * out.kl + w.duration * out.duration
+    total = total + w.adversarial * adversarial + w.feature_matching * matching
+    (total / 2).backward()
+    torch.testing.assert_close(metrics["adversarial"], adversarial.detach())
+    torch.testing.assert_close(metrics["feature_matching"], matching.detach())
+    for name, p in s.generator_raw.named_parameters():
+        torch.testing.assert_close(p.grad, got[name], msg=name)
+
+
 def test_optimiser_step_updates_both_networks_and_clears_gradients(fresh_session):
     s = fresh_session
     from vits_trainer.training.step import GanStep

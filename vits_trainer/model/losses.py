@@ -17,26 +17,25 @@ from torch import Tensor
 LOSS_KEYS = ("mel", "kl", "duration", "adversarial", "feature_matching")
 
 
-def paired_columns(maps: list[Tensor], n: int) -> tuple[Tensor, Tensor, Tensor]:
-    """Discriminator outputs of one pass over [real; fake] as two matrices: (real [n, K], fake [n, K],
-    weights [K]), float32.
+def columns(maps: list[Tensor], items: int) -> tuple[Tensor, tuple[int, ...]]:
+    """Discriminator outputs as one matrix: (values [items, K] float32, each map's values per item).
 
-    Every map is [2n, ...] (the first n items real, the last n fake); each is flattened per item and
-    all are laid side by side, so a sum over maps of per-map means is one weighted sum: a column of a
-    map with S values per item weighs 1 / (n * S). One concatenation replaces a handful of operators
-    (and their backward) per map: 37 maps at the VITS layout.
+    Each map [items, ...] is flattened per item and all are laid side by side, so a sum over maps of
+    per-map means is one weighted sum (`column_weights`). One concatenation replaces a handful of
+    operators (and their backward) per map: 37 maps at the VITS layout.
     """
     if not maps:
         raise ValueError("no discriminator outputs")
-    if any(m.size(0) != 2 * n for m in maps):
-        raise ValueError(f"expected every map to hold {2 * n} items (n real, then n fake)")
-    flat = torch.cat([m.reshape(2 * n, -1) for m in maps], dim=1).float()
-    sizes = tuple(math.prod(m.shape[1:]) for m in maps)
-    return flat[:n], flat[n:], _column_weights(sizes, n, flat.device)
+    if any(m.size(0) != items for m in maps):
+        raise ValueError(f"expected every map to hold {items} items")
+    flat = torch.cat([m.reshape(items, -1) for m in maps], dim=1).float()
+    return flat, tuple(math.prod(m.shape[1:]) for m in maps)
 
 
 @functools.lru_cache(maxsize=16)
-def _column_weights(sizes: tuple[int, ...], n: int, device: torch.device) -> Tensor:
+def column_weights(sizes: tuple[int, ...], n: int, device: torch.device) -> Tensor:
+    """[K]: a column of a map with S values per item weighs 1 / (n * S), so that the weighted sum over
+    n items is the sum over maps of per-map means."""
     # a step's segments have a fixed size, so this is built once per shape, not once per step
     per_map = torch.tensor([1.0 / (n * s) for s in sizes], dtype=torch.float32)
     return torch.repeat_interleave(per_map, torch.tensor(sizes)).to(device)
@@ -44,27 +43,37 @@ def _column_weights(sizes: tuple[int, ...], n: int, device: torch.device) -> Ten
 
 def discriminator_loss(logits: list[Tensor], n: int) -> Tensor:
     """Least-squares GAN loss for the discriminator: sum over sub-discriminators of
-    mean((1 - real)^2) + mean(fake^2). `logits`: per sub-discriminator [2n, ...], real items first."""
-    real, fake, weights = paired_columns(logits, n)
-    return torch.sum(weights * ((1.0 - real) ** 2 + fake**2))
+    mean((1 - real)^2) + mean(fake^2). `logits`: per sub-discriminator [2n, ...] from one pass over
+    [real; fake], real items first."""
+    flat, sizes = columns(logits, 2 * n)
+    weights = column_weights(sizes, n, flat.device)
+    return torch.sum(weights * ((1.0 - flat[:n]) ** 2 + flat[n:] ** 2))
 
 
-def generator_adversarial_loss(logits: list[Tensor], n: int) -> Tensor:
-    """Least-squares GAN loss for the generator: sum over sub-discriminators of mean((1 - fake)^2),
-    on the last n items of each [2n, ...] logits tensor."""
-    _, fake, weights = paired_columns(logits, n)
-    return torch.sum(weights * (1.0 - fake) ** 2)
+def generator_adversarial_loss(logits: list[Tensor]) -> Tensor:
+    """Least-squares GAN loss for the generator: sum over sub-discriminators of mean((1 - fake)^2).
+    `logits`: per sub-discriminator [n, ...], from a pass over the generated segments alone."""
+    n = logits[0].size(0) if logits else 0
+    fake, sizes = columns(logits, n)
+    return torch.sum(column_weights(sizes, n, fake.device) * (1.0 - fake) ** 2)
 
 
-def feature_matching_loss(features: list[list[Tensor]], n: int) -> Tensor:
+def feature_matching_loss(real: list[list[Tensor]], fake: list[list[Tensor]]) -> Tensor:
     """Sum over every sub-discriminator layer of mean(|real - fake|), real features detached.
-    `features`: per sub-discriminator, its feature maps [2n, ...], real items first.
+    `real`, `fake`: per sub-discriminator, its feature maps [n, ...] of the recorded and of the
+    generated segments (the real ones may come from the discriminator's own pass).
 
     The original VITS multiplies this sum by 2 inside the function; here the factor lives in
     `LossWeights.feature_matching` (2.0 by default), so this returns the plain sum.
     """
-    real, fake, weights = paired_columns([m for maps in features for m in maps], n)
-    return torch.sum(weights * torch.abs(real.detach() - fake))
+    fake_maps = [m for maps in fake for m in maps]
+    n = fake_maps[0].size(0) if fake_maps else 0
+    fake_flat, sizes = columns(fake_maps, n)
+    real_flat, real_sizes = columns([m for maps in real for m in maps], n)
+    if real_sizes != sizes:
+        raise ValueError("the real and generated feature maps differ in shape")
+    weights = column_weights(sizes, n, fake_flat.device)
+    return torch.sum(weights * torch.abs(real_flat.detach() - fake_flat))
 
 
 def kl_loss(z_p: Tensor, logs_q: Tensor, m_p: Tensor, logs_p: Tensor, mask: Tensor) -> Tensor:

@@ -9,6 +9,9 @@ Order and bookkeeping, and why:
   and both gradient norms: a non-finite step is skipped for BOTH networks (no weights touched).
   This is why D steps after the generator's backward (its adversarial terms therefore see D from
   before this step's update; the gradients are the same ones VITS would compute otherwise).
+- D runs once over [real; fake] and once over the fakes: with D's weights unchanged between the two,
+  its features of the real segments in the first pass are feature matching's targets, and a
+  second pass over them (a quarter of D's forward work, and its backward) would recompute them.
 - Gradient accumulation is driven by the loop (cycle position and length per call), so a cycle can
   end early at an epoch boundary and the micro-batch can shrink after an out-of-memory error; DDP
   gradient sync is suppressed with `accelerator.no_sync` on all but a cycle's last micro-batch.
@@ -175,9 +178,13 @@ class GanStep:
             # --- discriminator: real vs detached fake, one pass over both halves -----------------
             timer = self.timer
             with timer("discriminator"), acc.autocast():
-                logits, _ = d_pass(torch.cat([real, fake.detach()], dim=0))
+                logits, features = d_pass(torch.cat([real, fake.detach()], dim=0))
             n = real.size(0)
             loss_d = discriminator_loss(logits, n)
+            # feature matching's targets: D's weights are the same in the generator's pass (both
+            # optimisers step at the end of the cycle), so that pass runs on the fakes alone
+            real_features = [[m[:n] for m in maps] for maps in features]  # detached by the loss
+            del logits, features
             if first:
                 self.d_optimizer.zero_grad(set_to_none=True)
             with timer("backward"):
@@ -187,15 +194,15 @@ class GanStep:
             self.disc_raw.requires_grad_(False)
             try:
                 with timer("discriminator"), acc.autocast():
-                    logits, features = g_pass(torch.cat([real, fake], dim=0))
+                    logits, features = g_pass(fake)
             finally:
                 self.disc_raw.requires_grad_(True)
             losses = {
                 "mel": out.mel,
                 "kl": out.kl,
                 "duration": out.duration,
-                "adversarial": generator_adversarial_loss(logits, n),
-                "feature_matching": feature_matching_loss(features, n),
+                "adversarial": generator_adversarial_loss(logits),
+                "feature_matching": feature_matching_loss(real_features, features),
             }
             loss_g = generator_total(losses, self.weights)
             if first:
