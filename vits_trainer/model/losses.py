@@ -17,8 +17,9 @@ from torch import Tensor
 LOSS_KEYS = ("mel", "kl", "duration", "adversarial", "feature_matching")
 
 
-def columns(maps: list[Tensor], items: int) -> tuple[Tensor, tuple[int, ...]]:
-    """Discriminator outputs as one matrix: (values [items, K] float32, each map's values per item).
+def columns(maps: list[Tensor], items: int | None = None) -> tuple[Tensor, tuple[int, ...]]:
+    """Discriminator outputs as one matrix: (values [items, K] float32, each map's values per item);
+    `items` defaults to the first map's.
 
     Each map [items, ...] is flattened per item and all are laid side by side, so a sum over maps of
     per-map means is one weighted sum (`column_weights`). One concatenation replaces a handful of
@@ -26,6 +27,7 @@ def columns(maps: list[Tensor], items: int) -> tuple[Tensor, tuple[int, ...]]:
     """
     if not maps:
         raise ValueError("no discriminator outputs")
+    items = maps[0].size(0) if items is None else items
     if any(m.size(0) != items for m in maps):
         raise ValueError(f"expected every map to hold {items} items")
     flat = torch.cat([m.reshape(items, -1) for m in maps], dim=1).float()
@@ -53,9 +55,8 @@ def discriminator_loss(logits: list[Tensor], n: int) -> Tensor:
 def generator_adversarial_loss(logits: list[Tensor]) -> Tensor:
     """Least-squares GAN loss for the generator: sum over sub-discriminators of mean((1 - fake)^2).
     `logits`: per sub-discriminator [n, ...], from a pass over the generated segments alone."""
-    n = logits[0].size(0) if logits else 0
-    fake, sizes = columns(logits, n)
-    return torch.sum(column_weights(sizes, n, fake.device) * (1.0 - fake) ** 2)
+    fake, sizes = columns(logits)
+    return torch.sum(column_weights(sizes, fake.size(0), fake.device) * (1.0 - fake) ** 2)
 
 
 def feature_matching_loss(real: list[list[Tensor]], fake: list[list[Tensor]]) -> Tensor:
@@ -66,14 +67,13 @@ def feature_matching_loss(real: list[list[Tensor]], fake: list[list[Tensor]]) ->
     The original VITS multiplies this sum by 2 inside the function; here the factor lives in
     `LossWeights.feature_matching` (2.0 by default), so this returns the plain sum.
     """
-    fake_maps = [m for maps in fake for m in maps]
-    n = fake_maps[0].size(0) if fake_maps else 0
-    fake_flat, sizes = columns(fake_maps, n)
-    real_flat, real_sizes = columns([m for maps in real for m in maps], n)
+    fake_flat, sizes = columns([m for maps in fake for m in maps])
+    n = fake_flat.size(0)
+    with torch.no_grad():  # targets: no gradient, and no graph recorded for the concatenation
+        real_flat, real_sizes = columns([m for maps in real for m in maps], n)
     if real_sizes != sizes:
         raise ValueError("the real and generated feature maps differ in shape")
-    weights = column_weights(sizes, n, fake_flat.device)
-    return torch.sum(weights * torch.abs(real_flat.detach() - fake_flat))
+    return torch.sum(column_weights(sizes, n, fake_flat.device) * torch.abs(real_flat - fake_flat))
 
 
 def kl_loss(z_p: Tensor, logs_q: Tensor, m_p: Tensor, logs_p: Tensor, mask: Tensor) -> Tensor:

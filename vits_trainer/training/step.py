@@ -183,7 +183,7 @@ class GanStep:
             loss_d = discriminator_loss(logits, n)
             # feature matching's targets: D's weights are the same in the generator's pass (both
             # optimisers step at the end of the cycle), so that pass runs on the fakes alone
-            real_features = [[m[:n] for m in maps] for maps in features]  # detached by the loss
+            real_features = [[m[:n] for m in maps] for maps in features]  # no gradient: the loss
             del logits, features
             if first:
                 self.d_optimizer.zero_grad(set_to_none=True)
