@@ -14,7 +14,9 @@ it, is run with:
   `nonzero`, `masked_select` and index or write through a boolean mask, counted the same way (a
   backward operator at the line of the backward call). A read of a CPU tensor is counted too, though
   on a GPU it would not wait (transformers' own WaveNet slices by a CPU tensor of its channel count, 2
-  per layer; model/wavenet.py's does not).
+  per layer; model/wavenet.py's does not). Then the step runs once more with the default device set
+  to "meta": a tensor made on the host without naming its device (to be copied to the GPU, which from
+  pageable memory waits like a read) has no data there, and the first such copy is reported.
 Prints the total and each place with its count; JSON to bench/results/syncs.json.
 """
 
@@ -76,10 +78,27 @@ class CountReads(TorchDispatchMode):
         return func(*args, **(kwargs or {}))
 
 
+def first_host_copy(step, batch) -> str | None:
+    """Where the step first copies a tensor it made on the host (default device "meta"), or None."""
+    torch.set_default_device("meta")
+    try:
+        step(batch, 0, 1)
+    except NotImplementedError as error:
+        if "meta" not in str(error):
+            raise
+        return where(traceback.extract_tb(error.__traceback__))
+    finally:
+        torch.set_default_device(None)
+    return None
+
+
 def synced_places(step, batch, device: torch.device) -> collections.Counter:
     if device.type != "cuda":
         with CountReads() as mode:
             step(batch, 0, 1)
+        copy = first_host_copy(step, batch)
+        if copy is not None:
+            mode.places[f"copy from the host: {copy}"] += 1
         return mode.places
     places = collections.Counter()
     with warnings.catch_warnings(record=True) as caught:

@@ -10,6 +10,7 @@ from transformers.models.vits import modeling_vits
 
 import vits_trainer.model.vits  # noqa: F401  (installs the spline)
 from vits_trainer.model.spline import ORIGINAL, spline_forward
+from vits_trainer.model.stochastic_duration import ORIGINAL as transformers_forward
 
 BINS = 10
 
@@ -43,6 +44,15 @@ def test_same_outputs_log_determinants_and_gradients_as_transformers():
             torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-4)
         outside = case[0].abs() > 5
         assert torch.equal(ours[0][outside], case[0][outside]) and not ours[1][outside].any()
+
+
+def test_different_least_bin_widths_and_heights_as_transformers():
+    case = _case(7)
+    sizes = {"min_bin_width": 0.05, "min_bin_height": 1e-3, "min_derivative": 0.01}
+    ours = _with_grads(lambda *t: spline_forward(*t, tail_bound=3.0, **sizes), case)
+    theirs = _with_grads(lambda *t: ORIGINAL(*t, reverse=False, tail_bound=3.0, **sizes), case)
+    for a, b in zip(ours[:2] + tuple(ours[2]), theirs[:2] + tuple(theirs[2]), strict=True):
+        torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-4)
 
 
 def test_transformers_uses_it_forward_and_inverts_with_its_own():
@@ -110,7 +120,7 @@ def test_the_duration_predictor_trains_without_reading_the_device():
     try:
         theirs = _Reads()
         with theirs:
-            predictor(hidden, mask, durations=durations).sum().backward()
+            transformers_forward(predictor, hidden, mask, durations=durations).sum().backward()
     finally:
         modeling_vits._unconstrained_rational_quadratic_spline = original
     assert theirs.seen, "transformers' spline no longer reads the device: spline.py may be unneeded"

@@ -26,6 +26,7 @@ from .alignment import maximum_path
 from .losses import duration_loss_deterministic, kl_loss, mel_reconstruction_loss
 from .spectrogram import SpectrogramFrontEnd
 from .spline import install as install_spline
+from .stochastic_duration import install as install_stochastic_duration
 from .wavenet import install as install_wavenet
 
 LOG_2PI = math.log(2 * math.pi)
@@ -35,6 +36,8 @@ LOG_2PI = math.log(2 * math.pi)
 install_spline()
 # the WaveNet layers of the posterior encoder and flow without a CPU-tensor read and a zeros add each
 install_wavenet()
+# the stochastic duration predictor's training noise drawn on the device, not copied there (stochastic_duration.py)
+install_stochastic_duration()
 
 
 def sequence_mask(lengths: torch.Tensor, max_length: int) -> torch.Tensor:
@@ -53,6 +56,18 @@ def prior_log_likelihood(z_p: torch.Tensor, m_p: torch.Tensor, logs_p: torch.Ten
     cross = torch.matmul((m_p * inv_var).transpose(1, 2), z_p)  # [B, T, F]
     quad_m = torch.sum(-0.5 * m_p.square() * inv_var, dim=1).unsqueeze(-1)  # [B, T, 1]
     return const + quad_z + cross + quad_m
+
+
+def attention_bias(attention_mask: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """[B, 1, T, T]: 0 where a query may attend a key (any query, a key that is a token), the dtype's
+    lowest value where the key is padding; the additive mask transformers' text encoder makes from a
+    [B, T] one. Given ready, transformers uses it as it is: built from [B, T] it first asks the device
+    whether any token is padding (`padding_mask.all()`, to skip the mask), and the host waits for every
+    kernel queued before that answer. A view of a [B, 1, 1, T] tensor, so no T x T memory."""
+    batch, length = attention_mask.shape
+    bias = torch.zeros((batch, 1, 1, length), dtype=dtype, device=attention_mask.device)
+    bias = bias.masked_fill(attention_mask[:, None, None, :] == 0, torch.finfo(dtype).min)
+    return bias.expand(batch, 1, length, length)
 
 
 def random_segment_starts(frame_lengths: torch.Tensor, segment_frames: int) -> torch.Tensor:
@@ -119,9 +134,12 @@ class VitsGenerator(nn.Module):
         return getattr(self.model, name) if part is None else part
 
     def encode_text(self, input_ids, attention_mask, compiled: bool = False):
-        mask = attention_mask.unsqueeze(-1).to(self.model.text_encoder.embed_tokens.weight.dtype)
+        dtype = self.model.text_encoder.embed_tokens.weight.dtype
+        mask = attention_mask.unsqueeze(-1).to(dtype)
         encoder = self.part("text_encoder", compiled)
-        out = encoder(input_ids=input_ids, padding_mask=mask, attention_mask=attention_mask)
+        out = encoder(
+            input_ids=input_ids, padding_mask=mask, attention_mask=attention_bias(attention_mask, dtype)
+        )
         hidden = out.last_hidden_state.transpose(1, 2)  # [B, H, T]
         # transformers calls it a log-variance; it is used as a log standard deviation (exp(.) * noise)
         return hidden, out.prior_means.transpose(1, 2), out.prior_log_variances.transpose(1, 2)
