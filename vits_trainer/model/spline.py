@@ -24,16 +24,6 @@ ORIGINAL = getattr(modeling_vits._unconstrained_rational_quadratic_spline, "orig
 )
 
 
-def _knots(unnormalized: torch.Tensor, bound: float, min_size: float) -> tuple[torch.Tensor, torch.Tensor]:
-    """(positions of the K + 1 knots from -bound to bound, sizes of the K bins between them)."""
-    bins = unnormalized.shape[-1]
-    sizes = min_size + (1 - min_size * bins) * F.softmax(unnormalized, dim=-1)
-    inner = 2 * bound * torch.cumsum(sizes, dim=-1)[..., :-1] - bound
-    edge = inner.new_full((*inner.shape[:-1], 1), bound)
-    knots = torch.cat([-edge, inner, edge], dim=-1)  # the ends exactly at +-bound, whatever the rounding
-    return knots, knots[..., 1:] - knots[..., :-1]
-
-
 def spline_forward(
     inputs: torch.Tensor,
     unnormalized_widths: torch.Tensor,
@@ -46,28 +36,40 @@ def spline_forward(
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """(outputs, log |d outputs / d inputs|) of the spline on [-tail_bound, tail_bound], the identity
     (log-determinant 0) outside it. `inputs` [...]; the unnormalised widths and heights [..., K], the
-    derivatives [..., K - 1] at the inner knots (the two end knots have slope 1, matching the identity)."""
-    inside = (inputs >= -tail_bound) & (inputs <= tail_bound)
+    derivatives [..., K - 1] at the inner knots (the two end knots have slope 1, matching the identity).
+
+    Each coupling layer of every step runs this, forward and backward, so it is written for few
+    operators: the knots along x and y in one tensor, and the six values a point needs (its bin's two
+    knots along x and y, and the slopes at them) picked by one gather."""
+    bins = unnormalized_widths.shape[-1]
+    inside = inputs.abs() <= tail_bound
     x = inputs.clamp(-tail_bound, tail_bound)
-    knots_x, widths = _knots(unnormalized_widths, tail_bound, min_bin_width)
-    knots_y, heights = _knots(unnormalized_heights, tail_bound, min_bin_height)
-    slopes = F.pad(min_derivative + F.softplus(unnormalized_derivatives), (1, 1), value=1.0)
-    # the bin of each value: how many inner knots lie at or below it
-    k = (x.unsqueeze(-1) >= knots_x[..., 1:-1]).sum(dim=-1, keepdim=True)
-
-    def at(t: torch.Tensor) -> torch.Tensor:
-        return t.gather(-1, k).squeeze(-1)
-
-    width, height = at(widths), at(heights)
+    minimum = (
+        min_bin_width
+        if min_bin_width == min_bin_height
+        else torch.tensor([[min_bin_width], [min_bin_height]], dtype=inputs.dtype, device=inputs.device)
+    )
+    unnormalized = torch.stack([unnormalized_widths, unnormalized_heights], dim=-2)  # [..., 2, K]
+    sizes = minimum + (1 - minimum * bins) * F.softmax(unnormalized, dim=-1)
+    inner = torch.cumsum(sizes[..., :-1], dim=-1) * (2 * tail_bound) - tail_bound
+    # the end knots exactly at +-bound, whatever the rounding of the sizes' sum: [..., 2 (x, y), K + 1]
+    knots = F.pad(F.pad(inner, (1, 0), value=-tail_bound), (0, 1), value=tail_bound)
+    slopes = F.pad(min_derivative + F.softplus(unnormalized_derivatives), (1, 1), value=1.0)  # [..., K + 1]
+    # the bin of each value: how many inner knots lie at or below it; then its two ends' knots and slopes
+    k = (x.unsqueeze(-1) >= knots[..., 0, 1:-1]).sum(dim=-1, keepdim=True)
+    table = torch.cat([knots, slopes.unsqueeze(-2)], dim=-2)  # [..., 3, K + 1]
+    ends = torch.cat([k, k + 1], dim=-1).unsqueeze(-2).expand(*k.shape[:-1], 3, 2)
+    x0, x1, y0, y1, d0, d1 = table.gather(-1, ends).flatten(-2).unbind(-1)
+    width, height = x1 - x0, y1 - y0
     slope = height / width
-    d0, d1 = at(slopes[..., :-1]), at(slopes[..., 1:])
-    theta = (x - at(knots_x[..., :-1])) / width
-    between = theta * (1 - theta)
+    theta = (x - x0) / width
+    rest = 1 - theta
+    between = theta * rest
     denominator = slope + (d0 + d1 - 2 * slope) * between
-    outputs = at(knots_y[..., :-1]) + height * (slope * theta.pow(2) + d0 * between) / denominator
-    derivative = slope.pow(2) * (d1 * theta.pow(2) + 2 * slope * between + d0 * (1 - theta).pow(2))
+    outputs = y0 + height * theta * (slope * theta + d0 * rest) / denominator
+    derivative = slope.square() * (d1 * theta.square() + 2 * slope * between + d0 * rest.square())
     log_det = torch.log(derivative) - 2 * torch.log(denominator)
-    return torch.where(inside, outputs, inputs), torch.where(inside, log_det, torch.zeros_like(log_det))
+    return torch.where(inside, outputs, inputs), torch.where(inside, log_det, 0.0)
 
 
 def _unconstrained(
