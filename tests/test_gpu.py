@@ -134,3 +134,33 @@ def test_runner_with_compile_on_the_gpu(tmp_path, tiny_model_dir, tone_corpus, c
     assert summary["length_buckets"] is True and summary["steps"] == 16
     assert "with CUDA graphs" in out
     assert all_finite(session.model, session.discriminator_raw)
+
+
+@pytest.mark.parametrize("precision", ["no", "bf16"])
+def test_a_micro_step_on_the_gpu_never_waits_for_it(tmp_path, tiny_model_dir, tone_corpus, precision):
+    """With `torch.cuda.set_sync_debug_mode("error")` every call that synchronises raises (a value read,
+    a copy from pageable memory, a data-sized result), naming its place. One micro-step (forward, the
+    alignment search on the GPU, the losses, backward; not the optimiser step, whose finiteness check
+    reads once by design) must queue all its work. tests/test_host_reads.py checks the same on a CPU."""
+    from tests.helpers import tiny_config
+    from tests.test_vits_training import one_batch
+    from vits_trainer.training.evaluate import move_batch
+    from vits_trainer.training.session import build_session
+    from vits_trainer.training.step import GanStep
+
+    cfg = tiny_config(
+        tmp_path, tone_corpus, tiny_model_dir, max_steps=1, cpu=False, mixed_precision=precision
+    )
+    torch.manual_seed(0)
+    s = build_session(cfg, time.time())
+    step = GanStep(s.accelerator, s.generator, s.discriminator, s.g_optimizer, s.d_optimizer)
+    batch = move_batch(one_batch(s), s.device)
+    step(batch, micro_index=0, cycle_length=2)  # first calls: caches, Triton's compilation
+    torch.cuda.synchronize()
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        result = step(batch, micro_index=0, cycle_length=2)
+    finally:
+        torch.cuda.set_sync_debug_mode("default")
+    torch.cuda.synchronize()
+    assert not result.synced
