@@ -11,8 +11,8 @@ from __future__ import annotations
 import time
 
 import torch
-from torch.utils._python_dispatch import TorchDispatchMode
 
+from tests.device_reads import DeviceReads
 from tests.helpers import tiny_config
 from vits_trainer.profiling import HostReads
 from vits_trainer.training.loop import Trainer
@@ -105,24 +105,6 @@ def test_micro_batches_go_to_a_gpu_from_pinned_memory(monkeypatch):
     assert moved(merged[0], "cpu") == [(False, "cpu", True)] * 4 and not pins  # no pinning without a GPU
 
 
-class _DeviceReads(TorchDispatchMode):
-    """Operators that hand a value to the host, or whose output size depends on the data (a GPU must
-    answer before the host goes on): the ones bench/bench_syncs.py counts."""
-
-    def __init__(self):
-        super().__init__()
-        self.names = []
-
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        name = func.overloadpacket.__name__
-        masked = name.startswith("index") and any(
-            getattr(t, "dtype", None) == torch.bool for a in args if isinstance(a, list | tuple) for t in a
-        )
-        if name in {"_local_scalar_dense", "nonzero", "masked_select"} or masked:
-            self.names.append(name)
-        return func(*args, **(kwargs or {}))
-
-
 def test_a_micro_step_neither_waits_for_the_device_nor_copies_to_it(tmp_path, tiny_model_dir, tone_corpus):
     """One micro-step of the GAN step (model, alignment search, losses, backward) queues its work without
     asking the device for a value, and makes no tensor on the host to copy over: on a GPU a copy from
@@ -130,23 +112,22 @@ def test_a_micro_step_neither_waits_for_the_device_nor_copies_to_it(tmp_path, ti
     set to "meta", a tensor made without naming its device (transformers' duration predictor drew its
     noise so, `torch.randn(...).to(device)`) has no data and cannot be copied, so the step fails there.
     transformers' text encoder asked whether any token is padding (`padding_mask.all()`)."""
+    from vits_trainer.data.loader import ClipDataset, collate_batch
     from vits_trainer.training.step import GanStep
 
     cfg = tiny_config(tmp_path, tone_corpus, tiny_model_dir, max_steps=1)
     torch.manual_seed(0)
     s = build_session(cfg, time.time())
-    from vits_trainer.data.loader import ClipDataset, collate_batch
-
     batch = collate_batch([ClipDataset(s.data.train)[i] for i in range(4)])
     batch = {k: batch[k] for k in ("input_ids", "attention_mask", "audio", "audio_lengths")}
     assert (batch["attention_mask"] == 0).any()  # padded text: the case transformers' check could not skip
     step = GanStep(s.accelerator, s.generator, s.discriminator, s.g_optimizer, s.d_optimizer)
     step(batch, micro_index=0, cycle_length=2)  # first calls (caches, numba) outside the check
-    reads = _DeviceReads()
+    reads = DeviceReads()
     torch.set_default_device("meta")
     try:
         with reads:
             step(batch, micro_index=0, cycle_length=2)
     finally:
         torch.set_default_device(None)
-    assert reads.names == []
+    assert reads.seen == []

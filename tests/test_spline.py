@@ -4,11 +4,11 @@ and gradients, without reading the device; the inverse is still transformers' ow
 from __future__ import annotations
 
 import torch
-from torch.utils._python_dispatch import TorchDispatchMode
 from transformers import VitsConfig, VitsModel
 from transformers.models.vits import modeling_vits
 
 import vits_trainer.model.vits  # noqa: F401  (installs the spline)
+from tests.device_reads import DeviceReads
 from vits_trainer.model.spline import ORIGINAL, spline_forward
 from vits_trainer.model.stochastic_duration import ORIGINAL as transformers_forward
 
@@ -74,29 +74,6 @@ def test_transformers_uses_it_forward_and_inverts_with_its_own():
     assert torch.equal(back, far) and not back_logdet.any()
 
 
-class _Reads(TorchDispatchMode):
-    """Operators that make a GPU wait: a value read, nonzero, an index or write through a boolean mask."""
-
-    def __init__(self):
-        super().__init__()
-        self.seen = []
-
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        name = func.overloadpacket.__name__
-        masks = [
-            a
-            for a in args
-            if isinstance(a, list | tuple)
-            for t in a
-            if getattr(t, "dtype", None) == torch.bool
-        ]
-        if name in ("_local_scalar_dense", "nonzero", "masked_select") or (
-            name.startswith("index") and masks
-        ):
-            self.seen.append(name)
-        return func(*args, **(kwargs or {}))
-
-
 def test_the_duration_predictor_trains_without_reading_the_device():
     """The stochastic duration predictor's training pass, forward and backward, as the generator runs
     it: nothing in it waits for the device (transformers' own spline: ~10 waits per coupling layer)."""
@@ -108,7 +85,7 @@ def test_the_duration_predictor_trains_without_reading_the_device():
     mask = torch.ones(batch, 1, length)
     mask[1, :, 6:] = 0
     durations = torch.randint(1, 6, (batch, 1, length)).float() * mask
-    reads = _Reads()
+    reads = DeviceReads()
     with reads:
         nll = predictor(hidden, mask, durations=durations).sum()
         nll.backward()
@@ -118,7 +95,7 @@ def test_the_duration_predictor_trains_without_reading_the_device():
     original = modeling_vits._unconstrained_rational_quadratic_spline
     modeling_vits._unconstrained_rational_quadratic_spline = ORIGINAL
     try:
-        theirs = _Reads()
+        theirs = DeviceReads()
         with theirs:
             transformers_forward(predictor, hidden, mask, durations=durations).sum().backward()
     finally:
