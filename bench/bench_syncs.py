@@ -35,7 +35,6 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 import torch  # noqa: E402
-from torch.utils._python_dispatch import TorchDispatchMode  # noqa: E402
 
 from bench.bench_step import (  # noqa: E402
     CORPUS_WORDS,
@@ -46,49 +45,46 @@ from bench.bench_step import (  # noqa: E402
 )
 from vits_trainer.data.loader import ClipDataset, collate_batch  # noqa: E402
 from vits_trainer.data.synthetic import make_corpus  # noqa: E402
+from vits_trainer.profiling import DeviceReads  # noqa: E402
 from vits_trainer.training.evaluate import move_batch  # noqa: E402
 from vits_trainer.training.loop import gan_step  # noqa: E402
 from vits_trainer.training.runtime import quiet_transformers  # noqa: E402
 
 RESULTS = ROOT / "bench" / "results" / "syncs.json"
-READS = {"_local_scalar_dense", "nonzero", "masked_select"}
 
 
 def where(stack: list) -> str:
-    """The innermost frame in this project or in transformers, as `file.py:line`."""
+    """The innermost frame in this project or in transformers, as `file.py:line` (the counter's own
+    frames in profiling.py left out)."""
     for frame in reversed(stack):
         name = frame.filename.replace("\\", "/")
+        if name.endswith("vits_trainer/profiling.py"):
+            continue
         if "/transformers/" in name or name.startswith(str(ROOT / "vits_trainer")):
             return f"{Path(name).name}:{frame.lineno}"
     return "?"
 
 
-class CountReads(TorchDispatchMode):
+class CountReads(DeviceReads):
+    """DeviceReads counted by place (the innermost frame of this project or of transformers)."""
+
     def __init__(self):
         super().__init__()
         self.places = collections.Counter()
 
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        name = func.overloadpacket.__name__
-        masked = name.startswith("index") and any(
-            getattr(t, "dtype", None) == torch.bool for a in args if isinstance(a, list | tuple) for t in a
-        )
-        if name in READS or masked:
-            self.places[where(traceback.extract_stack())] += 1
-        return func(*args, **(kwargs or {}))
+    def record(self, name: str) -> None:
+        self.places[where(traceback.extract_stack())] += 1
 
 
 def first_host_copy(step, batch) -> str | None:
     """Where the step first copies a tensor it made on the host (default device "meta"), or None."""
-    torch.set_default_device("meta")
     try:
-        step(batch, 0, 1)
+        with torch.device("meta"):
+            step(batch, 0, 1)
     except NotImplementedError as error:
         if "meta" not in str(error):
             raise
         return where(traceback.extract_tb(error.__traceback__))
-    finally:
-        torch.set_default_device(None)
     return None
 
 

@@ -12,9 +12,8 @@ import time
 
 import torch
 
-from tests.device_reads import DeviceReads
 from tests.helpers import tiny_config
-from vits_trainer.profiling import HostReads
+from vits_trainer.profiling import DeviceReads, HostReads
 from vits_trainer.training.loop import Trainer
 from vits_trainer.training.session import build_session
 
@@ -124,10 +123,6 @@ def test_a_micro_step_neither_waits_for_the_device_nor_copies_to_it(tmp_path, ti
     step = GanStep(s.accelerator, s.generator, s.discriminator, s.g_optimizer, s.d_optimizer)
     step(batch, micro_index=0, cycle_length=2)  # first calls (caches, numba) outside the check
     reads = DeviceReads()
-    torch.set_default_device("meta")
-    try:
-        with reads:
-            step(batch, micro_index=0, cycle_length=2)
-    finally:
-        torch.set_default_device(None)
+    with torch.device("meta"), reads:
+        step(batch, micro_index=0, cycle_length=2)
     assert reads.seen == []

@@ -8,9 +8,9 @@ from transformers import VitsConfig, VitsModel
 from transformers.models.vits import modeling_vits
 
 import vits_trainer.model.vits  # noqa: F401  (installs the spline)
-from tests.device_reads import DeviceReads
 from vits_trainer.model.spline import ORIGINAL, spline_forward
 from vits_trainer.model.stochastic_duration import ORIGINAL as transformers_forward
+from vits_trainer.profiling import DeviceReads
 
 BINS = 10
 

@@ -2,7 +2,8 @@
 
 Off by default (`NO_TIMER` costs nothing). When on, each section synchronises the device before and
 after, so the split is exact but the step is slower: use it to see where time goes, not to measure
-throughput.
+throughput. Also two counters of what makes a GPU wait, for the benchmarks and tests: HostReads (reads
+into Python, by place in this package) and DeviceReads (by operator, on any device).
 """
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ import time
 from collections import defaultdict
 
 import torch
+from torch.utils._python_dispatch import TorchDispatchMode
 
 
 class SectionTimer:
@@ -65,6 +67,30 @@ class HostReads(torch.overrides.TorchFunctionMode):
         name = getattr(func, "__name__", "")
         if self.active and name in _READS:
             self.counts[(name, _caller())] += 1
+        return func(*args, **(kwargs or {}))
+
+
+class DeviceReads(TorchDispatchMode):
+    """Counts, by operator, what makes a GPU wait, on any device: a value read into Python
+    (`_local_scalar_dense`), `nonzero`, an index or write through a boolean mask (their output sizes
+    depend on the data). `seen`: their names in order; `record` is called with each."""
+
+    WAITING = frozenset({"_local_scalar_dense", "nonzero", "masked_select"})
+
+    def __init__(self):
+        super().__init__()
+        self.seen: list[str] = []
+
+    def record(self, name: str) -> None:
+        self.seen.append(name)
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        name = func.overloadpacket.__name__
+        masked = name.startswith("index") and any(
+            getattr(t, "dtype", None) == torch.bool for a in args if isinstance(a, list | tuple) for t in a
+        )
+        if name in self.WAITING or masked:
+            self.record(name)
         return func(*args, **(kwargs or {}))
 
 
