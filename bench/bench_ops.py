@@ -1,6 +1,7 @@
 """Operators dispatched per training step: a launch-overhead figure any machine can measure (not a test).
 
     python bench/bench_ops.py [--models tiny,mms] [--batch_size 8] [--label before|after] [--top 25]
+    python bench/bench_ops.py --device cuda --models mms --batch_size 16 --precision bf16 --label gpu
 
 On a GPU every operator is at least one kernel launch, so the number of operators the host dispatches
 per step bounds how launch-bound a step is; on any machine it is exact and repeatable, where times
@@ -21,7 +22,13 @@ Where the operators are: the forward ones are attributed to the innermost labell
 generator's parts, the step's sections and its loss functions); each backward operator to the region
 whose forward operator created its autograd node (matched by sequence number).
 
-The counts are exact: two runs on the same code give the same numbers. Results go to
+On a GPU (`--device cuda`) the same micro-step is also profiled on the device's side: the kernels
+(copies and fills included) each region launches and their GPU time, the most expensive kernels, and
+the GPU's busy time (the union of its activity intervals) against the wall time of the same micro-step
+unprofiled (median of `--timed` steps, the GPU synchronised around each): the share of the step the
+GPU computes. Far below 100 %, the host's launches limit the step; near it, the GPU's arithmetic does.
+
+The operator counts are exact: two runs on the same code give the same numbers. Results go to
 bench/results/ops.json under `--label` (the other labels' results are kept), with the step's losses,
 so an "after" run can be checked against "before" (same losses within float tolerance).
 """
@@ -33,14 +40,17 @@ import collections
 import contextlib
 import json
 import math
+import statistics
 import sys
 import tempfile
+import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 import torch  # noqa: E402
+from torch.autograd import DeviceType  # noqa: E402
 from torch.profiler import ProfilerActivity, profile, record_function  # noqa: E402
 
 import vits_trainer.training.step as step_module  # noqa: E402
@@ -143,30 +153,43 @@ def backward_node_of(event):
     return ancestor(event, "autograd::engine::evaluate_function")
 
 
+def forward_regions(aten: list) -> dict[int, str]:
+    """Autograd sequence number -> region of the forward operator that recorded that node."""
+    found: dict[int, str] = {}
+    for e in aten:  # nested ones too: aten::linear's aten::t records its own node
+        if e.sequence_nr >= 0 and backward_node_of(e) is None:
+            found.setdefault(e.sequence_nr, region_of(e) or "other")
+    return found
+
+
+def region_for(event, forward_region: dict[int, str]) -> str:
+    """The region a profiled CPU event counts in: its labelled region, or for a backward operator the
+    forward region that created its autograd node ("optimizer" for the optimiser step)."""
+    region = region_of(event) or "other"
+    if region == "optimizer":
+        return region
+    node = backward_node_of(event)
+    if node is None:
+        return region
+    if "AccumulateGrad" in node.name:
+        return "backward: accumulate grad"
+    return "backward of " + forward_region.get(node.sequence_nr, "?")
+
+
 def count_ops(events) -> dict:
     """Top-level aten operators of one profiled step, split into step / optimizer and by region."""
     events = list(events)
     aten = [e for e in events if e.name.startswith("aten::")]
     top = [e for e in aten if not has_aten_ancestor(e)]
-    # sequence number -> region of the forward operator that recorded that autograd node
-    forward_region: dict[int, str] = {}
-    for e in aten:  # nested ones too: aten::linear's aten::t records its own node
-        if e.sequence_nr >= 0 and backward_node_of(e) is None:
-            forward_region.setdefault(e.sequence_nr, region_of(e) or "other")
+    forward_region = forward_regions(aten)
     by_region: collections.Counter = collections.Counter()
     by_name: collections.Counter = collections.Counter()
     optimizer = 0
     for e in top:
-        region = region_of(e) or "other"
+        region = region_for(e, forward_region)
         if region == "optimizer":
             optimizer += 1
             continue
-        node = backward_node_of(e)
-        if node is not None:
-            if "AccumulateGrad" in node.name:
-                region = "backward: accumulate grad"
-            else:
-                region = "backward of " + forward_region.get(node.sequence_nr, "?")
         by_region[region] += 1
         by_name[e.name] += 1
     opt_names = collections.Counter(e.name for e in top if region_of(e) == "optimizer")
@@ -181,9 +204,72 @@ def count_ops(events) -> dict:
     }
 
 
-def profile_step(kind: str, batch_size: int, tmp: Path, data_dir: Path) -> dict:
+def union_us(intervals: list[tuple[float, float]]) -> float:
+    """Length of the union of (start, end) intervals: time the device was doing something."""
+    total, end = 0.0, float("-inf")
+    for start, stop in sorted(intervals):
+        if stop <= end:
+            continue
+        total += stop - max(start, end)
+        end = stop
+    return total
+
+
+def count_kernels(events) -> dict:
+    """The device's side of one profiled step: its busy time, and the kernels (copies and fills
+    included) each region launched with their GPU time, each kernel counted at the CPU event that
+    launched it."""
+    events = list(events)
+    device = [e for e in events if e.device_type == DeviceType.CUDA]
+    cpu = [e for e in events if e.device_type == DeviceType.CPU]
+    forward_region = forward_regions([e for e in cpu if e.name.startswith("aten::")])
+    launches: collections.Counter = collections.Counter()
+    gpu_us: collections.Counter = collections.Counter()
+    by_kernel: collections.Counter = collections.Counter()
+    for e in cpu:
+        if not e.kernels:
+            continue
+        region = e.name[len(PREFIX) :] if e.name.startswith(PREFIX) else region_for(e, forward_region)
+        launches[region] += len(e.kernels)
+        gpu_us[region] += sum(k.duration for k in e.kernels)
+    for e in device:
+        by_kernel[e.name[:90]] += e.time_range.end - e.time_range.start
+    return {
+        "device_events": len(device),
+        "kernels_attributed": sum(launches.values()),
+        "runtime_launches": sum(1 for e in cpu if "Launch" in e.name or e.name.startswith("cudaMemcpy")),
+        "gpu_busy_ms": union_us([(e.time_range.start, e.time_range.end) for e in device]) / 1e3,
+        "gpu_kernel_ms": sum(e.time_range.end - e.time_range.start for e in device) / 1e3,
+        "kernels_by_region": dict(launches.most_common()),
+        "gpu_ms_by_region": {k: v / 1e3 for k, v in gpu_us.most_common()},
+        "gpu_ms_by_kernel": {k: v / 1e3 for k, v in by_kernel.most_common(40)},
+    }
+
+
+def timed_steps(step, batch, n: int, device: torch.device) -> list[float]:
+    """Wall seconds of `n` unprofiled micro-steps (each a whole optimiser step), the device synchronised
+    around each."""
+    times = []
+    for _ in range(n):
+        torch.cuda.synchronize(device)
+        start = time.perf_counter()
+        step(batch, 0, 1)
+        torch.cuda.synchronize(device)
+        times.append(time.perf_counter() - start)
+    return times
+
+
+def profile_step(
+    kind: str,
+    batch_size: int,
+    tmp: Path,
+    data_dir: Path,
+    device: str = "cpu",
+    precision: str = "no",
+    timed: int = 5,
+) -> dict:
     model_dir = make_model_dir(kind, tmp / f"model-{kind}")
-    cfg = train_config(tmp / f"run-{kind}", data_dir, model_dir, kind, batch_size, "cpu", "no")
+    cfg = train_config(tmp / f"run-{kind}", data_dir, model_dir, kind, batch_size, device, precision)
     session = quiet_session(cfg)
     step = gan_step(session)
     generator = session.generator_raw
@@ -196,23 +282,36 @@ def profile_step(kind: str, batch_size: int, tmp: Path, data_dir: Path) -> dict:
 
     torch.manual_seed(1)
     step(batch, 0, 1)  # AdamW creates its state on its first step: profile a steady-state step
+    on_gpu = session.device.type == "cuda"
+    wall = timed_steps(step, batch, timed, session.device) if on_gpu else []
     modules = {f"generator.{name}": getattr(generator.model, name, None) for name in GENERATOR_PARTS}
     modules = {name: m for name, m in modules.items() if m is not None}
     handles = label_modules(modules)
     step.timer = generator.timer = RegionTimer()
     torch.manual_seed(2)
     try:
-        with labelled_losses(), profile(activities=[ProfilerActivity.CPU]) as prof:
+        activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if on_gpu else [])
+        with labelled_losses(), profile(activities=activities) as prof:
             result = step(batch, 0, 1)
+            if on_gpu:
+                torch.cuda.synchronize(session.device)
     finally:
         for h in handles:
             h.remove()
     if not result.synced or result.skipped:
         raise RuntimeError(f"{kind}: the profiled step did not update the networks")
     counts = count_ops(prof.events())
+    if on_gpu:
+        counts["gpu"] = count_kernels(prof.events())
+        counts["gpu"]["step_s"] = statistics.median(wall)
+        counts["gpu"]["step_s_each"] = wall
+        counts["gpu"]["busy_share"] = counts["gpu"]["gpu_busy_ms"] / 1e3 / statistics.median(wall)
+        counts["gpu"]["peak_gb"] = torch.cuda.max_memory_allocated(session.device) / 1e9
     losses = {k: float(v) for k, v in result.metrics.items()}
     return {
         "model": kind,
+        "device": str(session.device),
+        "precision": precision,
         "batch_size": batch_size,
         "audio_samples": int(batch["audio"].shape[-1]),
         "tokens": int(batch["input_ids"].shape[-1]),
@@ -250,6 +349,22 @@ def print_run(run: dict, top: int) -> None:
         "  optimiser step: "
         + ", ".join(f"{n} {name}" for name, n in list(run["optimizer_by_op"].items())[:8])
     )
+    gpu = run.get("gpu")
+    if gpu:
+        print(
+            f"  on {run['device']} ({run['precision']}): step {gpu['step_s'] * 1e3:.1f} ms unprofiled "
+            f"(median of {len(gpu['step_s_each'])}, {run['batch_size'] / gpu['step_s']:.1f} samples/s), "
+            f"GPU busy {gpu['gpu_busy_ms']:.1f} ms of it: {100 * gpu['busy_share']:.0f} %; "
+            f"{gpu['kernels_attributed']} kernels ({gpu['device_events']} device events, "
+            f"{gpu['runtime_launches']} launch calls), {gpu['gpu_kernel_ms']:.1f} ms of kernels; "
+            f"peak {gpu['peak_gb']:.1f} GB"
+        )
+        print("  kernels and GPU ms by region:")
+        for region, ms in list(gpu["gpu_ms_by_region"].items())[:top]:
+            print(f"    {gpu['kernels_by_region'][region]:>6}  {ms:8.2f} ms  {region}")
+        print("  GPU ms by kernel:")
+        for name, ms in list(gpu["gpu_ms_by_kernel"].items())[:top]:
+            print(f"    {ms:8.2f} ms  {name}")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -258,6 +373,9 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("--models", default="tiny,mms", help="comma-separated: tiny, mms")
     parser.add_argument("--batch_size", type=int, default=8, help="the fixed micro-batch")
+    parser.add_argument("--device", default="cpu", help="cpu, or cuda: also the kernels and GPU time")
+    parser.add_argument("--precision", default="no", choices=["no", "fp16", "bf16"])
+    parser.add_argument("--timed", type=int, default=5, help="unprofiled steps timed on a GPU")
     parser.add_argument("--label", default="after", help="key under which ops.json keeps these results")
     parser.add_argument("--top", type=int, default=25, help="rows shown per breakdown")
     parser.add_argument("--rtol", type=float, default=1e-4, help="loss tolerance against the 'before' run")
@@ -276,7 +394,9 @@ def main(argv: list[str] | None = None) -> int:
         make_corpus(data_dir, num_clips=24, seed=0, min_words=CORPUS_WORDS[0], max_words=CORPUS_WORDS[1])
         for kind in models:
             print(f"{kind}: profiling one micro-step of batch {args.batch_size} ...", flush=True)
-            runs.append(profile_step(kind, args.batch_size, tmp, data_dir))
+            runs.append(
+                profile_step(kind, args.batch_size, tmp, data_dir, args.device, args.precision, args.timed)
+            )
             print_run(runs[-1], args.top)
 
     results = json.loads(args.out.read_text(encoding="utf-8")) if args.out.is_file() else {}
@@ -292,7 +412,9 @@ def main(argv: list[str] | None = None) -> int:
         print("\nagainst 'before':")
         for run in runs:
             ref = before.get(run["model"])
-            if ref is None or ref["batch_size"] != run["batch_size"]:
+            same = ("batch_size", "device", "precision")
+            defaults = {"device": "cpu", "precision": "no"}  # results from before these were recorded
+            if ref is None or any(ref.get(k, defaults.get(k)) != run[k] for k in same):
                 continue
             fb, opt = ref["forward_backward_ops"], ref["optimizer_ops"]
             print(

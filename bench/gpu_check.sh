@@ -9,6 +9,8 @@
 # compile  the compiled step (three scopes) against the eager one, MMS size, bf16 (bench_compile.py)
 # step     where an MMS-size step goes, eager, fp32 and bf16 (bench_step.py)
 # syncs    where an MMS-size step waits for the GPU (bench_syncs.py)
+# ops      an MMS-size micro-step's operators, kernels and GPU time by part, and the share of the step
+#          the GPU is busy (bench_ops.py --device cuda)
 # eager    the runner at default flags but --compile off, MMS size, against the naive loop (minutes
 #          sooner than defaults: no compilation)
 # defaults the runner at train_vits.py's default flags, MMS size, against the naive loop (bench_train.py defaults)
@@ -32,7 +34,7 @@ out=${1:?usage: bash bench/gpu_check.sh LOG_DIR [STAGE ...]}
 shift
 mkdir -p "$out"
 stages=("$@")
-[ ${#stages[@]} -eq 0 ] && stages=(probe tests eager syncs defaults compile step naive demo budget)
+[ ${#stages[@]} -eq 0 ] && stages=(probe tests eager syncs ops defaults compile step naive demo budget)
 [ "${stages[0]}" = probe ] || stages=(probe "${stages[@]}")
 export PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1 PYTHONFAULTHANDLER=1
 timeout -k 5 30 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv >"$out/gpu.txt" 2>&1
@@ -81,6 +83,8 @@ for stage in "${stages[@]}"; do
     eager) run eager python bench/bench_train.py defaults --models mms --steps 40 --clips 640 --compile off ;;
     syncs) run syncs python bench/bench_syncs.py --device cuda --models mms --batch_size 16 --precision bf16 \
       --out "$out/syncs.json" ;;
+    ops) run ops python bench/bench_ops.py --device cuda --models mms --batch_size 16 --precision bf16 \
+      --label gpu --top 30 --out "$out/ops.json" ;;
     defaults) run defaults python bench/bench_train.py defaults --models mms --steps 60 --clips 640 ;;
     compile) run compile python bench/bench_compile.py --device cuda --models mms --batch_sizes 16,32 \
       --scopes segments,fused,graphs --precision bf16 --steps 6 --out "$out/compile.json" ;;
