@@ -8,6 +8,8 @@ C++ compilation on 2 cores. tests/test_gpu.py runs the default backend with CUDA
 
 from __future__ import annotations
 
+import math
+import os
 import time
 
 import pytest
@@ -441,3 +443,53 @@ def test_short_steps_are_not_compared():
     choice.begin(2 * HOUR, 1.0 / 8)
     _steps(choice, [30.0, 2.0])
     assert choice.observe(20.0, 3, clean=False) is True and choice.measured == {}
+
+
+def test_compiled_code_is_kept_in_the_checkpoint_folder_unless_the_user_chose_one(tmp_path, monkeypatch):
+    """A resumed run on a new Kaggle or Colab machine finds torch.compile's cache in its checkpoint
+    folder (the temporary folder, inductor's default, starts empty there)."""
+    from torch._inductor.runtime.cache_dir_utils import default_cache_dir
+
+    variable = compiled_module.CACHE_VARIABLE
+    for before in (None, default_cache_dir()):  # unset, or inductor's default written on its first use
+        if before is None:
+            monkeypatch.delenv(variable, raising=False)
+        else:
+            monkeypatch.setenv(variable, before)
+        for run in ("a", "b"):  # a second run in the same process gets its own folder
+            lines = []
+            choice = CompileChoice(
+                "auto", "cuda", 1, False, lambda *a, **k: None, lines.append, checkpoint_dir=tmp_path / run
+            )
+            choice.begin(2 * HOUR, 1.0 / 8)
+            kept = str((tmp_path / run / compiled_module.CACHE_FOLDER).resolve())
+            assert os.environ[variable] == kept and choice.summary()["cache"] == kept
+            assert f"compile: compiled code kept in {kept}; a resumed run reuses it" in lines[-1]
+    monkeypatch.setenv(variable, str(tmp_path / "mine"))  # the user's choice stands
+    lines = []
+    choice = CompileChoice(
+        "auto", "cuda", 1, False, lambda *a, **k: None, lines.append, checkpoint_dir=tmp_path
+    )
+    choice.begin(2 * HOUR, 1.0 / 8)
+    assert os.environ[variable] == str(tmp_path / "mine") and choice.summary()["cache"] == str(
+        tmp_path / "mine"
+    )
+    assert lines[-1] == f"compile: compiled code kept in {tmp_path / 'mine'} (TORCHINDUCTOR_CACHE_DIR)"
+
+
+def test_inductor_reads_compiled_code_back_from_the_kept_folder(tmp_path, monkeypatch):
+    """Real code generation (inductor, on the CPU): what one compilation wrote to the kept folder, a
+    later one (Dynamo's and the process's in-memory caches cleared, as in a new session) reads back."""
+    from torch._dynamo.utils import counters
+
+    monkeypatch.delenv(compiled_module.CACHE_VARIABLE, raising=False)
+    compiled_module.keep_compiled_code(tmp_path / "kept")
+    hits = []
+    for _ in range(2):
+        torch._dynamo.reset()
+        counters.clear()
+        fn = torch.compile(lambda x: (x.sin() * 3).sum(), backend="inductor", dynamic=False)
+        assert float(fn(torch.ones(4))) == pytest.approx(12 * math.sin(1.0), rel=1e-5)
+        hits.append((counters["inductor"]["fxgraph_cache_miss"], counters["inductor"]["fxgraph_cache_hit"]))
+    assert hits == [(1, 0), (0, 1)]
+    assert any((tmp_path / "kept").rglob("*.py"))  # the generated code is in the folder

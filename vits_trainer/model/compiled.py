@@ -25,7 +25,9 @@ keep_conv1d_backward_dynamic and keep_saved_strides_symbolic. `python bench/benc
 
 from __future__ import annotations
 
+import os
 import warnings
+from pathlib import Path
 
 import torch
 
@@ -39,6 +41,34 @@ UTTERANCE_PARTS = ("text_encoder", "posterior_encoder", "flow", "duration_predic
 SCOPES = ("segments", "fused", "graphs")
 SCOPE = "segments"  # GanStep.use_compiled's default
 TRIED = ("fused", "segments")  # what the trainer measures (compile_choice.py), widest first
+
+
+CACHE_FOLDER = "compile_cache"  # in the checkpoint folder: the run's compiled code, kept for its resumes
+CACHE_VARIABLE = "TORCHINDUCTOR_CACHE_DIR"  # inductor's on-disk cache (its Triton kernels go inside it)
+_pointed: set[str] = set()  # the folders this process pointed the cache at (not the user's choice)
+
+
+def keep_compiled_code(folder: Path) -> tuple[str, bool]:
+    """Point torch.compile's on-disk cache (compiled graphs, their autograd, Triton kernels, autotuning
+    results) at `folder`, unless the user chose one with TORCHINDUCTOR_CACHE_DIR. Its default lives in
+    the temporary folder, which a new Kaggle or Colab session starts without: a run resumed there would
+    compile everything again. In the checkpoint folder it travels with the checkpoints, and a resume
+    reuses what matches its torch, GPU and shapes. Returns (the folder used, whether it is the user's)."""
+    from torch._inductor.runtime.cache_dir_utils import default_cache_dir
+
+    current = os.environ.get(CACHE_VARIABLE)
+    # inductor writes its default into the variable on first use: that is no choice of the user's
+    users = (
+        current
+        and current not in _pointed
+        and os.path.abspath(current) != os.path.abspath(default_cache_dir())
+    )
+    if users:
+        return current, True
+    chosen = str(Path(folder).resolve())
+    os.environ[CACHE_VARIABLE] = chosen
+    _pointed.add(chosen)
+    return chosen, False
 
 
 def compile_mode(device_type: str, graphs: bool = True) -> str:

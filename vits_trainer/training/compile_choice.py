@@ -26,8 +26,9 @@ from __future__ import annotations
 
 import statistics
 from collections.abc import Callable
+from pathlib import Path
 
-from ..model.compiled import TRIED, describe, graphs_compiled
+from ..model.compiled import CACHE_FOLDER, TRIED, describe, graphs_compiled, keep_compiled_code
 
 COMPILE_MIN_MINUTES = 20.0  # auto: training time that must be left to try compiling
 EAGER_STEPS = 3  # eager steps measured first when no trial measured the size (the first a warm-up)
@@ -50,6 +51,7 @@ class CompileChoice:
         log: Callable[[str], None],
         compilations: Callable[[], int] = graphs_compiled,
         scopes: tuple[str, ...] = TRIED,
+        checkpoint_dir: Path | None = None,
     ) -> None:
         self.setting = setting
         self.device_type = device_type
@@ -71,6 +73,9 @@ class CompileChoice:
         self.measured: dict[str, list[float]] = {}  # seconds per sample of compiled steps, by scope
         self.compile_seconds: float | None = None
         self.failures = 0
+        # where compiled code is kept for a resume (None: torch's default, in the temporary folder)
+        self.cache_folder = None if checkpoint_dir is None else Path(checkpoint_dir) / CACHE_FOLDER
+        self.cache: str | None = None  # the folder in use once compiling
 
     @property
     def decided(self) -> bool:
@@ -178,6 +183,7 @@ class CompileChoice:
             "scope": self.scope if self.phase == "on" else None,
             "reason": self.reason,
             "compile_seconds": self.compile_seconds,
+            "cache": self.cache,
             "eager_seconds_per_sample": eager,
             "compiled_seconds_per_sample": compiled,
             "speedup": (eager / compiled) if eager and compiled else None,
@@ -197,6 +203,12 @@ class CompileChoice:
             + (" with CUDA graphs" if self.device_type == "cuda" else "")
             + f" (--compile {self.setting}); the next {COMPILE_STEPS} steps include the compilation"
         )
+        if self.cache_folder is not None:
+            self.cache, users = keep_compiled_code(self.cache_folder)
+            self.log(
+                f"compile: compiled code kept in {self.cache}"
+                + (" (TORCHINDUCTOR_CACHE_DIR)" if users else "; a resumed run reuses it (safe to delete)")
+            )
         self.graphs_seen = self.compilations()
         self.use(True, scope=self.scope)
         self.phase = "compiling"

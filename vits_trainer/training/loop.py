@@ -131,6 +131,7 @@ class Trainer:
             cfg.gradient_checkpointing,
             self.step_fn.use_compiled,
             session.log,
+            checkpoint_dir=session.checkpoint_dir,
         )
         self.outputs = RunOutputs(session, self.metrics, self.agreement, self.threads, self.micro.used)
         self.recovery = Recovery(session, self.metrics, lambda: self.outputs.last_checkpoint, self.clip_ids)
