@@ -54,7 +54,7 @@ from bench.bench_step import (  # noqa: E402
 )
 from vits_trainer.data.loader import ClipDataset, collate_batch  # noqa: E402
 from vits_trainer.data.synthetic import make_corpus  # noqa: E402
-from vits_trainer.model.compiled import SCOPES, LengthChecked  # noqa: E402
+from vits_trainer.model.compiled import SCOPES, LengthChecked, cached_graphs  # noqa: E402
 from vits_trainer.training.evaluate import move_batch  # noqa: E402
 from vits_trainer.training.loop import gan_step  # noqa: E402
 from vits_trainer.training.runtime import quiet_transformers  # noqa: E402
@@ -69,6 +69,7 @@ def run_session(cfg, scope: str | None, backend: str | None, steps: int, warmup:
     step_fn = gan_step(session)
     if scope is not None:
         step_fn.use_compiled(True, backend, scope)
+    cache_before = cached_graphs()
     dataset = ClipDataset(session.data.train)
     batches = batches_of(session)
     device = session.device
@@ -102,6 +103,8 @@ def run_session(cfg, scope: str | None, backend: str | None, steps: int, warmup:
         "peak_vram_gb": torch.cuda.max_memory_allocated(device) / 2**30 if device.type == "cuda" else None,
         # compilations on new lengths, and the parts that went back to eager for them
         "recompiles": {p.name: p.recompiles for p in checked},
+        # graphs inductor read back from its on-disk cache (TORCHINDUCTOR_CACHE_DIR), and compiled afresh
+        "cache_hits_misses": [now - then for now, then in zip(cached_graphs(), cache_before, strict=True)],
         "eager_parts": {p.name: p.eager_reason for p in checked if p.eager_reason},
     }
 
@@ -201,7 +204,8 @@ def compare(kind: str, b: int, scope: str, eager: dict, comp: dict, args) -> dic
     print(
         f"  eager {eager['step_s']:.3f} s ({eager['samples_per_second']:.1f} samples/s) | {scope} "
         f"{comp['step_s']:.3f} s ({comp['samples_per_second']:.1f} samples/s) | {row['speedup']:.2f}x | "
-        f"compile {compile_s:.0f} s, paid back after {payback} | "
+        f"compile {compile_s:.0f} s ({comp['cache_hits_misses'][0]} graphs from the cache, "
+        f"{comp['cache_hits_misses'][1]} compiled), paid back after {payback} | "
         f"losses differ by at most {diff:.1e}{ceiling}",
         flush=True,
     )

@@ -479,17 +479,36 @@ def test_compiled_code_is_kept_in_the_checkpoint_folder_unless_the_user_chose_on
 
 def test_inductor_reads_compiled_code_back_from_the_kept_folder(tmp_path, monkeypatch):
     """Real code generation (inductor, on the CPU): what one compilation wrote to the kept folder, a
-    later one (Dynamo's and the process's in-memory caches cleared, as in a new session) reads back."""
-    from torch._dynamo.utils import counters
-
+    later one (Dynamo's caches reset, as in a new session) reads back, and cached_graphs counts it."""
     monkeypatch.delenv(compiled_module.CACHE_VARIABLE, raising=False)
     compiled_module.keep_compiled_code(tmp_path / "kept")
-    hits = []
+    uses = []
     for _ in range(2):
         torch._dynamo.reset()
-        counters.clear()
+        before = compiled_module.cached_graphs()
         fn = torch.compile(lambda x: (x.sin() * 3).sum(), backend="inductor", dynamic=False)
         assert float(fn(torch.ones(4))) == pytest.approx(12 * math.sin(1.0), rel=1e-5)
-        hits.append((counters["inductor"]["fxgraph_cache_miss"], counters["inductor"]["fxgraph_cache_hit"]))
-    assert hits == [(1, 0), (0, 1)]
+        uses.append(tuple(a - b for a, b in zip(compiled_module.cached_graphs(), before, strict=True)))
+    assert uses == [(0, 1), (1, 0)]  # (read back, compiled afresh)
     assert any((tmp_path / "kept").rglob("*.py"))  # the generated code is in the folder
+
+
+def test_the_log_says_how_many_graphs_came_from_the_cache():
+    """A resumed run's compile line says how much of the compilation its kept folder saved."""
+    counts = [(5, 2)]  # (read back, compiled afresh) in this process before the run compiles
+    lines = []
+    choice = CompileChoice(
+        "auto", "cuda", 1, False, lambda *a, **k: None, lines.append, cache_counts=lambda: counts[0]
+    )
+    choice.begin(2 * HOUR, 1.0 / 8)
+    counts[0] = (45, 3)
+    _steps(choice, [20.0, 5.0, 0.5, 0.5, 0.5, 0.8, 0.8, 0.8])
+    assert choice.phase == "on" and lines[-1].endswith("; 40 of 41 graphs read back from the cache")
+    assert choice.summary()["cache_hits"] == 40 and choice.summary()["cache_misses"] == 1
+    lines.clear()
+    choice = CompileChoice(
+        "auto", "cuda", 1, False, lambda *a, **k: None, lines.append, cache_counts=lambda: (0, 9)
+    )
+    choice.begin(2 * HOUR, 1.0 / 8)
+    _steps(choice, [20.0, 5.0, 1.5, 1.5, 1.5, 1.5, 1.5, 1.5])  # slower: back to eager, nothing cached
+    assert choice.phase == "off" and lines[-1].endswith("compiling cost 23 s")

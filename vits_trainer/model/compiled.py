@@ -71,6 +71,13 @@ def keep_compiled_code(folder: Path) -> tuple[str, bool]:
     return chosen, False
 
 
+def cached_graphs() -> tuple[int, int]:
+    """(graphs inductor read back from its on-disk cache, graphs it compiled afresh) in this process."""
+    from torch._dynamo.utils import counters
+
+    return counters["inductor"]["fxgraph_cache_hit"], counters["inductor"]["fxgraph_cache_miss"]
+
+
 def compile_mode(device_type: str, graphs: bool = True) -> str:
     """CUDA graphs where there is a GPU (and `graphs`); plain kernel fusion elsewhere."""
     return "reduce-overhead" if device_type == "cuda" and graphs else "default"

@@ -28,7 +28,7 @@ import statistics
 from collections.abc import Callable
 from pathlib import Path
 
-from ..model.compiled import CACHE_FOLDER, TRIED, describe, graphs_compiled, keep_compiled_code
+from ..model.compiled import CACHE_FOLDER, TRIED, cached_graphs, describe, graphs_compiled, keep_compiled_code
 
 COMPILE_MIN_MINUTES = 20.0  # auto: training time that must be left to try compiling
 EAGER_STEPS = 3  # eager steps measured first when no trial measured the size (the first a warm-up)
@@ -52,6 +52,7 @@ class CompileChoice:
         compilations: Callable[[], int] = graphs_compiled,
         scopes: tuple[str, ...] = TRIED,
         checkpoint_dir: Path | None = None,
+        cache_counts: Callable[[], tuple[int, int]] = cached_graphs,
     ) -> None:
         self.setting = setting
         self.device_type = device_type
@@ -76,6 +77,8 @@ class CompileChoice:
         # where compiled code is kept for a resume (None: torch's default, in the temporary folder)
         self.cache_folder = None if checkpoint_dir is None else Path(checkpoint_dir) / CACHE_FOLDER
         self.cache: str | None = None  # the folder in use once compiling
+        self.cache_counts = cache_counts  # (graphs read back from the cache, compiled afresh) so far
+        self.cache_start = (0, 0)
 
     @property
     def decided(self) -> bool:
@@ -184,6 +187,7 @@ class CompileChoice:
             "reason": self.reason,
             "compile_seconds": self.compile_seconds,
             "cache": self.cache,
+            **dict(zip(("cache_hits", "cache_misses"), self._cache_use(), strict=True)),
             "eager_seconds_per_sample": eager,
             "compiled_seconds_per_sample": compiled,
             "speedup": (eager / compiled) if eager and compiled else None,
@@ -210,6 +214,7 @@ class CompileChoice:
                 + (" (TORCHINDUCTOR_CACHE_DIR)" if users else "; a resumed run reuses it (safe to delete)")
             )
         self.graphs_seen = self.compilations()
+        self.cache_start = self.cache_counts()
         self.use(True, scope=self.scope)
         self.phase = "compiling"
 
@@ -229,6 +234,14 @@ class CompileChoice:
 
     def _compiled_per_sample(self) -> float | None:
         return self._medians().get(self.scope)
+
+    def _cache_use(self) -> tuple[int, int]:
+        """(graphs read back from the cache, graphs compiled afresh) since compiling began."""
+        return tuple(now - then for now, then in zip(self.cache_counts(), self.cache_start, strict=True))
+
+    def _cache_note(self) -> str:
+        hits, misses = self._cache_use()
+        return f"; {hits} of {hits + misses} graphs read back from the cache" if hits else ""
 
     def _judge(self, samples: int) -> None:
         best = self._best()
@@ -262,7 +275,7 @@ class CompileChoice:
             self.log(
                 f"compile: on{' (--compile on)' if self.setting == 'on' else ''}, {describe(self.scope)}: "
                 f"compiled in {self.compile_seconds:.0f} s; {measured}{f' ({ratio:.2f}x)' if ratio else ''}"
-                f"{payback}{others}"
+                f"{payback}{others}{self._cache_note()}"
             )
         else:
             self.use(False)
@@ -270,4 +283,5 @@ class CompileChoice:
             self.reason = f"the compiled step was not faster ({ratio:.2f}x)" if ratio else "not measured"
             self.log(
                 f"compile: back to eager: {measured}{others}; compiling cost {self.compile_seconds:.0f} s"
+                f"{self._cache_note()}"
             )
