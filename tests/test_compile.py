@@ -500,6 +500,8 @@ def test_the_log_says_how_many_graphs_came_from_the_cache():
     choice = CompileChoice(
         "auto", "cuda", 1, False, lambda *a, **k: None, lines.append, cache_counts=lambda: counts[0]
     )
+    # nothing compiled yet: the process's earlier counts are not this run's
+    assert choice.summary()["cache_hits"] == 0
     choice.begin(2 * HOUR, 1.0 / 8)
     counts[0] = (45, 3)
     _steps(choice, [20.0, 5.0, 0.5, 0.5, 0.5, 0.8, 0.8, 0.8])

@@ -78,7 +78,7 @@ class CompileChoice:
         self.cache_folder = None if checkpoint_dir is None else Path(checkpoint_dir) / CACHE_FOLDER
         self.cache: str | None = None  # the folder in use once compiling
         self.cache_counts = cache_counts  # (graphs read back from the cache, compiled afresh) so far
-        self.cache_start = (0, 0)
+        self.cache_start: tuple[int, int] | None = None  # the counts when compiling began
 
     @property
     def decided(self) -> bool:
@@ -236,7 +236,9 @@ class CompileChoice:
         return self._medians().get(self.scope)
 
     def _cache_use(self) -> tuple[int, int]:
-        """(graphs read back from the cache, graphs compiled afresh) since compiling began."""
+        """(graphs read back from the cache, graphs compiled afresh) since compiling began (0, 0 if never)."""
+        if self.cache_start is None:
+            return 0, 0
         return tuple(now - then for now, then in zip(self.cache_counts(), self.cache_start, strict=True))
 
     def _cache_note(self) -> str:
