@@ -332,6 +332,13 @@ def compare_losses(before: dict, after: dict, rtol: float) -> list[str]:
     return bad
 
 
+def print_rows(title: str, lines, top: int) -> None:
+    """A titled breakdown: its first `top` lines, indented under the title."""
+    print(f"  {title}:")
+    for line in list(lines)[:top]:
+        print(f"    {line}")
+
+
 def print_run(run: dict, top: int) -> None:
     print(
         f"\n{run['model']} (batch {run['batch_size']}, {run['audio_samples']} samples, "
@@ -339,12 +346,8 @@ def print_run(run: dict, top: int) -> None:
         f"{run['optimizer_ops']} in the optimiser step; {run['all_aten_events']} aten events in all, "
         f"{run['distinct_ops_forward_backward']} distinct operators"
     )
-    print("  by region:")
-    for region, n in list(run["by_region"].items())[:top]:
-        print(f"    {n:>6}  {region}")
-    print("  most frequent operators:")
-    for name, n in list(run["by_op"].items())[:top]:
-        print(f"    {n:>6}  {name}")
+    print_rows("by region", (f"{n:>6}  {region}" for region, n in run["by_region"].items()), top)
+    print_rows("most frequent operators", (f"{n:>6}  {name}" for name, n in run["by_op"].items()), top)
     print(
         "  optimiser step: "
         + ", ".join(f"{n} {name}" for name, n in list(run["optimizer_by_op"].items())[:8])
@@ -359,12 +362,14 @@ def print_run(run: dict, top: int) -> None:
             f"{gpu['runtime_launches']} launch calls), {gpu['gpu_kernel_ms']:.1f} ms of kernels; "
             f"peak {gpu['peak_gb']:.1f} GB"
         )
-        print("  kernels and GPU ms by region:")
-        for region, ms in list(gpu["gpu_ms_by_region"].items())[:top]:
-            print(f"    {gpu['kernels_by_region'][region]:>6}  {ms:8.2f} ms  {region}")
-        print("  GPU ms by kernel:")
-        for name, ms in list(gpu["gpu_ms_by_kernel"].items())[:top]:
-            print(f"    {ms:8.2f} ms  {name}")
+        regions = gpu["gpu_ms_by_region"].items()
+        kernels = gpu["kernels_by_region"]
+        print_rows(
+            "kernels and GPU ms by region", (f"{kernels[r]:>6}  {ms:8.2f} ms  {r}" for r, ms in regions), top
+        )
+        print_rows(
+            "GPU ms by kernel", (f"{ms:8.2f} ms  {name}" for name, ms in gpu["gpu_ms_by_kernel"].items()), top
+        )
 
 
 def main(argv: list[str] | None = None) -> int:

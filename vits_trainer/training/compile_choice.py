@@ -179,6 +179,7 @@ class CompileChoice:
 
     def summary(self) -> dict:
         eager, compiled = self.eager_reference, self._compiled_per_sample()
+        hits, misses = self._cache_use()
         return {
             "setting": self.setting,
             "compiled": self.phase == "on",
@@ -187,7 +188,8 @@ class CompileChoice:
             "reason": self.reason,
             "compile_seconds": self.compile_seconds,
             "cache": self.cache,
-            **dict(zip(("cache_hits", "cache_misses"), self._cache_use(), strict=True)),
+            "cache_hits": hits,
+            "cache_misses": misses,
             "eager_seconds_per_sample": eager,
             "compiled_seconds_per_sample": compiled,
             "speedup": (eager / compiled) if eager and compiled else None,
