@@ -60,6 +60,7 @@ def test_budget_run_ends_inside_the_budget(budget_run):
         "epochs_completed",
         "samples_per_second",
         "best_val_loss",
+        "best_metric",
         "resumed_from_step",
         "data_wait_fraction",
         "preload_seconds",
@@ -67,6 +68,7 @@ def test_budget_run_ends_inside_the_budget(budget_run):
         assert key in summary
     assert summary["steps"] > 20 and summary["epochs_planned"] > 1
     assert summary["resumed_from_step"] is None
+    assert summary["best_metric"] == "val_mel"  # best_val_loss is its value, not val_loss's
     assert 0.0 <= summary["data_wait_fraction"] < 0.5
     assert "plan:" in proc.stdout
 

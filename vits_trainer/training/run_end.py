@@ -145,7 +145,8 @@ class RunEnd:
             "epochs_trained": state.samples_seen / max(1, s.data.samples_per_epoch),
             "samples_per_second": loop_figures["samples_per_second"],
             "threads": loop_figures["threads"],
-            "best_val_loss": state.best_val,
+            "best_val_loss": state.best_val,  # of best_metric, which picks best_model
+            "best_metric": s.cfg.best_metric,
             "best_step": state.best_step,
             # the evaluation of the final weights only; never an earlier one standing in for it
             "final_val": outputs.last_val if outputs.last_val_step == budget.global_step else None,
