@@ -38,31 +38,6 @@ def _run_steps(step: GanStep, batch: dict, steps: int) -> list[dict[str, float]]
     return out
 
 
-@pytest.mark.parametrize("scope", ["segments", "fused"])
-def test_compiled_and_eager_steps_give_the_same_losses(tmp_path, tiny_model_dir, tone_corpus, scope):
-    """Three full optimiser steps from the same weights on the same batch: every loss and both gradient
-    norms agree, so the compiled graphs (decoder, discriminator with its frozen generator pass; with
-    "fused" the encoders, flow and duration predictor too) also produce the same gradients and updates."""
-    results = {}
-    for mode in ("eager", "compiled"):
-        s = _session(tmp_path / mode, tone_corpus, tiny_model_dir)
-        step = GanStep(s.accelerator, s.generator, s.discriminator, s.g_optimizer, s.d_optimizer)
-        if mode == "compiled":
-            step.use_compiled(True, backend="aot_eager", scope=scope)
-            expected = set(compiled_module.SEGMENT_PARTS)
-            if scope == "fused":
-                expected |= set(compiled_module.UTTERANCE_PARTS)
-            assert set(s.generator_raw.compiled) == expected
-        results[mode] = _run_steps(step, one_batch(s), 3)
-        if mode == "compiled":  # the compiled callables never enter the saved weights
-            assert not any("_orig_mod" in k for k in s.model.state_dict())
-            assert not any("_orig_mod" in k for k in s.discriminator_raw.state_dict())
-    for eager, comp in zip(results["eager"], results["compiled"], strict=True):
-        assert eager.keys() == comp.keys()
-        for key in eager:
-            assert comp[key] == pytest.approx(eager[key], rel=1e-4, abs=1e-6), key
-
-
 def test_use_compiled_false_restores_the_eager_step(tmp_path, tiny_model_dir, tone_corpus):
     s = _session(tmp_path, tone_corpus, tiny_model_dir)
     step = GanStep(s.accelerator, s.generator, s.discriminator, s.g_optimizer, s.d_optimizer)
@@ -97,11 +72,17 @@ def test_compile_mode_uses_cuda_graphs_only_on_a_gpu():
     assert compiled_module.compile_mode("cpu") == "default"
 
 
-def test_new_lengths_compile_nothing_and_evaluation_stays_eager(tmp_path, tiny_model_dir, tone_corpus):
-    """The "fused" scope compiles every network the step runs. The utterance parts see each batch's own
-    text and frame lengths: captured once (aot_eager) for every length, later shapes compile nothing
-    (on a GPU a compile costs seconds to minutes, so a run must not meet one per shape). An evaluation
-    forward (full length, no gradients) runs eager and compiles nothing."""
+def test_the_compiled_step_gives_the_eager_losses_and_new_lengths_compile_nothing(
+    tmp_path, tiny_model_dir, tone_corpus
+):
+    """The "fused" scope compiles every network the step runs ("segments" compiles a subset of them, the
+    same way). Three full optimiser steps from the same weights on the same batch: every loss and both
+    gradient norms agree with eager, so the compiled graphs (decoder, discriminator with its frozen
+    generator pass, encoders, flow, duration predictor) also produce the same gradients and updates.
+    The utterance parts see each batch's own text and frame lengths: captured once (aot_eager) for
+    every length, later shapes compile nothing (on a GPU a compile costs seconds to minutes, so a run
+    must not meet one per shape). An evaluation forward (full length, no gradients) runs eager and
+    compiles nothing."""
     from torch._dynamo.backends.registry import lookup_backend
 
     from vits_trainer.data.loader import ClipDataset, collate_batch
@@ -112,15 +93,28 @@ def test_new_lengths_compile_nothing_and_evaluation_stays_eager(tmp_path, tiny_m
         graphs.append(gm)
         return lookup_backend("aot_eager")(gm, example_inputs)
 
-    s = _session(tmp_path, tone_corpus, tiny_model_dir)
-    step = GanStep(s.accelerator, s.generator, s.discriminator, s.g_optimizer, s.d_optimizer)
-    torch._dynamo.reset()
-    step.use_compiled(True, backend=counting_backend, scope="fused")
-    assert set(s.generator_raw.compiled) == {*compiled_module.SEGMENT_PARTS, *compiled_module.UTTERANCE_PARTS}
+    results = {}
+    for mode in ("eager", "compiled"):
+        s = _session(tmp_path / mode, tone_corpus, tiny_model_dir)
+        step = GanStep(s.accelerator, s.generator, s.discriminator, s.g_optimizer, s.d_optimizer)
+        if mode == "compiled":
+            torch._dynamo.reset()
+            step.use_compiled(True, backend=counting_backend, scope="fused")
+            expected = {*compiled_module.SEGMENT_PARTS, *compiled_module.UTTERANCE_PARTS}
+            assert set(s.generator_raw.compiled) == expected
+        results[mode] = _run_steps(step, one_batch(s), 3)
+    assert not any("_orig_mod" in k for k in s.model.state_dict())  # compiled callables are not saved
+    assert not any("_orig_mod" in k for k in s.discriminator_raw.state_dict())
+    for eager, comp in zip(results["eager"], results["compiled"], strict=True):
+        assert eager.keys() == comp.keys()
+        for key in eager:
+            assert comp[key] == pytest.approx(eager[key], rel=1e-4, abs=1e-6), key
 
+    compiled_once = len(graphs)
+    assert compiled_once > 0
     dataset = ClipDataset(s.data.train)
     by_length = sorted(range(len(dataset)), key=lambda i: len(dataset[i]["audio"]))
-    batches = []  # 4 clips each, from the shortest to the longest: every batch has its own lengths
+    batches = []  # 4 clips each, as one_batch, from the shortest to the longest: each its own lengths
     for k in (0, 3, 1, 2):
         batch = collate_batch([dataset[i] for i in by_length[4 * k : 4 * k + 4]])
         batch.pop("indices")
@@ -128,13 +122,12 @@ def test_new_lengths_compile_nothing_and_evaluation_stays_eager(tmp_path, tiny_m
         batches.append(batch)
     shapes = [(b["input_ids"].shape[-1], b["audio"].shape[-1]) for b in batches]
     assert len(set(shapes)) == 4, shapes
-
     counts = []
     for i, batch in enumerate(batches):
         torch.manual_seed(i)
         assert not step(batch).skipped
         counts.append(len(graphs))
-    assert counts[0] > 0 and counts[3] == counts[0], (counts, shapes)
+    assert counts == [compiled_once] * 4, (counts, shapes)
 
     s.generator.eval()
     with torch.no_grad():
@@ -145,7 +138,7 @@ def test_new_lengths_compile_nothing_and_evaluation_stays_eager(tmp_path, tiny_m
             batches[0]["audio_lengths"],
             full_length=True,
         )
-    assert len(graphs) == counts[0]
+    assert len(graphs) == compiled_once
 
 
 class _FixesItsLength(torch.nn.Module):
