@@ -211,6 +211,27 @@ def test_multi_speaker_and_deterministic_duration_predictor_train(tmp_path):
     assert json.loads((tmp_path / "final_model" / "speakers.json").read_text()) == {"0": 0, "1": 1}
 
 
+def test_every_step_trains_in_train_mode_with_no_evaluation_before_it(
+    tmp_path, tiny_model_dir, tone_corpus, monkeypatch
+):
+    """from_pretrained returns a model in evaluation mode (dropouts and layer drop off). A run without
+    validation clips, like a resumed run, has no start evaluation whose `train(was_training)` would
+    set training mode back: the session sets it itself."""
+    from vits_trainer.training.step import GanStep
+
+    modes = []
+    micro_step = GanStep.micro_step
+
+    def recording(self, *args, **kwargs):
+        generator = self.accelerator.unwrap_model(self.generator)
+        modes.append(all(m.training for m in generator.modules()))
+        return micro_step(self, *args, **kwargs)
+
+    monkeypatch.setattr(GanStep, "micro_step", recording)
+    _, summary = train_tiny(tmp_path, tone_corpus, tiny_model_dir, max_steps=2, val_fraction=0.0)
+    assert summary["steps"] == 2 and modes and all(modes), modes
+
+
 def test_duration_spline_passes_values_beyond_its_bound_unchanged():
     # a diverged model puts every value outside the spline's tail bound; transformers' spline then got
     # an empty tensor and raised, crashing the evaluation that should have judged the model

@@ -89,6 +89,10 @@ def make_generator(cfg: TrainConfig, model, log) -> VitsGenerator:
     generator = VitsGenerator(
         model, segment_frames=max(1, cfg.segment_size // _hop(model)), mas_backend=cfg.mas_backend
     )
+    # from_pretrained leaves a model in evaluation mode: without this, its dropouts and the text
+    # encoder's layer drop stayed off until an evaluation set train mode back, so a resumed run (no
+    # start evaluation) and one without a validation set trained in evaluation mode
+    generator.train()
     if cfg.freeze:
         parts = [p.strip() for p in cfg.freeze.split(",") if p.strip()]
         try:
