@@ -160,6 +160,30 @@ def test_a_part_that_compiles_again_for_new_lengths_goes_back_to_eager():
     assert part.graphs == graphs and part.recompiles == 3
 
 
+class _FloatAttributes(torch.nn.Module):
+    """Float attributes, as every VITS part has (dropout rates, the attention's scaling)."""
+
+    def __init__(self):
+        super().__init__()
+        self.dropout = torch.nn.Dropout(0.0)
+        self.scale = 0.5
+
+    def forward(self, x):
+        return self.dropout(x * self.scale)
+
+
+def test_a_part_with_float_attributes_is_traced_once():
+    """Under symbolic shapes Dynamo makes a module's float attributes symbolic, meets an operator that
+    needs a number (dropout's rate) and traces the whole part again with them fixed: without
+    LengthChecked fixing them from the start, the backend receives the graph twice (on a GPU, inductor
+    compiles twice)."""
+    torch._dynamo.reset()
+    part = compiled_module.LengthChecked("flow", _FloatAttributes(), "cpu", "aot_eager", False, print)
+    for length in (5, 6):
+        torch.testing.assert_close(part(torch.ones(2, length)), torch.full((2, length), 0.5))
+    assert part.graphs == 1 and part.recompiles == 0
+
+
 def test_inductor_compiles_a_1d_convolution_and_its_backward_once_for_every_length(tmp_path, monkeypatch):
     """Real code generation (inductor, on the CPU): torch 2.13 fixes the length of a 1-D convolution's
     backward to the first batch's unless model/compiled.py keeps it symbolic."""

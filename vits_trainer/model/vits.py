@@ -27,6 +27,7 @@ from .losses import duration_loss_deterministic, kl_loss, mel_reconstruction_los
 from .spectrogram import SpectrogramFrontEnd
 from .spline import install as install_spline
 from .stochastic_duration import install as install_stochastic_duration
+from .text_encoder import install as install_text_encoder
 from .wavenet import install as install_wavenet
 
 LOG_2PI = math.log(2 * math.pi)
@@ -38,6 +39,8 @@ install_spline()
 install_wavenet()
 # the stochastic duration predictor's training noise drawn on the device, not copied there (stochastic_duration.py)
 install_stochastic_duration()
+# the text encoder's LayerDrop drawn on the device, so that torch.compile keeps its layers in one graph
+install_text_encoder()
 
 
 def sequence_mask(lengths: torch.Tensor, max_length: int) -> torch.Tensor:

@@ -133,19 +133,14 @@ def resolve_precision(requested: str, cpu: bool, log=print) -> str:
     return requested
 
 
-def make_accelerator(
-    mixed_precision: str, cpu: bool, report_to: str, project_dir: Path, find_unused_parameters: bool = False
-):
+def make_accelerator(mixed_precision: str, cpu: bool, report_to: str, project_dir: Path):
     from accelerate import Accelerator
-    from accelerate.utils import DistributedDataParallelKwargs, GradScalerKwargs
+    from accelerate.utils import GradScalerKwargs
 
-    handlers = [
-        # 65536 (the default) overflows for the first dozens of steps and was seen driving losses to NaN
-        GradScalerKwargs(init_scale=1024.0, growth_interval=1000),
-        # transformers' text encoder skips layers at random (layerdrop): their weights get no gradient,
-        # which DDP must be told about (it costs a graph traversal per step, so only when needed)
-        DistributedDataParallelKwargs(find_unused_parameters=find_unused_parameters),
-    ]
+    # 65536 (the default) overflows for the first dozens of steps and was seen driving losses to NaN.
+    # DDP needs no search for unused parameters: a layer the text encoder's layer drop skips still runs
+    # and gets a (zero) gradient (model/text_encoder.py)
+    handlers = [GradScalerKwargs(init_scale=1024.0, growth_interval=1000)]
     log_with = None if report_to == "none" else report_to
     if log_with == "tensorboard":
         try:

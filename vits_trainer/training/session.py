@@ -194,13 +194,7 @@ def _build_session(
     ckpt_bytes = estimate_checkpoint_bytes(model, discriminator)
     if main:  # from here on files are written
         _check_output_folders(cfg, ckpt_bytes)
-    accelerator = make_accelerator(
-        precision,
-        cfg.cpu,
-        cfg.report_to,
-        Path(cfg.checkpoint_dir),
-        find_unused_parameters=model.config.layerdrop > 0,
-    )
+    accelerator = make_accelerator(precision, cfg.cpu, cfg.report_to, Path(cfg.checkpoint_dir))
     log = Logger(accelerator.is_main_process)
     _describe_start(accelerator, precision, model, model_source, ckpt, log)
     store, report = load_store(cfg, Path(cfg.data_dir), model.config.sampling_rate, accelerator, log)
