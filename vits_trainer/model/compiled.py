@@ -171,9 +171,8 @@ class LengthChecked:
 
     With symbolic shapes, Dynamo also makes every float attribute of the modules a symbolic input
     (dropout rates, the attention's scaling, the layer drop rate), then meets operators that need them
-    as numbers and traces the whole part a second time with them fixed: half the part's compilation
-    (tiny model, CPU, aot_eager: 127 s -> 68 s). They are constants, so Dynamo is told to fix them from
-    the start."""
+    as numbers and traces the whole part a second time with them fixed (docs/performance.md, "The
+    compiled step"). They are constants, so Dynamo is told to fix them from the start."""
 
     RECOMPILES = 2  # compilations on new lengths tolerated after the first call
 

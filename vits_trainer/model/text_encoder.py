@@ -3,8 +3,7 @@
 In training, transformers skips each encoder layer with probability `config.layerdrop` (0.1 in MMS
 configs), deciding per layer with `np.random.uniform` and a Python `if`. `torch.compile` cannot trace a
 branch on a random number: it breaks the graph there, and as the break is inside the layer loop it gives
-up on the whole stack, which then runs eager with each layer compiled apart, after tracing the text
-encoder a second time. Here every layer's keep-or-skip is drawn at once on the device and applied with
+up on the whole stack, which then runs eager with each layer compiled apart. Here every layer's keep-or-skip is drawn at once on the device and applied with
 `torch.where`: the same distribution (a layer is skipped with probability `layerdrop`, then passes its
 input on unchanged and gets no gradient), no host read, one graph. A skipped layer is still computed and
 its output discarded: `layerdrop` of the stack's work, which a launch-bound GPU step does not notice.
