@@ -3,11 +3,12 @@
 In training, transformers skips each encoder layer with probability `config.layerdrop` (0.1 in MMS
 configs), deciding per layer with `np.random.uniform` and a Python `if`. `torch.compile` cannot trace a
 branch on a random number: it breaks the graph there, and as the break is inside the layer loop it gives
-up on the whole stack, which then runs eager with each layer compiled apart. Here every layer's keep-or-skip is drawn at once on the device and applied with
-`torch.where`: the same distribution (a layer is skipped with probability `layerdrop`, then passes its
-input on unchanged and gets no gradient), no host read, one graph. A skipped layer is still computed and
-its output discarded: `layerdrop` of the stack's work, which a launch-bound GPU step does not notice.
-As every layer's weights get a gradient (zero when skipped), DDP needs no search for unused parameters.
+up on the whole stack, which then runs eager with each layer compiled apart. Here every layer's
+keep-or-skip is drawn at once on the device and applied with `torch.where`: the same distribution (a
+layer is skipped with probability `layerdrop`, then passes its input on unchanged and gets no
+gradient), no host read, one graph. A skipped layer is still computed and its output discarded:
+`layerdrop` of the stack's work, which a launch-bound GPU step does not notice. As every layer's
+weights get a gradient (zero when skipped), DDP needs no search for unused parameters.
 
 Outside training or with `layerdrop` 0 every layer runs, as in transformers (whose loop draws its random
 number and breaks the graph even then). When attentions or hidden states are asked for, transformers'
