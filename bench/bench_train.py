@@ -13,7 +13,8 @@ throughput: the real Trainer (train_vits.py's loop, no evaluation) for a fixed n
     for the next batch.
 baseline: what the seeds started from, on the same clips and model: every sample read from its WAV
     file by soundfile, the linear spectrogram computed on the CPU in the DataLoader, random batches
-    (no length bucketing), constant LR. Same GAN step. The ratio runner / baseline is printed.
+    (no length bucketing), constant LR. Same GAN step on the same model as the runner trains it
+    (training mode, decoder weight norm). The ratio runner / baseline is printed.
 loader: the data paths alone (no model): batches/s the runner's in-RAM loader and the naive per-sample
     WAV + CPU-spectrogram loader can deliver, i.e. the ceiling each puts on a fast GPU.
 micro: the real Trainer with the default --batch_size 8 --gradient_accumulation_steps 4, the automatic
@@ -283,12 +284,16 @@ def baseline_throughput(data: Path, model_dir: Path, width: float, batch: int, s
     from vits_trainer.data.text import TextEncoder
     from vits_trainer.model.discriminator import DiscriminatorConfig, VitsDiscriminator
     from vits_trainer.model.spectrogram import SpectrogramFrontEnd
-    from vits_trainer.model.vits import VitsGenerator, load_vits_model
+    from vits_trainer.model.vits import VitsGenerator, apply_decoder_weight_norm, load_vits_model
     from vits_trainer.training.step import GanStep, make_optimizer
 
     acc = Accelerator(cpu=not torch.cuda.is_available())
     model = load_vits_model(model_dir)
-    gen = VitsGenerator(model)
+    # the runner's model and mode: the decoder trains with weight norm (VITS's layout), and the
+    # model trains in training mode (from_pretrained leaves it in evaluation mode: no dropout, no layer
+    # drop, a lighter step than the runner's)
+    apply_decoder_weight_norm(model)
+    gen = VitsGenerator(model).train()
     disc = VitsDiscriminator(DiscriminatorConfig(width=width))
     g_opt, d_opt = (
         make_optimizer(gen.parameters(), 1e-4),
