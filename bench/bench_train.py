@@ -281,19 +281,17 @@ def naive_collate(items):
 def baseline_throughput(data: Path, model_dir: Path, width: float, batch: int, steps: int) -> dict:
     from accelerate import Accelerator
 
-    from vits_trainer.data.text import TextEncoder
     from vits_trainer.model.discriminator import DiscriminatorConfig, VitsDiscriminator
     from vits_trainer.model.spectrogram import SpectrogramFrontEnd
-    from vits_trainer.model.vits import VitsGenerator, apply_decoder_weight_norm, load_vits_model
+    from vits_trainer.training.networks import load_model, make_generator
     from vits_trainer.training.step import GanStep, make_optimizer
 
     acc = Accelerator(cpu=not torch.cuda.is_available())
-    model = load_vits_model(model_dir)
-    # the runner's model and mode: the decoder trains with weight norm (VITS's layout), and the
-    # model trains in training mode (from_pretrained leaves it in evaluation mode: no dropout, no layer
-    # drop, a lighter step than the runner's)
-    apply_decoder_weight_norm(model)
-    gen = VitsGenerator(model).train()
+    # the runner's model as the runner prepares it (decoder weight norm, training mode, its segments):
+    # the two loops differ in how they feed and schedule the step, not in the step
+    cfg = TrainConfig(model_name=str(model_dir))
+    model, text, _, _ = load_model(cfg, None, print)
+    gen = make_generator(cfg, model, print)
     disc = VitsDiscriminator(DiscriminatorConfig(width=width))
     g_opt, d_opt = (
         make_optimizer(gen.parameters(), 1e-4),
@@ -301,9 +299,7 @@ def baseline_throughput(data: Path, model_dir: Path, width: float, batch: int, s
     )  # constant LR
     gen_p, disc_p = acc.prepare(gen, disc)
     step = GanStep(acc, gen_p, disc_p, g_opt, d_opt)
-    dataset = NaiveDataset(
-        data, TextEncoder.from_pretrained(model_dir), SpectrogramFrontEnd.from_vits_config(model.config)
-    )
+    dataset = NaiveDataset(data, text, SpectrogramFrontEnd.from_vits_config(model.config))
     loader = torch.utils.data.DataLoader(
         dataset, batch_size=batch, shuffle=True, num_workers=2, collate_fn=naive_collate
     )
