@@ -54,7 +54,7 @@ from bench.bench_step import (  # noqa: E402
 )
 from vits_trainer.data.loader import ClipDataset, collate_batch  # noqa: E402
 from vits_trainer.data.synthetic import make_corpus  # noqa: E402
-from vits_trainer.model.compiled import SCOPES, LengthChecked, cached_graphs  # noqa: E402
+from vits_trainer.model.compiled import SCOPES, LengthChecked, cached_graphs, graphs_between  # noqa: E402
 from vits_trainer.training.evaluate import move_batch  # noqa: E402
 from vits_trainer.training.loop import gan_step  # noqa: E402
 from vits_trainer.training.runtime import quiet_transformers  # noqa: E402
@@ -104,7 +104,7 @@ def run_session(cfg, scope: str | None, backend: str | None, steps: int, warmup:
         # compilations on new lengths, and the parts that went back to eager for them
         "recompiles": {p.name: p.recompiles for p in checked},
         # graphs inductor read back from its on-disk cache (TORCHINDUCTOR_CACHE_DIR), and compiled afresh
-        "cache_hits_misses": [now - then for now, then in zip(cached_graphs(), cache_before, strict=True)],
+        "cache_hits_misses": list(graphs_between(cache_before, cached_graphs())),
         "eager_parts": {p.name: p.eager_reason for p in checked if p.eager_reason},
     }
 

@@ -78,6 +78,11 @@ def cached_graphs() -> tuple[int, int]:
     return counters["inductor"]["fxgraph_cache_hit"], counters["inductor"]["fxgraph_cache_miss"]
 
 
+def graphs_between(start: tuple[int, int], end: tuple[int, int]) -> tuple[int, int]:
+    """(read back from the cache, compiled afresh) between two `cached_graphs()` readings."""
+    return end[0] - start[0], end[1] - start[1]
+
+
 def compile_mode(device_type: str, graphs: bool = True) -> str:
     """CUDA graphs where there is a GPU (and `graphs`); plain kernel fusion elsewhere."""
     return "reduce-overhead" if device_type == "cuda" and graphs else "default"

@@ -28,7 +28,15 @@ import statistics
 from collections.abc import Callable
 from pathlib import Path
 
-from ..model.compiled import CACHE_FOLDER, TRIED, cached_graphs, describe, graphs_compiled, keep_compiled_code
+from ..model.compiled import (
+    CACHE_FOLDER,
+    TRIED,
+    cached_graphs,
+    describe,
+    graphs_between,
+    graphs_compiled,
+    keep_compiled_code,
+)
 
 COMPILE_MIN_MINUTES = 20.0  # auto: training time that must be left to try compiling
 EAGER_STEPS = 3  # eager steps measured first when no trial measured the size (the first a warm-up)
@@ -241,7 +249,7 @@ class CompileChoice:
         """(graphs read back from the cache, graphs compiled afresh) since compiling began (0, 0 if never)."""
         if self.cache_start is None:
             return 0, 0
-        return tuple(now - then for now, then in zip(self.cache_counts(), self.cache_start, strict=True))
+        return graphs_between(self.cache_start, self.cache_counts())
 
     def _cache_note(self) -> str:
         hits, misses = self._cache_use()
