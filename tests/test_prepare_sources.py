@@ -32,6 +32,28 @@ def test_ljspeech_uses_normalized_column_when_present(tmp_path):
     assert result.report["counts"]["kept"] == 3
 
 
+def test_ljspeech_clips_beside_metadata_without_wavs_folder(tmp_path):
+    # a common home-made layout: metadata.csv next to the WAVs; once read as .txt pairs, all "missing_text"
+    src = tmp_path / "corpus"
+    for i in range(3):
+        write_audio(src / f"kmr_{i}.wav", speech("abc de", 22050), 22050)
+    (src / "metadata.csv").write_text("kmr_0|silav tu\nkmr_1|ez baş im\nkmr_2|spas\n", encoding="utf-8")
+    assert detect_format(str(src)) == ("ljspeech", src)
+    assert detect_format(str(src / "metadata.csv")) == ("ljspeech", src)
+    result, lines = run_prepare(src, tmp_path / "out")
+    assert output_rows(tmp_path / "out") == {
+        "kmr_0": ("silav tu", "0"),
+        "kmr_1": ("ez baş im", "0"),
+        "kmr_2": ("spas", "0"),
+    }
+    assert result.report["source"]["format"] == "ljspeech"
+    assert any("read as ljspeech" in line for line in lines)
+    assert any("beside metadata.csv" in line for line in lines)
+    # a pipe-separated metadata.csv whose ids have no audio beside it is not taken for LJSpeech
+    (src / "metadata.csv").write_text("other_0|silav tu\n", encoding="utf-8")
+    assert detect_format(str(src))[0] == "pairs"
+
+
 def test_own_output_layout_reads_third_column_as_speaker(tmp_path):
     make_corpus(tmp_path / "corpus", num_clips=6, sample_rate=16000, num_speakers=2)
     run_prepare(tmp_path / "corpus", tmp_path / "out")

@@ -93,7 +93,7 @@ def detect_format(source: str) -> tuple[str, Path]:
     )
 
 
-# --- LJSpeech: metadata.csv (id|text[|normalized_text]) + wavs/ ---------------------------------------
+# --- LJSpeech: metadata.csv (id|text[|normalized_text]) + wavs/ (or the clips beside it) ---------------------------------------
 
 
 def read_ljspeech(root: Path) -> Source:
@@ -117,7 +117,8 @@ def read_ljspeech(root: Path) -> Source:
         else:
             parsed.append((number, fields))
     third_is_speaker = _third_column_is_speaker([f for _, f in parsed])
-    notes = []
+    clips = _ljspeech_clips(root)
+    notes = [] if clips != root else ["no wavs/ folder: the clips are read from beside metadata.csv"]
     if third_is_speaker:
         notes.append("metadata.csv's third column looks like speaker ids (id|text|speaker); used as speaker")
     for number, fields in parsed:
@@ -127,7 +128,7 @@ def read_ljspeech(root: Path) -> Source:
             speaker = fields[2].strip() or "0"
         elif len(fields) == 3 and fields[2].strip():
             text = fields[2]  # the normalized column, when present
-        audio = _find_audio(root / "wavs", clip_id)
+        audio = _find_audio(clips, clip_id)
         rows.append(Candidate(clip_id, text, speaker, f"{meta.name}:{number}", audio_path=audio))
     return Source("ljspeech", str(root), rows, folder=root, notes=notes)
 
@@ -413,19 +414,34 @@ def _walk(root: Path, exclude: Path | None) -> Iterable[Path]:
 
 
 def _is_ljspeech(folder: Path) -> bool:
+    """metadata.csv of id|text rows, with its clips in wavs/ or beside it (a listed id's audio there)."""
     meta = folder / "metadata.csv"
-    if not (meta.is_file() and (folder / "wavs").is_dir()):
+    if not meta.is_file():
         return False
     first = _first_line(meta)
-    return "|" in first and "file_name" not in first
+    if "|" not in first or "file_name" in first:
+        return False
+    if (folder / "wavs").is_dir():
+        return True
+    ids = [line.split("|", 1)[0].strip() for line in _first_lines(meta, 5) if "|" in line]
+    return any(clip_id and _find_audio(folder, clip_id).is_file() for clip_id in ids)
+
+
+def _ljspeech_clips(folder: Path) -> Path:
+    """The folder an LJSpeech-style corpus keeps its clips in: wavs/, else the one holding metadata.csv."""
+    return folder / "wavs" if (folder / "wavs").is_dir() else folder
 
 
 def _first_line(path: Path) -> str:
+    return (_first_lines(path, 1) or [""])[0]
+
+
+def _first_lines(path: Path, count: int) -> list[str]:
     try:
         with open(path, encoding="utf-8-sig", errors="replace") as f:
-            return f.readline(65536)
+            return [f.readline(65536) for _ in range(count)]
     except OSError:
-        return ""
+        return []
 
 
 def _read_text(path: Path) -> str:

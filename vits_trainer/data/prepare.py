@@ -95,7 +95,8 @@ def prepare(settings: PrepareSettings, log: Callable[[str], None] = print) -> Pr
     owned = check_prepare_wavs(wavs_dir, [p.clip_id for p in planned], old_state, settings.clean)
     wavs_dir.mkdir(parents=True, exist_ok=True)
     log(
-        f"{len(source.rows)} source rows; {len(planned)} pass the text checks -> {wavs_dir} at {sample_rate} Hz"
+        f"{source.location} read as {source.format}: {len(source.rows)} source rows; {len(planned)} pass the "
+        f"text checks -> {wavs_dir} at {sample_rate} Hz"
     )
     run = convert_all(planned, source, target, wavs_dir, old_state, settings)
 
