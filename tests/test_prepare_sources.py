@@ -54,6 +54,23 @@ def test_ljspeech_clips_beside_metadata_without_wavs_folder(tmp_path):
     assert detect_format(str(src))[0] == "pairs"
 
 
+@pytest.mark.parametrize(
+    "folder, first",
+    [("wavs", "{}.wav"), ("wavs", "wavs/{}.wav"), ("", "{}.wav"), ("wavs", "{}")],
+    ids=["file-name", "path-from-metadata", "file-name-beside", "id"],
+)
+def test_ljspeech_first_column_as_file_name_or_path(tmp_path, folder, first):
+    # home-made metadata.csv files often name the clip's file, or its path, instead of its id
+    src = tmp_path / "corpus"
+    for i in range(2):
+        write_audio(src / folder / f"c{i}.wav", speech("abc de", 22050), 22050)
+    lines = [f"{first.format(f'c{i}')}|text {i}\n" for i in range(2)]
+    (src / "metadata.csv").write_text("".join(lines), encoding="utf-8")
+    assert detect_format(str(src))[0] == "ljspeech"
+    run_prepare(src, tmp_path / "out")
+    assert output_rows(tmp_path / "out") == {"c0": ("text 0", "0"), "c1": ("text 1", "0")}
+
+
 def test_own_output_layout_reads_third_column_as_speaker(tmp_path):
     make_corpus(tmp_path / "corpus", num_clips=6, sample_rate=16000, num_speakers=2)
     run_prepare(tmp_path / "corpus", tmp_path / "out")

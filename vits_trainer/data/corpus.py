@@ -122,13 +122,12 @@ def read_ljspeech(root: Path) -> Source:
     if third_is_speaker:
         notes.append("metadata.csv's third column looks like speaker ids (id|text|speaker); used as speaker")
     for number, fields in parsed:
-        clip_id = fields[0].strip()
+        clip_id, audio = _ljspeech_audio(root, clips, fields[0].strip())
         text, speaker = fields[1], "0"
         if len(fields) == 3 and third_is_speaker:
             speaker = fields[2].strip() or "0"
         elif len(fields) == 3 and fields[2].strip():
             text = fields[2]  # the normalized column, when present
-        audio = _find_audio(clips, clip_id)
         rows.append(Candidate(clip_id, text, speaker, f"{meta.name}:{number}", audio_path=audio))
     return Source("ljspeech", str(root), rows, folder=root, notes=notes)
 
@@ -144,6 +143,20 @@ def _third_column_is_speaker(rows: list[list[str]]) -> bool:
         return False
     speaker_like = all(len(r[2].strip()) <= 64 and not re.search(r"\s", r[2].strip()) for r in thirds)
     return speaker_like and any(len(r[1].split()) > 1 for r in thirds)
+
+
+def _ljspeech_audio(root: Path, clips: Path, first: str) -> tuple[str, Path]:
+    """(clip id, audio path) of a metadata.csv row's first field: an id (LJ001-0001, its audio in `clips`)
+    or, as home-made corpora often write it, the clip's file name or its path from metadata.csv's folder
+    (LJ001-0001.wav, wavs/LJ001-0001.wav). A missing file is returned all the same: the checks report it."""
+    field = Path(first)
+    if field.suffix.lower() not in AUDIO_EXTENSIONS:
+        return first, _find_audio(clips, first)
+    if field.is_absolute():
+        return _path_id(first), field
+    path = next((p for p in (clips / field, root / field) if p.is_file()), clips / field)
+    inside = clips if path.is_relative_to(clips) else root
+    return _path_id(str(path.relative_to(inside))), path
 
 
 def _find_audio(folder: Path, stem: str) -> Path:
@@ -423,8 +436,8 @@ def _is_ljspeech(folder: Path) -> bool:
         return False
     if (folder / "wavs").is_dir():
         return True
-    ids = [line.split("|", 1)[0].strip() for line in _first_lines(meta, 5) if "|" in line]
-    return any(clip_id and _find_audio(folder, clip_id).is_file() for clip_id in ids)
+    firsts = [line.split("|", 1)[0].strip() for line in _first_lines(meta, 5) if "|" in line]
+    return any(first and _ljspeech_audio(folder, folder, first)[1].is_file() for first in firsts)
 
 
 def _ljspeech_clips(folder: Path) -> Path:
