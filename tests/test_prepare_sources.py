@@ -128,6 +128,36 @@ def test_csv_table_with_sniffed_delimiter_and_relative_paths(tmp_path, name, sep
     }
 
 
+@pytest.mark.parametrize(
+    ("name", "lines", "speakers", "columns"),
+    [
+        ("list.tsv", ["audio/one.wav\tfirst clip", "audio/two.wav\tsecond clip"], ("0", "0"), "audio, text"),
+        # VITS's own filelists: path|speaker|text, a .txt file, no header
+        (
+            "train.txt",
+            ["audio/one.wav|7|first clip", "audio/two.wav|9|second clip"],
+            ("7", "9"),
+            "audio, speaker, text",
+        ),
+    ],
+)
+def test_table_without_header_row(tmp_path, name, lines, speakers, columns):
+    src = tmp_path / "table"
+    for stem in ("one", "two"):
+        write_audio(src / "audio" / f"{stem}.wav", speech("abc", 16000), 16000)
+    (src / name).write_text("\n".join(lines) + "\n", encoding="utf-8")
+    result, printed = run_prepare(src / name, tmp_path / "out")
+    assert output_rows(tmp_path / "out") == {
+        "audio_one": ("first clip", speakers[0]),
+        "audio_two": ("second clip", speakers[1]),
+    }
+    assert any(f"no header row: columns read as {columns}" in line for line in printed), printed
+    # a first row of column names is still the header, named audio/text columns or not
+    (src / name).write_text("file|words\naudio/one.wav|first clip\n", encoding="utf-8")
+    with pytest.raises(UserError, match="no (audio|text) column found"):
+        run_prepare(src / name, tmp_path / "out2")
+
+
 def test_csv_default_columns_and_quoted_text(tmp_path):
     src = tmp_path / "t"
     write_audio(src / "x.wav", speech("abc", 16000), 16000)

@@ -10,6 +10,7 @@ raise UserError.
 from __future__ import annotations
 
 import csv
+import itertools
 import json
 import re
 from collections.abc import Iterable
@@ -213,10 +214,13 @@ def read_table(
     if not path.is_file():
         raise UserError(f"--source {path}: --format csv needs a .csv/.tsv file")
     delimiter = sniff_delimiter(path)
+    notes: list[str] = []
     rows = list(
-        _table_rows(path, delimiter, audio_column, text_column, speaker_column, id_column, path.parent)
+        _table_rows(
+            path, delimiter, audio_column, text_column, speaker_column, id_column, path.parent, notes=notes
+        )
     )
-    return Source("csv", str(path), rows, folder=path.parent)
+    return Source("csv", str(path), rows, folder=path.parent, notes=notes)
 
 
 def sniff_delimiter(path: Path) -> str:
@@ -238,20 +242,30 @@ def _table_rows(
     id_column: str | None,
     audio_root: Path,
     id_from: str = "relpath",
+    notes: list[str] | None = None,
 ) -> Iterable[Row]:
+    """The table's rows; `notes` given (a plain CSV/TSV): a table without a header row is read too."""
     quoting = csv.QUOTE_NONE if delimiter == "\t" else csv.QUOTE_MINIMAL
     with open(path, encoding="utf-8-sig", errors="surrogateescape", newline="") as f:
         reader = csv.reader(f, delimiter=delimiter, quoting=quoting)
-        header = [h.strip() for h in next(reader, [])]
+        first = next(reader, [])
+        header = [h.strip() for h in first]
         if not header:
             raise UserError(f"{path}: empty file (expected a header row)")
+        named = (audio_column, text_column, speaker_column, id_column) != (None,) * 4
+        columns = None if notes is None or named else _headerless_columns(header)
+        if columns is not None:
+            header = columns
+            speaker_column = "speaker" if "speaker" in columns else None
+            notes.append(f"no header row: columns read as {', '.join(columns)} (the first row is a clip)")
+        pending = [first] if columns is not None else []
         audio_column = pick_column(path, header, audio_column, AUDIO_COLUMNS, "--audio_column")
         text_column = pick_column(path, header, text_column, TEXT_COLUMNS, "--text_column")
         for name, flag in ((speaker_column, "--speaker_column"), (id_column, "--id_column")):
             if name is not None and name not in header:
                 raise UserError(f"{path}: {flag} {name} is not a column (columns: {', '.join(header)})")
         index = {name: i for i, name in enumerate(header)}
-        for fields in reader:
+        for fields in itertools.chain(pending, reader):
             origin = f"{path.name}:{reader.line_num}"
             if not any(x.strip() for x in fields):
                 continue
@@ -278,6 +292,21 @@ def _table_rows(
             speaker = fields[index[speaker_column]].strip() if speaker_column else ""
             text = fields[index[text_column]]
             yield Candidate(clip_id, text, speaker or "0", origin, audio_path=audio)
+
+
+def _headerless_columns(first: list[str]) -> list[str] | None:
+    """Column names for a table whose first row is already a clip, as in VITS's filelists (path|text,
+    path|speaker|text): one cell names an audio file and no cell is a known column name. The text is
+    the last column; a middle one without spaces is the speaker. None: the first row is a header."""
+    if any(cell in AUDIO_COLUMNS + TEXT_COLUMNS for cell in first):
+        return None
+    audio = [i for i, cell in enumerate(first) if Path(cell).suffix.lower() in AUDIO_EXTENSIONS]
+    if len(first) not in (2, 3) or audio != [0]:
+        return None
+    if len(first) == 2:
+        return ["audio", "text"]
+    middle = first[1].strip()
+    return ["audio", "speaker" if middle and not re.search(r"\s", middle) else "(unused)", "text"]
 
 
 # --- audiofolder: metadata.csv/.jsonl/.parquet with a file_name column, read without `datasets` ---------
