@@ -269,10 +269,12 @@ def test_pairs_folder_all_formats(tmp_path):
     write_audio(src / "o.ogg", x, rate)
     write_audio(src / "m.mp3", x, rate)
     write_audio(src / "nested" / "st.wav", np.stack([x, x * 0.5], axis=1), rate)
-    for stem in ["w16", "w24", "wfl", "f", "o", "m", "nested/st"]:
+    for stem in ["w16", "w24", "wfl", "f", "o", "m"]:
         (src / f"{stem}.txt").write_text(f"text of {stem}\n", encoding="utf-8")
+    (src / "nested" / "st.lab").write_text("text of nested/st\n", encoding="utf-8")  # an aligner corpus's
     write_audio(src / "notext.wav", x, rate)
     (src / "orphan.txt").write_text("no audio", encoding="utf-8")
+    (src / "orphan_lab.lab").write_text("no audio", encoding="utf-8")
     assert detect_format(str(src))[0] == "pairs"
     result, _ = run_prepare(src, tmp_path / "out")
     rows = output_rows(tmp_path / "out")
@@ -280,7 +282,11 @@ def test_pairs_folder_all_formats(tmp_path):
     assert rows["nested_st"] == ("text of nested/st", "0")
     for clip_id in rows:
         assert wav_info(tmp_path / "out" / "wavs" / f"{clip_id}.wav") == (16000, 1, "PCM_16")
-    assert skipped_reasons(tmp_path / "out") == {"notext": "missing_text", "orphan": "missing_audio"}
+    assert skipped_reasons(tmp_path / "out") == {
+        "notext": "missing_text",
+        "orphan": "missing_audio",
+        "orphan_lab": "missing_audio",
+    }
     # Lossless inputs give the same samples whatever their container; the stereo one is the channel mean.
     ref, _ = sf.read(tmp_path / "out" / "wavs" / "w16.wav", dtype="float32")
     for clip_id in ("w24", "wfl", "f"):
@@ -289,7 +295,7 @@ def test_pairs_folder_all_formats(tmp_path):
     stereo, _ = sf.read(tmp_path / "out" / "wavs" / "nested_st.wav", dtype="float32")
     assert len(stereo) == len(ref)
     assert np.max(np.abs(stereo - 0.75 * ref)) < 2e-4
-    assert result.report["counts"]["skipped_by_reason"] == {"missing_text": 1, "missing_audio": 1}
+    assert result.report["counts"]["skipped_by_reason"] == {"missing_text": 1, "missing_audio": 2}
 
 
 def test_hub_id_offline_is_one_clear_error(tmp_path):

@@ -24,6 +24,7 @@ from .corpus_rows import AUDIO_COLUMNS, TEXT_COLUMNS, Candidate, Problem, Row, S
 FORMATS = ("auto", "ljspeech", "commonvoice", "csv", "hf", "audiofolder", "pairs")
 AUDIOFOLDER_METADATA = ("metadata.csv", "metadata.jsonl", "metadata.parquet")
 HF_DATA_SUFFIXES = (".parquet", ".arrow")
+TRANSCRIPT_SUFFIXES = (".txt", ".lab")  # pairs: x.wav + x.txt, or x.lab (Montreal Forced Aligner corpora)
 
 
 def open_source(
@@ -90,7 +91,7 @@ def detect_format(source: str) -> tuple[str, Path]:
         return "pairs", path
     raise UserError(
         f"--source {source}: could not detect the format (looked for metadata.csv + wavs/, "
-        "validated.tsv + clips/, a datasets folder, audio + .txt pairs); pass --format"
+        "validated.tsv + clips/, a datasets folder, audio + .txt/.lab pairs); pass --format"
     )
 
 
@@ -401,12 +402,12 @@ def _audiofolder_metadata(folder: Path) -> list[Path]:
     return found
 
 
-# --- A folder of audio files with same-name .txt transcripts --------------------------------------------
+# --- A folder of audio files with same-name .txt (or .lab, aligner corpora's) transcripts ---------------
 
 
 def read_pairs(root: Path, exclude: Path | None = None) -> Source:
     if not root.is_dir():
-        raise UserError(f"--source {root}: --format pairs needs a folder of audio + .txt files")
+        raise UserError(f"--source {root}: --format pairs needs a folder of audio + .txt/.lab files")
     files = sorted(_walk(root, exclude))
     audio = [p for p in files if p.suffix.lower() in AUDIO_EXTENSIONS]
     if not audio:
@@ -416,9 +417,9 @@ def read_pairs(root: Path, exclude: Path | None = None) -> Source:
     for wav in audio:
         # x.wav and x.flac both give id "x": the duplicate check reports the second one.
         clip_id = _path_id(str(wav.relative_to(root)))
-        txt = wav.with_suffix(".txt")
-        if not txt.is_file():
-            rows.append(Problem(str(wav), "missing_text", "audio has no .txt transcript", clip_id))
+        txt = next((t for t in map(wav.with_suffix, TRANSCRIPT_SUFFIXES) if t.is_file()), None)
+        if txt is None:
+            rows.append(Problem(str(wav), "missing_text", "audio has no .txt or .lab transcript", clip_id))
             continue
         text = _read_text(txt).strip()
         if _has_bad_utf8(text):
@@ -426,7 +427,7 @@ def read_pairs(root: Path, exclude: Path | None = None) -> Source:
             continue
         rows.append(Candidate(clip_id, text, "0", str(wav), audio_path=wav))
     for txt in files:
-        if txt.suffix.lower() == ".txt" and txt.with_suffix("") not in stems_with_audio:
+        if txt.suffix.lower() in TRANSCRIPT_SUFFIXES and txt.with_suffix("") not in stems_with_audio:
             clip_id = _path_id(str(txt.relative_to(root)))
             rows.append(Problem(str(txt), "missing_audio", "transcript has no audio file", clip_id))
     return Source("pairs", str(root), rows, folder=root)
