@@ -298,6 +298,20 @@ def test_pairs_folder_all_formats(tmp_path):
     assert result.report["counts"]["skipped_by_reason"] == {"missing_text": 1, "missing_audio": 2}
 
 
+def test_wavs_folder_given_instead_of_the_corpus_names_the_table(tmp_path):
+    src = tmp_path / "lj"
+    write_audio(src / "wavs" / "a.wav", speech("abc", 16000), 16000)
+    (src / "metadata.csv").write_text("a|some text\n", encoding="utf-8")
+    with pytest.raises(
+        UserError, match=r"no clip has an x\.txt or x\.lab beside it\. Are the transcripts in .*metadata\.csv"
+    ):
+        run_prepare(src / "wavs", tmp_path / "out")
+    (src / "metadata.csv").unlink()
+    with pytest.raises(UserError) as err:  # no table near it: no guess
+        run_prepare(src / "wavs", tmp_path / "out2")
+    assert "no usable clips" in str(err.value) and "Are the transcripts" not in str(err.value)
+
+
 def test_hub_id_offline_is_one_clear_error(tmp_path):
     with pytest.raises(UserError, match="(?i)hub.*(network|offline)"):
         run_prepare("some-org/some-dataset-that-is-not-cached", tmp_path / "out")

@@ -433,6 +433,24 @@ def read_pairs(root: Path, exclude: Path | None = None) -> Source:
     return Source("pairs", str(root), rows, folder=root)
 
 
+def transcript_tables_hint(source: Source) -> str:
+    """For a pairs folder where no clip had a transcript beside it: the tables near it that may hold
+    them (a wavs/ folder given instead of the corpus folder above it, say); "" when there are none."""
+    if source.format != "pairs" or source.folder is None:
+        return ""
+    folder = source.folder.resolve()
+    tables = [
+        t
+        for base in (folder, folder.parent)
+        for t in sorted(base.glob("*"))
+        if t.suffix.lower() in (".csv", ".tsv")
+    ]
+    if not tables:
+        return ""
+    names = ", ".join(map(str, tables[:3]))
+    return f"; no clip has an x.txt or x.lab beside it. Are the transcripts in {names}? Pass it as --source"
+
+
 # --- helpers ---------------------------------------------------------------------------------------------
 
 

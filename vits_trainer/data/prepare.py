@@ -23,7 +23,7 @@ from pathlib import Path
 from ..errors import UserError
 from ..jsonfile import write_json_atomic
 from .audio import is_temp_wav
-from .corpus import open_source
+from .corpus import open_source, transcript_tables_hint
 from .corpus_rows import Source
 from .metadata import METADATA_NAME, WAVS_DIR, MetaRow, write_metadata
 from .prepare_checks import (
@@ -132,8 +132,11 @@ def prepare(settings: PrepareSettings, log: Callable[[str], None] = print) -> Pr
     write_json_atomic(report_path, report)
     if not rows:
         log(format_summary(report, data_dir))
-        reasons = ", ".join(f"{k} {v}" for k, v in report["counts"]["skipped_by_reason"].items()) or "none"
-        raise UserError(f"no usable clips ({reasons}); see {report_path}")
+        reasons_by = report["counts"]["skipped_by_reason"]
+        reasons = ", ".join(f"{k} {v}" for k, v in reasons_by.items()) or "none"
+        no_text = "missing_text" in reasons_by and set(reasons_by) <= {"missing_text", "missing_audio"}
+        hint = transcript_tables_hint(source) if no_text else ""
+        raise UserError(f"no usable clips ({reasons}); see {report_path}{hint}")
 
     if backup is not None:  # another source's metadata.csv: moved to a fresh name, never overwritten
         os.replace(data_dir / METADATA_NAME, backup)
