@@ -250,3 +250,20 @@ def test_duration_spline_passes_values_beyond_its_bound_unchanged():
     )
     torch.testing.assert_close(out, inputs, equal_nan=True)
     assert torch.equal(logdet, torch.zeros_like(inputs))
+
+
+def test_slow_steps_still_get_a_metric_line_a_minute(tmp_path, tiny_model_dir, tone_corpus, monkeypatch):
+    """A run whose steps take minutes (a CPU, a first compiled step) would say nothing for `log_every`
+    of them: a metric line also comes once LOG_SECONDS have passed since the last one. Set to 0 here,
+    every step is that slow."""
+    import json
+
+    from vits_trainer.training import loop
+
+    monkeypatch.setattr(loop, "LOG_SECONDS", 0.0)
+    session, summary = train_tiny(
+        tmp_path, tone_corpus, tiny_model_dir, max_steps=3, val_fraction=0.0, log_every=100
+    )
+    records = [json.loads(line) for line in (session.checkpoint_dir / "metrics.jsonl").open()]
+    assert [r["step"] for r in records if "event" not in r] == [1, 2, 3]
+    assert summary["steps"] == 3

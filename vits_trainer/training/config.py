@@ -135,7 +135,10 @@ class TrainConfig:
         choices=["val_mel", "val_mel_dtw"],
     )
     resume: str = _f("auto", "auto (newest complete checkpoint) | none | PATH of a checkpoint folder")
-    log_every: int = _f(10, "optimiser steps between metric lines (metrics.jsonl, trackers)")
+    log_every: int = _f(
+        10,
+        "optimiser steps between metric lines (metrics.jsonl, trackers); slow steps: one a minute at least",
+    )
     report_to: str = _f(
         "none",
         "none | tensorboard | wandb (through accelerate's trackers)",

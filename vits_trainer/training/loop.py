@@ -35,6 +35,8 @@ from .runtime import describe_threads, thread_report
 from .session import Session
 from .step import GanStep
 
+LOG_SECONDS = 60.0  # a metric line at least this often, so a run of slow steps never looks hung
+
 
 def gan_step(session: Session) -> GanStep:
     """The GAN step for a built session (its networks, optimisers, loss weights and clipping)."""
@@ -87,6 +89,7 @@ class StepWindow:
     steps: int = 0
     micro: int = 0  # micro-batches run
     sums: dict = field(default_factory=dict)  # per loss: the sum over micro-batches (on the device)
+    started: float = field(default_factory=time.perf_counter)
 
     def add_micro_batch(self, metrics: dict) -> None:
         self.micro += 1
@@ -238,7 +241,10 @@ class Trainer:
             self.make_plan(progress)
         if self.warmup_reported is None:
             self.report_warmup_cap()
-        if budget.global_step % cfg.log_every == 0:
+        if (
+            budget.global_step % cfg.log_every == 0
+            or time.perf_counter() - self.window.started >= LOG_SECONDS
+        ):
             self.log_step(progress, n_batches - position)
             self.window = StepWindow()
         if save_now and not stop_reason:  # a stop saves anyway, at the end
