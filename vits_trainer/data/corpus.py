@@ -95,7 +95,7 @@ def detect_format(source: str) -> tuple[str, Path]:
     )
 
 
-# --- LJSpeech: metadata.csv (id|text[|normalized_text]) + wavs/ (or the clips beside it) ---------------------------------------
+# --- LJSpeech: metadata.csv (id|text[|normalized_text]) + wavs/ (or the clips beside it) ------------
 
 
 def read_ljspeech(root: Path) -> Source:
