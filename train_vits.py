@@ -13,6 +13,7 @@ writes the final model (a plain transformers VitsModel folder) to training/final
 from __future__ import annotations
 
 import sys
+from pathlib import Path
 
 from vits_trainer.training.runtime import configure_threads, process_start_time
 
@@ -44,6 +45,7 @@ def main(argv: list[str] | None = None) -> int:
         check_hub(cfg)  # network, token, write permission: a push that cannot happen stops the run now
 
     from vits_trainer.training.loop import Trainer
+    from vits_trainer.training.report import REPORT_FILE
     from vits_trainer.training.resume_settings import resume_command
     from vits_trainer.training.session import build_session
 
@@ -57,10 +59,12 @@ def main(argv: list[str] | None = None) -> int:
         log(f"stopped by a signal at step {summary['steps']}; continue with: {command}")
     if summary["final_model"] is None and session.is_main:
         return 1  # the export failed; the error line named the last good checkpoint
+    report = Path(cfg.checkpoint_dir) / REPORT_FILE
     log(
         f"done: {summary['steps']} steps in {summary['wall_seconds'] / 60:.1f} min "
         f"(budget {cfg.target_hours * 60:.1f} min); final model: {summary['final_model']}; "
         + best_model_words(summary)
+        + (f"; report: {report}" if report.is_file() else "")
     )
     return 0
 

@@ -93,6 +93,11 @@ def test_budget_run_writes_models_metrics_and_curve(budget_run):
     checkpoints = sorted(p.name for p in ckpt.glob("step_*"))
     assert 1 <= len(checkpoints) <= TINY_SETTINGS.get("keep_checkpoints", 2)
     assert not list(ckpt.glob(".step_*"))  # no temp folders left behind
+    # the page is named once it exists (after the start evaluation), and again in the last line
+    report = ckpt / "report.html"
+    assert report.stat().st_size > 1000
+    assert proc.stdout.count(f"report: {report} (open it in a browser") == 1, proc.stdout[-2000:]
+    assert proc.stdout.rstrip().splitlines()[-1].endswith(f"; report: {report}"), proc.stdout[-500:]
 
 
 def test_sigterm_saves_and_resume_continues(tmp_path, tiny_model_dir, tone_corpus):

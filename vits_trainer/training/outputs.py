@@ -51,6 +51,7 @@ class RunOutputs:
         self.last_checkpoint: Path | None = session.resumed_from
         self.last_val: dict | None = None
         self.last_val_step: int | None = None
+        self.report: Path | None = None  # report.html, once written
         self.hub = self._hub_push() if session.cfg.push_to_hub and session.is_main else None
 
     def _hub_push(self):
@@ -135,9 +136,15 @@ class RunOutputs:
             "train_vits.py", s.cfg, "--checkpoint_dir", s.checkpoint_dir
         )
         try:
-            write_report(s.checkpoint_dir, command, s.cfg.best_metric)
+            written = write_report(s.checkpoint_dir, command, s.cfg.best_metric)
         except Exception as err:  # a page is never worth losing the run over
             s.log(f"warning: report.html not written ({err})")
+            return
+        if self.report is None:  # said once: a long run's page can be opened while it trains
+            s.log(
+                f"report: {written} (open it in a browser: samples, curves, the budget; rewritten at each evaluation)"
+            )
+        self.report = written
 
     def write_samples(self, step: int, spoken=()) -> None:
         s = self.s
