@@ -142,7 +142,8 @@ class RunOutputs:
             return
         if self.report is None:  # said once: a long run's page can be opened while it trains
             s.log(
-                f"report: {written} (open it in a browser: samples, curves, the budget; rewritten at each evaluation)"
+                f"report: {written} (open it in a browser: samples, curves, the budget; "
+                "rewritten at each evaluation)"
             )
         self.report = written
 
