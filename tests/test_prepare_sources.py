@@ -71,6 +71,25 @@ def test_ljspeech_first_column_as_file_name_or_path(tmp_path, folder, first):
     assert output_rows(tmp_path / "out") == {"c0": ("text 0", "0"), "c1": ("text 1", "0")}
 
 
+def test_utf16_tables_are_read_and_utf16_without_its_mark_is_reported(tmp_path):
+    """Windows Notepad saves "Unicode" text and Excel exports "Unicode Text" as UTF-16 with a byte-order
+    mark: read as such. UTF-16 without the mark has NUL bytes: its rows are reported, never a traceback."""
+    src = tmp_path / "lj"
+    for i in range(2):
+        write_audio(src / "wavs" / f"c{i}.wav", speech("abc", 16000), 16000)
+    (src / "metadata.csv").write_text("c0|çawa yî\nc1|baş im\n", encoding="utf-16")
+    run_prepare(src, tmp_path / "out")
+    assert output_rows(tmp_path / "out") == {"c0": ("çawa yî", "0"), "c1": ("baş im", "0")}
+    table = src / "excel.txt"
+    table.write_text("file\ttext\nwavs/c0.wav\tçawa yî\n", encoding="utf-16")
+    run_prepare(table, tmp_path / "out_table")
+    assert output_rows(tmp_path / "out_table") == {"wavs_c0": ("çawa yî", "0")}
+    (src / "metadata.csv").write_text("c0|çawa yî\nc1|baş im\n", encoding="utf-16-le")
+    with pytest.raises(UserError, match="no usable clips"):
+        run_prepare(src, tmp_path / "out_le", format="ljspeech")
+    assert set(skipped_reasons(tmp_path / "out_le").values()) == {"malformed_row"}
+
+
 def test_own_output_layout_reads_third_column_as_speaker(tmp_path):
     make_corpus(tmp_path / "corpus", num_clips=6, sample_rate=16000, num_speakers=2)
     run_prepare(tmp_path / "corpus", tmp_path / "out")

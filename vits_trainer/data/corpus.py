@@ -247,7 +247,8 @@ def _table_rows(
 ) -> Iterable[Row]:
     """The table's rows; `notes` given (a plain CSV/TSV): a table without a header row is read too."""
     quoting = csv.QUOTE_NONE if delimiter == "\t" else csv.QUOTE_MINIMAL
-    with open(path, encoding="utf-8-sig", errors="surrogateescape", newline="") as f:
+    encoding, errors = _encoding(path)
+    with open(path, encoding=encoding, errors=errors, newline="") as f:
         reader = csv.reader(f, delimiter=delimiter, quoting=quoting)
         first = next(reader, [])
         header = [h.strip() for h in first]
@@ -499,19 +500,32 @@ def _first_line(path: Path) -> str:
 
 def _first_lines(path: Path, count: int) -> list[str]:
     try:
-        with open(path, encoding="utf-8-sig", errors="replace") as f:
+        with open(path, encoding=_encoding(path)[0], errors="replace") as f:
             return [f.readline(65536) for _ in range(count)]
     except OSError:
         return []
 
 
+def _encoding(path: Path) -> tuple[str, str]:
+    """(encoding, errors) to read a text file with: UTF-16 when it starts with UTF-16's byte-order mark
+    (Windows Notepad's "Unicode", Excel's "Unicode Text" export), else UTF-8; surrogateescape there, so a
+    stray non-UTF-8 byte spoils one row (reported), not the whole file."""
+    try:
+        with open(path, "rb") as f:
+            head = f.read(2)
+    except OSError:
+        head = b""
+    return ("utf-16", "replace") if head in (b"\xff\xfe", b"\xfe\xff") else ("utf-8-sig", "surrogateescape")
+
+
 def _read_text(path: Path) -> str:
-    # surrogateescape: a stray non-UTF-8 byte spoils one row (reported), not the whole file.
-    return path.read_bytes().decode("utf-8-sig", errors="surrogateescape")
+    encoding, errors = _encoding(path)
+    return path.read_bytes().decode(encoding, errors=errors)
 
 
 def _has_bad_utf8(text: str) -> bool:
-    return any("\udc80" <= ch <= "\udcff" for ch in text)
+    # a NUL too: UTF-16 text without its byte-order mark, read as UTF-8 (a NUL cannot be in a path)
+    return any("\udc80" <= ch <= "\udcff" or ch == "\x00" for ch in text)
 
 
 def _path_id(rel: str) -> str:
