@@ -452,6 +452,22 @@ def test_bad_input_is_one_error_line_and_writes_nothing(tmp_path, tiny_model_dir
     assert not out.exists()
 
 
+def test_unprepared_recordings_as_feedback_dir_get_the_prepare_command(tmp_path, tiny_model_dir, tone_corpus):
+    # the recordings themselves given as --feedback_dir: preparing them into that folder would be refused
+    recordings = tmp_path / "recordings"
+    make_corpus(recordings, num_clips=2, seed=1, id_prefix="fb")
+    for wav in (recordings / "wavs").iterdir():
+        wav.rename(recordings / wav.name)
+    (recordings / "metadata.csv").unlink()
+    cfg = feedback_cfg(tmp_path / "out", {"model": tiny_model_dir, "data": tone_corpus}, recordings)
+    expected = (
+        f"--source {recordings} --data_dir {recordings}_prepared, then --feedback_dir {recordings}_prepared"
+    )
+    with pytest.raises(UserError, match="these look like the recordings") as err:
+        check_feedback_inputs(cfg, print)
+    assert expected in str(err.value)
+
+
 def test_data_fn_keeps_the_feedback_split_of_a_resumed_version(tmp_path, light_base, feedback_dir):
     """A resumed version evaluates the clips its "before" numbers were taken on, even if more arrive."""
     base = light_base

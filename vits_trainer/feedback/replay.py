@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
+from ..data.audio import AUDIO_EXTENSIONS
 from ..data.metadata import METADATA_NAME, SPLIT_FILE, WAVS_DIR, read_metadata
 from ..errors import UserError
 from .config import MIN_HELD_OUT_CLIPS
@@ -67,6 +68,11 @@ def check_feedback_inputs(cfg: FeedbackConfig, log) -> Inputs:
     if not feedback.is_dir():
         raise UserError(f"--feedback_dir {feedback}: no such folder ({how})")
     if not (feedback / METADATA_NAME).is_file():
+        if any(p.suffix.lower() in AUDIO_EXTENSIONS for p in feedback.iterdir()):  # the recordings themselves
+            named = feedback if feedback.name else feedback.resolve()  # "." has no name to extend
+            prepared = named.with_name(named.name + "_prepared")
+            how = f"these look like the recordings: python prepare_data.py --source {feedback} --data_dir {prepared}"
+            how += f", then --feedback_dir {prepared}"
         raise UserError(f"--feedback_dir {feedback}: no {METADATA_NAME} ({how})")
     rows, problems = read_metadata(feedback / METADATA_NAME)
     if not rows:
