@@ -68,11 +68,13 @@ def check_feedback_inputs(cfg: FeedbackConfig, log) -> Inputs:
     if not feedback.is_dir():
         raise UserError(f"--feedback_dir {feedback}: no such folder ({how})")
     if not (feedback / METADATA_NAME).is_file():
-        if any(p.suffix.lower() in AUDIO_EXTENSIONS for p in feedback.iterdir()):  # the recordings themselves
+        if any(p.suffix.lower() in AUDIO_EXTENSIONS for p in feedback.iterdir()):  # the recordings
             named = feedback if feedback.name else feedback.resolve()  # "." has no name to extend
             prepared = named.with_name(named.name + "_prepared")
-            how = f"these look like the recordings: python prepare_data.py --source {feedback} --data_dir {prepared}"
-            how += f", then --feedback_dir {prepared}"
+            how = (
+                f"these look like the recordings: python prepare_data.py --source {feedback} "
+                f"--data_dir {prepared}, then --feedback_dir {prepared}"
+            )
         raise UserError(f"--feedback_dir {feedback}: no {METADATA_NAME} ({how})")
     rows, problems = read_metadata(feedback / METADATA_NAME)
     if not rows:
