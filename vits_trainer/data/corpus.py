@@ -483,10 +483,11 @@ def _is_ljspeech(folder: Path) -> bool:
     first = _first_line(meta)
     if "|" not in first or "file_name" in first:
         return False
-    if (folder / "wavs").is_dir():
+    clips = _ljspeech_clips(folder)
+    if clips != folder:  # a wavs/ folder
         return True
     firsts = [line.split("|", 1)[0].strip() for line in _first_lines(meta, 5) if "|" in line]
-    return any(first and _ljspeech_audio(folder, folder, first)[1].is_file() for first in firsts)
+    return any(first and _ljspeech_audio(folder, clips, first)[1].is_file() for first in firsts)
 
 
 def _ljspeech_clips(folder: Path) -> Path:
