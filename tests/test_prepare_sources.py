@@ -259,6 +259,41 @@ def test_hf_parquet_folder(tmp_path):
     assert set(output_rows(tmp_path / "out")) == {"utt0", "utt1", "utt2"}
 
 
+def test_hf_single_data_file_and_its_unused_speaker_column(tmp_path):
+    # one data file of a hub dataset, downloaded alone; its speaker column is named, not used unasked
+    from datasets import Audio, Dataset
+
+    ds = Dataset.from_dict(_hf_rows(tmp_path, 3)).cast_column("audio", Audio(decode=False))
+    data_file = tmp_path / "train-00000-of-00001.parquet"
+    ds.to_parquet(str(data_file))
+    assert detect_format(str(data_file))[0] == "hf"
+    result, lines = run_prepare(data_file, tmp_path / "out")
+    assert output_rows(tmp_path / "out") == {f"utt{i}": (f"sentence {i}", "0") for i in range(3)}
+    assert result.report["source"]["location"] == str(data_file)
+    assert any(
+        "column 'speaker_id' is not used" in line and "--speaker_column speaker_id" in line for line in lines
+    )
+    _, lines = run_prepare(data_file, tmp_path / "out2", speaker_column="speaker_id")
+    assert set(output_rows(tmp_path / "out2").values()) == {
+        (f"sentence {i}", f"spk{i % 2}") for i in range(3)
+    }
+    assert not any("is not used" in line for line in lines)
+    (tmp_path / "notes.json").write_text("{}")
+    with pytest.raises(UserError, match="not a .csv/.tsv table or a .parquet/.arrow data file"):
+        detect_format(str(tmp_path / "notes.json"))
+
+
+def test_table_names_an_unused_speaker_column(tmp_path):
+    for i in range(2):
+        write_audio(tmp_path / "clips" / f"c{i}.wav", speech("abc", 16000), 16000)
+    (tmp_path / "clips.csv").write_text(
+        "path,text,Speaker_ID\nclips/c0.wav,first,anna\nclips/c1.wav,second,ben\n", encoding="utf-8"
+    )
+    _, lines = run_prepare(tmp_path / "clips.csv", tmp_path / "out")
+    assert output_rows(tmp_path / "out") == {"clips_c0": ("first", "0"), "clips_c1": ("second", "0")}
+    assert any("column 'Speaker_ID' is not used" in line for line in lines), lines
+
+
 def test_audiofolder_with_metadata(tmp_path):
     src = tmp_path / "af"
     write_audio(src / "train" / "a.wav", speech("abc", 16000), 16000)

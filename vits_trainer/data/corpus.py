@@ -19,7 +19,17 @@ from pathlib import Path
 from ..errors import UserError
 from ..hub import looks_like_path
 from .audio import AUDIO_EXTENSIONS
-from .corpus_rows import AUDIO_COLUMNS, TEXT_COLUMNS, Candidate, Problem, Row, Source, pick_column, resolve_in
+from .corpus_rows import (
+    AUDIO_COLUMNS,
+    TEXT_COLUMNS,
+    Candidate,
+    Problem,
+    Row,
+    Source,
+    pick_column,
+    resolve_in,
+    unused_speaker_note,
+)
 
 FORMATS = ("auto", "ljspeech", "commonvoice", "csv", "hf", "audiofolder", "pairs")
 AUDIOFOLDER_METADATA = ("metadata.csv", "metadata.jsonl", "metadata.parquet")
@@ -76,7 +86,12 @@ def detect_format(source: str) -> tuple[str, Path]:
             return "commonvoice", folder
         if path.suffix.lower() in (".csv", ".tsv", ".txt"):
             return "csv", path
-        raise UserError(f"--source {source}: a file, but not a .csv/.tsv table; pass --format or a folder")
+        if path.suffix.lower() in HF_DATA_SUFFIXES:
+            return "hf", path  # one data file of a hub dataset (e.g. data/train-00000-of-00001.parquet)
+        raise UserError(
+            f"--source {source}: a file, but not a .csv/.tsv table or a .parquet/.arrow data file; "
+            "pass --format or a folder"
+        )
     if (path / "state.json").is_file() or (path / "dataset_dict.json").is_file():
         return "hf", path  # a `save_to_disk` folder
     if _is_ljspeech(path):
@@ -218,7 +233,15 @@ def read_table(
     notes: list[str] = []
     rows = list(
         _table_rows(
-            path, delimiter, audio_column, text_column, speaker_column, id_column, path.parent, notes=notes
+            path,
+            delimiter,
+            audio_column,
+            text_column,
+            speaker_column,
+            id_column,
+            path.parent,
+            notes=notes,
+            headerless=True,
         )
     )
     return Source("csv", str(path), rows, folder=path.parent, notes=notes)
@@ -244,8 +267,10 @@ def _table_rows(
     audio_root: Path,
     id_from: str = "relpath",
     notes: list[str] | None = None,
+    headerless: bool = False,
 ) -> Iterable[Row]:
-    """The table's rows; `notes` given (a plain CSV/TSV): a table without a header row is read too."""
+    """The table's rows, and what is worth saying about its columns added to `notes`; `headerless` (a
+    plain CSV/TSV): a table without a header row is read too."""
     quoting = csv.QUOTE_NONE if delimiter == "\t" else csv.QUOTE_MINIMAL
     encoding, errors = _encoding(path)
     with open(path, encoding=encoding, errors=errors, newline="") as f:
@@ -255,7 +280,7 @@ def _table_rows(
         if not header:
             raise UserError(f"{path}: empty file (expected a header row)")
         named = (audio_column, text_column, speaker_column, id_column) != (None,) * 4
-        columns = None if notes is None or named else _headerless_columns(header)
+        columns = None if not headerless or named else _headerless_columns(header)
         if columns is not None:
             header = columns
             speaker_column = "speaker" if "speaker" in columns else None
@@ -266,6 +291,8 @@ def _table_rows(
         for name, flag in ((speaker_column, "--speaker_column"), (id_column, "--id_column")):
             if name is not None and name not in header:
                 raise UserError(f"{path}: {flag} {name} is not a column (columns: {', '.join(header)})")
+        if notes is not None:
+            notes += unused_speaker_note(header, speaker_column)
         index = {name: i for i, name in enumerate(header)}
         for fields in itertools.chain(pending, reader):
             origin = f"{path.name}:{reader.line_num}"
@@ -334,16 +361,19 @@ def read_audiofolder(
         raise UserError(f"--source {root}: no metadata.csv/.jsonl/.parquet with a file_name column")
     audio_column = audio_column or "file_name"
     rows: list[Row] = []
+    notes = [f"read {len(metas)} metadata file(s)"]
     for meta in metas:
         if meta.suffix == ".csv":
             delimiter = sniff_delimiter(meta)
             rows += _table_rows(
-                meta, delimiter, audio_column, text_column, speaker_column, id_column, meta.parent
+                meta, delimiter, audio_column, text_column, speaker_column, id_column, meta.parent, notes
             )
         else:
             records = _read_records(meta)
+            keys = sorted({k for r in records if r for k in r})
+            notes += unused_speaker_note(keys, speaker_column)
             rows += _record_rows(meta, records, audio_column, text_column, speaker_column, id_column)
-    return Source("audiofolder", str(root), rows, folder=root, notes=[f"read {len(metas)} metadata file(s)"])
+    return Source("audiofolder", str(root), rows, folder=root, notes=list(dict.fromkeys(notes)))
 
 
 def _read_records(meta: Path) -> list[dict | None]:

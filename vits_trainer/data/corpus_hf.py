@@ -1,5 +1,5 @@
 """prepare_data.py's reader for Hugging Face `datasets` sources: a `save_to_disk` folder, a folder of
-data files (parquet/arrow), or a hub id. Apart from corpus.py because it is the one reader that needs
+data files (parquet/arrow) or one such file, or a hub id. Apart from corpus.py because it is the one reader that needs
 `datasets` and the hub (offline, only the local cache is tried). Audio stays encoded bytes: decoding is
 prepare_convert.py's, with soundfile.
 """
@@ -10,7 +10,16 @@ from pathlib import Path
 
 from ..errors import UserError
 from ..hub import download_hint, go_offline_if_unreachable
-from .corpus_rows import TEXT_COLUMNS, Candidate, Problem, Row, Source, pick_column, resolve_in
+from .corpus_rows import (
+    TEXT_COLUMNS,
+    Candidate,
+    Problem,
+    Row,
+    Source,
+    pick_column,
+    resolve_in,
+    unused_speaker_note,
+)
 
 
 def read_hf(
@@ -86,8 +95,9 @@ def read_hf(
     def fetch_audio(keys: list[int]) -> list[bytes | None]:
         return [item["bytes"] for item in fetch_table[keys][audio_column]]
 
-    location = str(folder) if folder is not None else source
+    location = source if folder is None or Path(source).is_file() else str(folder)
     notes = [f"split {split_name}: {len(ds)} rows; text from {text_column!r}"]
+    notes += unused_speaker_note(columns, speaker_column)
     return Source("hf", location, rows, folder=folder, fetch_audio=fetch_audio, notes=notes)
 
 
@@ -112,7 +122,12 @@ def _load_dataset(source: str, split: str | None):
                 f"({download_hint(source, 'dataset')}) and pass that folder"
             ) from None
     try:
-        if (path / "state.json").is_file() or (path / "dataset_dict.json").is_file():
+        if path.is_file():  # one data file: its builder by suffix; paths in it are relative to its folder
+            builder = path.suffix.lower().lstrip(".")
+            if builder not in ("parquet", "arrow"):
+                raise UserError(f"--source {source}: --format hf takes a folder or a .parquet/.arrow file")
+            loaded, path = datasets.load_dataset(builder, data_files=str(path)), path.parent
+        elif (path / "state.json").is_file() or (path / "dataset_dict.json").is_file():
             loaded = datasets.load_from_disk(str(path))
         else:
             loaded = datasets.load_dataset(str(path))

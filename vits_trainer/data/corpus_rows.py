@@ -13,6 +13,9 @@ from ..errors import UserError
 
 TEXT_COLUMNS = ("sentence", "text", "transcription", "normalized_text")
 AUDIO_COLUMNS = ("audio", "path", "file_name", "file", "audio_path", "audio_file", "wav", "filename")
+# names a speaker column goes by; without --speaker_column a source's own is only named in a note (a run
+# with speakers trains one voice per speaker: the user's choice, not a guess)
+SPEAKER_COLUMNS = ("speaker", "speaker_id", "speaker_name", "spk", "spk_id", "client_id", "speaker_label")
 
 
 @dataclass(frozen=True)
@@ -65,6 +68,19 @@ def pick_column(
         f"{path}: no {flag[2:].replace('_column', '')} column found (tried {', '.join(defaults)}; "
         f"columns: {', '.join(header)}); pass {flag}"
     )
+
+
+def unused_speaker_note(columns: list[str], speaker_column: str | None) -> list[str]:
+    """A note naming a column that looks like speakers when --speaker_column was not given."""
+    if speaker_column is not None:
+        return []
+    found = [c for c in columns if c.strip().lower() in SPEAKER_COLUMNS]
+    if not found:
+        return []
+    return [
+        f"column {found[0]!r} is not used: every clip is speaker 0 "
+        f"(pass --speaker_column {found[0]} to train one voice per speaker)"
+    ]
 
 
 def resolve_in(root: Path | None, rel: str) -> Path:
