@@ -3,16 +3,22 @@ lock released at exit; pruning that never drops the newest verified checkpoint."
 
 from __future__ import annotations
 
+import errno
 import hashlib
 import json
 import os
 import signal
 import subprocess
+import time
 from pathlib import Path
 
-from tests.helpers import PYTHON, ROOT, cli_args, cli_settings, train_tiny
+import pytest
+
+from tests.helpers import PYTHON, ROOT, cli_args, cli_settings, tiny_config, train_tiny
+from vits_trainer.errors import UserError
 from vits_trainer.runlock import LOCK_NAME, RunLock
 from vits_trainer.training.checkpoint import list_checkpoints, prune_checkpoints, write_checkpoint
+from vits_trainer.training.session import build_session
 
 # a second process that takes the lock, says so, and holds it until its stdin closes
 HOLDER = (
@@ -126,3 +132,30 @@ def test_damaged_newest_then_resumed_run_keeps_the_good_checkpoint(tmp_path, tin
     assert session.resumed_from == good and summary["steps"] == 4
     names = [p.name for p in list_checkpoints(ckpt)]
     assert names == ["step_00000075", "step_00000004", "step_00000003"]  # the good one survived
+
+
+def test_a_read_only_checkpoint_folder_names_how_to_resume_from_it(
+    tmp_path, monkeypatch, tiny_model_dir, tone_corpus
+):
+    # an earlier session's checkpoints attached read-only (a Kaggle input): simulated, as a test cannot
+    # mount a read-only file system, by the lock file's open failing as it fails there
+    ckpt = tmp_path / "earlier" / "checkpoints"
+    for step in (3, 12):
+        write_checkpoint(ckpt, step, {"a.bin": b"x"})
+    before = snapshot(tmp_path / "earlier")
+    real_open = os.open
+
+    def read_only(path, *args, **kwargs):
+        if Path(path).parent == ckpt:
+            raise OSError(errno.EROFS, "Read-only file system")
+        return real_open(path, *args, **kwargs)
+
+    monkeypatch.setattr(os, "open", read_only)
+    cfg = tiny_config(tmp_path, tone_corpus, tiny_model_dir, checkpoint_dir=str(ckpt))
+    with pytest.raises(UserError) as refused:
+        build_session(cfg, time.time())
+    assert str(refused.value) == (
+        f"--checkpoint_dir {ckpt}: cannot create its lock file (Read-only file system); to continue its "
+        f"run from this copy: --resume {ckpt / 'step_00000012'} --checkpoint_dir <a writable folder>"
+    )
+    assert snapshot(tmp_path / "earlier") == before

@@ -55,8 +55,9 @@ class RunLock:
         atexit.register(self.release)
 
     @classmethod
-    def acquire(cls, folder: Path, flag: str, log=print) -> RunLock | None:
-        """Lock `folder` (created if missing) or raise UserError naming the run that holds it."""
+    def acquire(cls, folder: Path, flag: str, log=print, unwritable_hint: str = "") -> RunLock | None:
+        """Lock `folder` (created if missing) or raise UserError naming the run that holds it;
+        `unwritable_hint` ends the error when the folder cannot be written (read-only, no permission)."""
         folder = Path(folder)
         if fcntl is None:  # pragma: no cover
             log(f"warning: no OS file locks on this platform: nothing stops a second run on {folder}")
@@ -66,14 +67,16 @@ class RunLock:
         try:
             folder.mkdir(parents=True, exist_ok=True)
         except OSError as err:
-            raise UserError(f"{flag} {folder} cannot be created ({err.strerror or err})") from None
+            raise UserError(
+                f"{flag} {folder} cannot be created ({err.strerror or err}){unwritable_hint}"
+            ) from None
         path = folder / LOCK_NAME
         for _ in range(20):
             try:
                 fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
             except OSError as err:
                 raise UserError(
-                    f"{flag} {folder}: cannot create its lock file ({err.strerror or err})"
+                    f"{flag} {folder}: cannot create its lock file ({err.strerror or err}){unwritable_hint}"
                 ) from None
             try:
                 fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)

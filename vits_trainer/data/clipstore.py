@@ -356,7 +356,8 @@ def _try_build_cache(
     if why_not is not None:
         log(
             f"warning: cannot write the clip cache in {cache_dir} ({why_not}); loading into RAM "
-            f"without a cache, so every start re-reads the wavs (pass a writable cache dir)"
+            f"without a cache, so every start re-reads the wavs (to keep one, copy the data folder "
+            f"somewhere writable and pass that as --data_dir)"
         )
         return None
     log(f"building clip cache in {cache_dir}: {len(rows)} clips, {_gb(wav_bytes)} of wav files")

@@ -109,11 +109,17 @@ def split_data(
     return DataSplit(store, train, {"val": val} if len(val) else {}, val_ids, dropped + dropped_val)
 
 
+def _cache_word(report) -> str:
+    if report.cache_hit:
+        return "cache"
+    return "built cache" if report.cache_path else "no cache"
+
+
 def describe_data(data: DataSplit, report, log) -> None:
     log(
         f"data: {len(data.train)} training clips ({_hours(data.train):.2f} h), "
         + ", ".join(f"{len(v)} {k}" for k, v in data.val_sets.items())
-        + f"; loaded in {report.seconds:.1f} s ({'cache' if report.cache_hit else 'built cache'}, "
+        + f"; loaded in {report.seconds:.1f} s ({_cache_word(report)}, "
         f"{'RAM' if report.in_ram else 'memory-mapped'})"
     )
     if report.skipped:

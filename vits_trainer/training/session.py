@@ -163,7 +163,8 @@ def build_session(
     checkpoint_dir = Path(cfg.checkpoint_dir)
     with remove_created_on_error(created_here):
         # before anything reads or writes checkpoints: a second run on this folder stops here
-        lock = RunLock.acquire(checkpoint_dir, "--checkpoint_dir", log) if main else None
+        hint = _read_only_hint(checkpoint_dir)
+        lock = RunLock.acquire(checkpoint_dir, "--checkpoint_dir", log, hint) if main else None
         try:
             ckpt = find_checkpoint(cfg, checkpoint_dir, log)
             if ckpt is not None:
@@ -177,6 +178,15 @@ def build_session(
             raise
     session.run_lock = lock
     return session
+
+
+def _read_only_hint(checkpoint_dir: Path) -> str:
+    """For a checkpoint folder that cannot be written, e.g. an earlier session's output attached
+    read-only (a Kaggle input): how to continue its run from it into a writable folder."""
+    newest = list_checkpoints(checkpoint_dir)[:1]
+    if not newest:
+        return "; a run writes its checkpoints there: choose a writable --checkpoint_dir"
+    return f"; to continue its run from this copy: --resume {newest[0]} --checkpoint_dir <a writable folder>"
 
 
 def _build_session(
