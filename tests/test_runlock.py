@@ -159,3 +159,23 @@ def test_a_read_only_checkpoint_folder_names_how_to_resume_from_it(
         f"run from this copy: --resume {ckpt / 'step_00000012'} --checkpoint_dir <a writable folder>"
     )
     assert snapshot(tmp_path / "earlier") == before
+
+
+def test_a_file_system_without_locks_warns_and_the_run_goes_on(tmp_path, monkeypatch):
+    # NFS without its lock daemon answers flock with ENOLCK (simulated: no such mount here); that is no
+    # other run holding the folder, so refusing would stop every run on that disk
+    import fcntl
+
+    def no_locks(fd, operation):
+        raise OSError(errno.ENOLCK, "No locks available")
+
+    monkeypatch.setattr(fcntl, "flock", no_locks)
+    logs: list[str] = []
+    lock = RunLock.acquire(tmp_path / "checkpoints", "--checkpoint_dir", logs.append)
+    assert logs == [
+        f"warning: {tmp_path / 'checkpoints'}: its file system takes no file locks (No locks available); "
+        "nothing stops a second run on it"
+    ]
+    assert json.loads((tmp_path / "checkpoints" / LOCK_NAME).read_text())["pid"] == os.getpid()
+    lock.release()
+    assert not (tmp_path / "checkpoints").exists()  # created by it, left empty: removed

@@ -10,6 +10,7 @@ Multi-process runs (accelerate launch) take it in the main process only (RANK 0)
 from __future__ import annotations
 
 import atexit
+import errno
 import json
 import os
 import socket
@@ -71,6 +72,7 @@ class RunLock:
                 f"{flag} {folder} cannot be created ({err.strerror or err}){unwritable_hint}"
             ) from None
         path = folder / LOCK_NAME
+        locks = True  # False: the file system takes none (then there is no earlier holder to speak of)
         for _ in range(20):
             try:
                 fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
@@ -80,7 +82,17 @@ class RunLock:
                 ) from None
             try:
                 fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-            except OSError:  # held by a live process: refuse, touching nothing
+            except OSError as err:
+                if err.errno not in (errno.EWOULDBLOCK, errno.EAGAIN):
+                    # a file system without locks (NFS without its lock daemon, some network and FUSE
+                    # mounts): the run goes on, as on a platform without them
+                    log(
+                        f"warning: {folder}: its file system takes no file locks ({err.strerror or err}); "
+                        "nothing stops a second run on it"
+                    )
+                    locks = False
+                    break
+                # held by a live process: refuse, touching nothing
                 holder = _read(fd)
                 os.close(fd)
                 raise UserError(
@@ -97,7 +109,7 @@ class RunLock:
         else:  # pragma: no cover
             raise UserError(f"{flag} {folder}: could not take its lock (it keeps changing)")
         previous = _read(fd)
-        if previous.get("pid") and previous.get("pid") != os.getpid():
+        if locks and previous.get("pid") and previous.get("pid") != os.getpid():
             gone = (
                 "which is no longer running"
                 if previous.get("host") == socket.gethostname() and not pid_alive(int(previous["pid"]))
