@@ -307,9 +307,11 @@ class Trainer:
         # asked before the first step too: a step that cannot finish before the deadline is not started
         stop_reason, _ = self.stop_decision(signals)
         if stop_reason == "budget":
+            weighed = budget.stop_state()  # the step with its headroom: the figures the rule compared
             s.log(
-                f"budget: no time for a training step ({budget.remaining():.0f} s left, a step takes "
-                f"~{budget.typical_step_seconds():.0f} s, the final reserve ~{budget.final_reserve():.0f} s)"
+                f"budget: no time for a training step ({weighed['seconds_left']:.0f} s left; a step needs "
+                f"~{weighed['next_step_seconds']:.0f} s with its headroom, the final evaluation, save and "
+                f"export ~{weighed['final_reserve_seconds']:.0f} s)"
             )
         return stop_reason
 
