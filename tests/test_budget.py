@@ -485,6 +485,21 @@ def test_state_dict_round_trip_priors():
         b2.load_state_dict({"version": 99})
 
 
+def test_a_checkpoint_of_warmup_steps_only_keeps_the_next_session_from_a_step_it_cannot_finish():
+    # saved during the warm-up steps (none measured yet): the fastest of them is the next session's step
+    clock = FakeClock(0.0)
+    b = Budget(3600, 0.0, clock=clock)
+    run_steps(b, clock, 2, 40.0, 32)
+    b.observe_step(30.0, 32)  # not yet: the 2 default warm-up steps are over, this one is measured
+    measured = b.state_dict()["step_seconds"]
+    b2 = Budget(3600, 0.0, clock=FakeClock(0.0))
+    run_steps(b2, FakeClock(0.0), 2, 40.0, 32)
+    assert b2.state_dict()["step_seconds"] == 40.0 and measured == pytest.approx(30.0)
+    resumed = Budget(60, 0.0, clock=FakeClock(10.0))  # 50 s left: less than a 40 s step and its headroom
+    resumed.load_state_dict(b2.state_dict())
+    assert resumed.should_stop()
+
+
 # ---- torch scheduler ------------------------------------------------------------------------------
 
 

@@ -535,13 +535,21 @@ class Budget:
             "spent_seconds": self.spent_seconds(),
             "global_step": self.global_step,
             "total_seconds": self.total_seconds,
-            "step_seconds": self._step.ema if self._step.ema is not None else self._priors.get("step"),
+            "step_seconds": self._saved_step_seconds(),
             "samples_per_second": self.samples_per_second() or None,
             "eval_seconds": measured_or_prior("eval"),
             "save_seconds": measured_or_prior("save"),
             "export_seconds": measured_or_prior("export"),
             "planned_horizon_steps": self.planned_horizon_steps,
         }
+
+    def _saved_step_seconds(self) -> float | None:
+        """The step time the next session starts from: measured, else the previous session's, else the
+        fastest warm-up step (an upper bound). Without one, a session resumed from a checkpoint taken
+        during the warm-up steps would start a step it has no time to finish."""
+        if self._step.ema is not None:
+            return self._step.ema
+        return self._priors.get("step", min(self._warmup_step_times, default=None))
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Restore from a previous session (call before training starts).
