@@ -384,6 +384,42 @@ def test_report_of_a_real_run_mid_run_after_a_signal_and_after_resume(stopped_an
 
 
 @pytest.mark.slow
+def test_a_run_resumed_from_another_folders_checkpoint_carries_its_history(
+    stopped_and_resumed, tmp_path, tiny_model_dir, tone_corpus
+):
+    # an earlier session's folder attached read-only to a new one (Kaggle): --resume its checkpoint into a
+    # new --checkpoint_dir; the report there shows the whole run, and the earlier folder is only read
+    from tests.helpers import train_tiny
+
+    folder, _, _, first, _ = stopped_and_resumed
+    before = {p: p.read_bytes() for p in folder.rglob("*") if p.is_file()}
+    resumed = folder / f"step_{first['steps']:08d}"
+    _, third = train_tiny(
+        tmp_path,
+        tone_corpus,
+        tiny_model_dir,
+        max_steps=first["steps"] + 1,
+        resume=str(resumed),
+        eval_samples=2,
+        log_every=1,
+        save_minutes=60,
+    )
+    assert third["resumed_from_step"] == first["steps"] and third["stopped_reason"] == "max_steps"
+    records = [json.loads(line) for line in (folder / "metrics.jsonl").read_text().splitlines()]
+    carried = [
+        json.loads(line) for line in (tmp_path / "checkpoints" / "metrics.jsonl").read_text().splitlines()
+    ]
+    end = next(i for i, r in enumerate(records) if r.get("event") == "end")  # the first session's end
+    assert carried[: end + 1] == records[: end + 1] and carried[end + 1]["event"] == "session"
+    assert sum(r.get("event") == "session" for r in carried) == 2
+    page = (tmp_path / "checkpoints" / "report.html").read_text(encoding="utf-8")
+    assert 'id="eval-0"' in page and "Session 2: started" in page
+    for src in sources(page):
+        assert (tmp_path / "checkpoints" / unquote(src)).is_file(), src
+    assert {p: p.read_bytes() for p in folder.rglob("*") if p.is_file()} == before
+
+
+@pytest.mark.slow
 @needs_browser
 def test_report_of_a_real_run_loads_in_a_headless_browser(stopped_and_resumed):
     assert_loads_in_a_browser(stopped_and_resumed[0] / "report.html")

@@ -31,6 +31,7 @@ from .config import TrainConfig, check_data_dir, check_resume_path
 from .datasplit import DataSplit, check_vocabulary, describe_data, load_store, make_loaders, split_data
 from .lr_schedule import BudgetLR, make_scheduler, set_peak_lr
 from .networks import estimate_checkpoint_bytes, load_model, load_or_create_discriminator, make_generator
+from .reporting import carry_history
 from .resume_settings import restore_settings
 from .runtime import Logger, make_accelerator, quiet_transformers, resolve_precision
 from .step import make_optimizer
@@ -171,6 +172,8 @@ def build_session(
                 saved = ckpt.json("trainer_state.json").get("config")
                 cfg = restore_settings(cfg, saved, log, source=ckpt.path.name)
             check_inputs(cfg)
+            if ckpt is not None and main:  # resumed from another folder's checkpoint: its history too
+                carry_history(ckpt.path.parent, checkpoint_dir, ckpt.step, ckpt.manifest["created"], log)
             session = _build_session(cfg, process_start, data_fn, ckpt)
         except BaseException:
             if lock is not None:
