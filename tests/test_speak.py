@@ -1,4 +1,4 @@
-"""`python -m vits_trainer.speak`: WAVs from a model folder, one RTF line per file, one-line errors.
+"""`python speak.py` (`python -m vits_trainer.speak`): WAVs from a model folder, one RTF line per file, one-line errors.
 
 The tiny models are freshly initialised, so they speak noise-like audio; what is checked is that it is
 there (peak above a small threshold), 16-bit at the model's rate, in the files promised. Nothing here
@@ -134,13 +134,18 @@ def test_bad_input_is_one_error_line(tmp_path, capsys, tiny_model_dir, multi_mod
     assert existing.read_bytes() == b"mine" and not wav.exists() and not (tmp_path / "f").exists()
 
 
-def test_as_a_module_in_a_subprocess(tmp_path, tiny_model_dir):
+@pytest.mark.parametrize("how", ["script", "module"])
+def test_in_a_subprocess_as_the_script_from_any_folder_and_as_a_module(tmp_path, tiny_model_dir, how):
     env = dict(os.environ, HF_HUB_OFFLINE="1")
     out = tmp_path / "sub.wav"
-    command = [PYTHON, "-m", "vits_trainer.speak", "--model", str(tiny_model_dir), "--out", str(out)]
+    # the script runs from any folder, as train_vits.py does; the module from the repository's
+    head, cwd = (
+        ([str(ROOT / "speak.py")], tmp_path) if how == "script" else (["-m", "vits_trainer.speak"], ROOT)
+    )
+    command = [PYTHON, *head, "--model", str(tiny_model_dir), "--out", str(out)]
     done = subprocess.run(
         [*command, "--text", "abc de", "--seed", "3", "--speaking_rate", "0.8", "--device", "cpu"],
-        cwd=ROOT,
+        cwd=cwd,
         env=env,
         capture_output=True,
         text=True,

@@ -11,8 +11,8 @@ Layout, following the data flow (each part imports only the parts listed before 
 - ``training``: budget, the one training loop, checkpoints, evaluation, recovery;
 - ``feedback``: feedback rounds (train_feedback.py) on top of that loop.
 
-``speak`` (``python -m vits_trainer.speak``) is a command, like the scripts: it speaks text with a
-model folder to WAV files, may import every part, and nothing imports it.
+``speak`` (``python speak.py``, or ``python -m vits_trainer.speak``) is a command, like the scripts: it
+speaks text with a model folder to WAV files, may import every part, and only speak.py imports it.
 """
 
 __version__ = "0.1.0"

@@ -1,12 +1,12 @@
 """Listen to a model folder: speak sentences to 16-bit WAV files and report the real-time factor.
 
 Examples:
-  python -m vits_trainer.speak --model training/final_model --text "silav, tu çawa yî?" --out hello.wav
+  python speak.py --model training/final_model --text "silav, tu çawa yî?" --out hello.wav
   python -m vits_trainer.speak --model training/checkpoints/best_model --text_file lines.txt --out listen
 """
 
 # A command, like the scripts beside the package: it sits above every layer (tests/test_layout.py) and
-# nothing imports it. Flags, paths and the model's speakers are checked before torch is imported, so a
+# nothing imports it but ../speak.py, which runs it from any folder. Flags, paths and the model's speakers are checked before torch is imported, so a
 # mistake costs a fraction of a second; the speaking itself is model/synthesis.py.
 
 from __future__ import annotations
@@ -36,7 +36,7 @@ def _positive(value: str) -> float:
 
 def build_parser() -> argparse.ArgumentParser:
     parser = ArgumentParser(
-        prog="python -m vits_trainer.speak",
+        prog="python speak.py",
         description=__doc__.split("\n\n")[0],
         epilog="Prints one line per file (seconds of audio, seconds taken, RTF = synthesis time / audio "
         "duration) and a total. Existing WAVs are never replaced without --overwrite.",

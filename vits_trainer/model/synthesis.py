@@ -1,4 +1,4 @@
-"""Speaking from text with a saved model folder: the work behind `python -m vits_trainer.speak`.
+"""Speaking from text with a saved model folder: the work behind `python speak.py`.
 
 Any transformers VITS folder loads here (config.json, weights, tokenizer files), the tool's own exports
 included. Text is encoded by the checkpoint's own tokenizer exactly as training encodes it
