@@ -433,3 +433,27 @@ def test_a_long_run_curve_is_averaged_down_keeping_its_ends():
     assert len(s.points) <= MAX_POINTS
     assert s.points[0] == (0.0, 0.0) and s.points[-1] == (39_999.0, 9.0)
     assert all(4.0 <= y <= 5.0 for _, y in s.points[1:-1])  # runs of 67 points average to ~4.5
+
+
+def test_a_resume_from_another_folder_takes_its_best_model_only_when_it_holds_the_checkpoints_best(tmp_path):
+    from vits_trainer.safety import read_marker, write_marker
+    from vits_trainer.training.carry import carry_best_model
+    from vits_trainer.training.run_end import existing_best_model
+
+    source = tmp_path / "copy" / "checkpoints"
+    (source / "best_model").mkdir(parents=True)
+    for name in ("config.json", "model.safetensors"):
+        (source / "best_model" / name).write_text(name)
+    write_marker(source / "best_model", "best_model", source)
+    (source / "train_summary.json").write_text(json.dumps({"best_model_step": 12}))
+    logs = []
+    carry_best_model(source, tmp_path / "a", 9, logs.append)  # resumed from before that best: another model
+    carry_best_model(source, tmp_path / "b", 12, logs.append)
+    assert not (tmp_path / "a" / "best_model").exists()
+    assert existing_best_model(tmp_path / "b", 12) == tmp_path / "b" / "best_model"
+    assert (tmp_path / "b" / "best_model" / "model.safetensors").read_text() == "model.safetensors"
+    assert read_marker(tmp_path / "b" / "best_model")["checkpoint_dir"] == str((tmp_path / "b").resolve())
+    assert logs == [f"history: best_model (step 12) carried over from {source / 'best_model'}"]
+    (tmp_path / "c" / "best_model").mkdir(parents=True)  # one already there is never replaced
+    carry_best_model(source, tmp_path / "c", 12, logs.append)
+    assert list((tmp_path / "c" / "best_model").iterdir()) == [] and len(logs) == 1

@@ -25,6 +25,9 @@ training/run_end.py:RunEnd.finish (best_model copy; part of loop.Trainer)
 training/run_end.py:RunEnd.finish (train_summary.json)
     writes into the folder just exported and into checkpoint_dir -> `write_export_file` adds it to the
         marker; checkpoint_dir is refused up front when it overlaps a data folder
+training/carry.py:carry_history / carry_best_model (a run resumed from another folder's checkpoint)
+    metrics.jsonl, samples/<step>, best_model written into the new checkpoint dir -> only where none
+        exists yet; rmtree `.best_model.tmp-<pid>` -> this pid's temp folder; the source is only read
 training/report.py:write_report / write_references
     report.html, samples/reference/<clip>.wav, sentences.json -> fixed names in this run's checkpoint dir
         (locked by the run, never overlapping a data folder or --output_dir: checked up front)

@@ -4,14 +4,11 @@ and accelerate's trackers (TensorBoard / W&B) with validation audio."""
 from __future__ import annotations
 
 import json
-import re
-import shutil
 import time
 from pathlib import Path
 
 import torch
 
-from .report import REFERENCE_FOLDER
 from .runtime import is_interactive
 
 
@@ -56,40 +53,6 @@ class MetricsLog:
         self.path.parent.mkdir(parents=True, exist_ok=True)
         with open(self.path, "a", encoding="utf-8") as f:
             f.write(json.dumps(record, ensure_ascii=False) + "\n")
-
-
-def carry_history(source: Path, folder: Path, step: int, saved: float, log) -> None:
-    """A run resumed from a checkpoint in another folder (an earlier session's output, attached read-only
-    to a new Kaggle session) starts `folder`'s metrics.jsonl and samples/ with `source`'s up to that
-    checkpoint (its `step`, saved at time `saved`; what the source's run did after it is another
-    future), so report.html and the loss curve show the whole run. Only into a folder with no metrics
-    of its own; the source is only read."""
-    metrics = source / "metrics.jsonl"
-    if source.resolve() == folder.resolve() or (folder / "metrics.jsonl").exists() or not metrics.is_file():
-        return
-    kept = []
-    for line in metrics.read_text(encoding="utf-8", errors="replace").splitlines():
-        try:
-            record = json.loads(line)
-        except ValueError:  # half a line from a killed process
-            continue
-        if not isinstance(record, dict):
-            continue
-        if record.get("event") == "session" and record.get("time", 0) > saved:
-            break  # a later session of the source's run: another future than this resume's
-        if record.get("step", 0) <= step:
-            kept.append(line)
-    folder.mkdir(parents=True, exist_ok=True)
-    (folder / "metrics.jsonl").write_text("".join(f"{line}\n" for line in kept), encoding="utf-8")
-    carried = 0
-    samples = source / "samples"
-    for sub in sorted(samples.iterdir()) if samples.is_dir() else []:
-        match = re.fullmatch(r"step_(\d+)", sub.name)
-        wanted = sub.name == REFERENCE_FOLDER or (match is not None and int(match.group(1)) <= step)
-        if sub.is_dir() and wanted and not (folder / "samples" / sub.name).exists():
-            shutil.copytree(sub, folder / "samples" / sub.name)
-            carried += 1
-    log(f"history: {len(kept)} metric records and {carried} sample folders carried over from {source}")
 
 
 class Progress:

@@ -26,12 +26,12 @@ from ..model.vits import VitsGenerator
 from ..runlock import RunLock, is_main_process
 from ..safety import remove_created_on_error
 from .budget import Budget
+from .carry import carry_best_model, carry_history
 from .checkpoint import find_resumable, list_checkpoints, verify_checkpoint
 from .config import TrainConfig, check_data_dir, check_resume_path
 from .datasplit import DataSplit, check_vocabulary, describe_data, load_store, make_loaders, split_data
 from .lr_schedule import BudgetLR, make_scheduler, set_peak_lr
 from .networks import estimate_checkpoint_bytes, load_model, load_or_create_discriminator, make_generator
-from .reporting import carry_history
 from .resume_settings import restore_settings
 from .runtime import Logger, make_accelerator, quiet_transformers, resolve_precision
 from .step import make_optimizer
@@ -174,6 +174,8 @@ def build_session(
             check_inputs(cfg)
             if ckpt is not None and main:  # resumed from another folder's checkpoint: its history too
                 carry_history(ckpt.path.parent, checkpoint_dir, ckpt.step, ckpt.manifest["created"], log)
+                best_step = ckpt.json("trainer_state.json")["train_state"].get("best_model_step")
+                carry_best_model(ckpt.path.parent, checkpoint_dir, best_step, log)
             session = _build_session(cfg, process_start, data_fn, ckpt)
         except BaseException:
             if lock is not None:

@@ -1,0 +1,71 @@
+"""What a run resumed from a checkpoint in another folder brings into its own: the history of the run
+up to that checkpoint (metrics.jsonl, samples) and its best model. The case it is for: an earlier
+session's output attached read-only to a new Kaggle session, resumed with --resume <copy>/step_N
+--checkpoint_dir <writable>. The source is only read; nothing the new folder holds is replaced.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+from pathlib import Path
+
+from ..safety import write_marker
+from .report import REFERENCE_FOLDER
+from .run_end import existing_best_model
+
+
+def carry_history(source: Path, folder: Path, step: int, saved: float, log) -> None:
+    """`folder`'s metrics.jsonl and samples/ start with `source`'s up to the checkpoint (its `step`, saved
+    at time `saved`; what the source's run did after it is another future), so report.html and the
+    loss curve show the whole run. Only into a folder with no metrics of its own."""
+    metrics = source / "metrics.jsonl"
+    if source.resolve() == folder.resolve() or (folder / "metrics.jsonl").exists() or not metrics.is_file():
+        return
+    kept = []
+    for line in metrics.read_text(encoding="utf-8", errors="replace").splitlines():
+        try:
+            record = json.loads(line)
+        except ValueError:  # half a line from a killed process
+            continue
+        if not isinstance(record, dict):
+            continue
+        if record.get("event") == "session" and record.get("time", 0) > saved:
+            break  # a later session of the source's run: another future than this resume's
+        if record.get("step", 0) <= step:
+            kept.append(line)
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / "metrics.jsonl").write_text("".join(f"{line}\n" for line in kept), encoding="utf-8")
+    carried = 0
+    samples = source / "samples"
+    for sub in sorted(samples.iterdir()) if samples.is_dir() else []:
+        match = re.fullmatch(r"step_(\d+)", sub.name)
+        wanted = sub.name == REFERENCE_FOLDER or (match is not None and int(match.group(1)) <= step)
+        if sub.is_dir() and wanted and not (folder / "samples" / sub.name).exists():
+            shutil.copytree(sub, folder / "samples" / sub.name)
+            carried += 1
+    log(f"history: {len(kept)} metric records and {carried} sample folders carried over from {source}")
+
+
+def carry_best_model(source: Path, folder: Path, best_model_step: int | None, log) -> None:
+    """`source`'s best_model/ into `folder` when it holds the checkpoint's best weights (`best_model_step`,
+    and the source run's train_summary.json names the same step: a later session there may have
+    exported another), so the new folder's best model is the run's best rather than none until an
+    evaluation beats it."""
+    if best_model_step is None or source.resolve() == folder.resolve() or (folder / "best_model").exists():
+        return
+    best = existing_best_model(source, best_model_step)
+    try:
+        summary = json.loads((source / "train_summary.json").read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return  # no summary (a killed session): which weights best_model/ holds is not known
+    if best is None or not isinstance(summary, dict) or summary.get("best_model_step") != best_model_step:
+        return
+    tmp = folder / f".best_model.tmp-{os.getpid()}"
+    shutil.rmtree(tmp, ignore_errors=True)  # this pid's temp folder
+    shutil.copytree(best, tmp)
+    write_marker(tmp, "best_model", folder)  # now this run's export: its later bests replace it
+    os.replace(tmp, folder / "best_model")  # checked above: no best_model/ there
+    log(f"history: best_model (step {best_model_step}) carried over from {best}")
