@@ -114,3 +114,23 @@ def test_printed_resume_command_continues_with_the_same_settings(tmp_path, tiny_
         "cpu",
     ):
         assert again[name] == first[name], name
+
+
+def test_a_whole_training_that_finds_no_checkpoint_says_so_and_how_to_continue_one_from_elsewhere(tmp_path):
+    # the trap of a new Kaggle session: the same command as session 1 on a machine without its files
+    # would start the --total_hours training afresh without a word
+    from vits_trainer.training.checkpoint import write_checkpoint
+    from vits_trainer.training.session import find_checkpoint
+
+    cfg = parse(["--total_hours", "28", "--target_hours", "9.5"])
+    logs: list[str] = []
+    assert find_checkpoint(cfg, tmp_path / "checkpoints", logs.append) is None
+    assert logs == [
+        f"note: no checkpoint in {tmp_path / 'checkpoints'}, so the 28 hours of --total_hours start now; "
+        "to continue a training saved elsewhere (a new Kaggle session), pass --resume <its checkpoints>/step_N"
+    ]
+    logs.clear()
+    assert find_checkpoint(parse(["--target_hours", "9.5"]), tmp_path / "checkpoints", logs.append) is None
+    write_checkpoint(tmp_path / "checkpoints", 7, {"a.bin": b"x"})
+    assert find_checkpoint(cfg, tmp_path / "checkpoints", logs.append).step == 7
+    assert not any("note: no checkpoint" in line for line in logs)  # one session of one run: nothing to say

@@ -107,6 +107,12 @@ def find_checkpoint(cfg: TrainConfig, checkpoint_dir: Path, log) -> LoadedCheckp
         return None
     if cfg.resume == "auto":
         path, manifest = find_resumable(checkpoint_dir, log=log)
+        if path is None and cfg.total_hours is not None:  # session 1, or a new machine without session 1
+            log(
+                f"note: no checkpoint in {checkpoint_dir}, so the {cfg.total_hours:g} hours of --total_hours "
+                "start now; to continue a training saved elsewhere (a new Kaggle session), pass --resume "
+                "<its checkpoints>/step_N"
+            )
         return LoadedCheckpoint(path, manifest) if path is not None else None
     path = check_resume_path(cfg.resume)
     try:
