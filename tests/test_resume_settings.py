@@ -116,7 +116,7 @@ def test_printed_resume_command_continues_with_the_same_settings(tmp_path, tiny_
         assert again[name] == first[name], name
 
 
-def test_a_whole_training_that_finds_no_checkpoint_says_so_and_how_to_continue_one_from_elsewhere(tmp_path):
+def test_a_whole_training_without_a_checkpoint_says_so_and_how_to_continue_one_from_elsewhere(tmp_path):
     # the trap of a new Kaggle session: the same command as session 1 on a machine without its files
     # would start the --total_hours training afresh without a word
     from vits_trainer.training.checkpoint import write_checkpoint
@@ -127,7 +127,8 @@ def test_a_whole_training_that_finds_no_checkpoint_says_so_and_how_to_continue_o
     assert find_checkpoint(cfg, tmp_path / "checkpoints", logs.append) is None
     assert logs == [
         f"note: no checkpoint in {tmp_path / 'checkpoints'}, so the 28 hours of --total_hours start now; "
-        "to continue a training saved elsewhere (a new Kaggle session), pass --resume <its checkpoints>/step_N"
+        "to continue a training saved elsewhere (a new Kaggle session), pass --resume "
+        "<its checkpoints>/step_N"
     ]
     logs.clear()
     assert find_checkpoint(parse(["--target_hours", "9.5"]), tmp_path / "checkpoints", logs.append) is None

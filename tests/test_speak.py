@@ -1,4 +1,4 @@
-"""`python speak.py` (`python -m vits_trainer.speak`): WAVs from a model folder, one RTF line per file, one-line errors.
+"""`python speak.py`: WAVs from a model folder, one RTF line per file, one-line errors.
 
 The tiny models are freshly initialised, so they speak noise-like audio; what is checked is that it is
 there (peak above a small threshold), 16-bit at the model's rate, in the files promised. Nothing here

@@ -6,8 +6,9 @@ Examples:
 """
 
 # A command, like the scripts beside the package: it sits above every layer (tests/test_layout.py) and
-# nothing imports it but ../speak.py, which runs it from any folder. Flags, paths and the model's speakers are checked before torch is imported, so a
-# mistake costs a fraction of a second; the speaking itself is model/synthesis.py.
+# nothing imports it but ../speak.py, which runs it from any folder. Flags, paths and the model's
+# speakers are checked before torch is imported, so a mistake costs a fraction of a second; the
+# speaking itself is model/synthesis.py.
 
 from __future__ import annotations
 

@@ -1,7 +1,7 @@
 """prepare_data.py's reader for Hugging Face `datasets` sources: a `save_to_disk` folder, a folder of
-data files (parquet/arrow) or one such file, or a hub id. Apart from corpus.py because it is the one reader that needs
-`datasets` and the hub (offline, only the local cache is tried). Audio stays encoded bytes: decoding is
-prepare_convert.py's, with soundfile.
+data files (parquet/arrow) or one such file, or a hub id. Apart from corpus.py because it is the one
+reader that needs `datasets` and the hub (offline, only the local cache is tried). Audio stays encoded
+bytes: decoding is prepare_convert.py's, with soundfile.
 """
 
 from __future__ import annotations
