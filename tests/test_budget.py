@@ -500,6 +500,18 @@ def test_a_checkpoint_of_warmup_steps_only_keeps_the_next_session_from_a_step_it
     assert resumed.should_stop()
 
 
+def test_a_short_warmup_step_stands_for_a_full_step_at_its_time_per_clip():
+    # an epoch's last step of 4 clips among the warm-up steps: it stands for a 32-clip step at 10/4 s a clip
+    clock = FakeClock(0.0)
+    b = Budget(180, 0.0, clock=clock)
+    clock.advance(40.0)
+    b.observe_step(40.0, 32)
+    clock.advance(10.0)
+    b.observe_step(10.0, 4)
+    assert b.typical_step_seconds() == pytest.approx(40.0)  # min(40, 10 * 32 / 4): not the 10 s step
+    assert b.state_dict()["step_seconds"] == pytest.approx(40.0)
+
+
 # ---- torch scheduler ------------------------------------------------------------------------------
 
 

@@ -187,7 +187,7 @@ class Budget:
         self._measured_samples = 0  # after the skipped warm-up steps
         self._last_step_seconds: float | None = None
         self._recent_steps: list[float] = []  # the last few step durations after the warm-up steps
-        self._warmup_step_times: list[float] = []  # this session's first (skipped) steps
+        self._warmup_steps: list[tuple[float, int]] = []  # this session's first (skipped) steps: s, samples
         self._horizon_provisional = False  # planned_horizon_steps is the first estimate's, not a plan's
         self._step = _Stat()
         self._step_samples = _Stat()
@@ -250,7 +250,7 @@ class Budget:
         self.global_step += 1
         self._last_step_seconds = seconds
         if self.session_steps <= self.benchmark_skip_steps or not measured:
-            self._warmup_step_times.append(seconds)
+            self._warmup_steps.append((seconds, samples))
             if self.planned_horizon_steps is None or self._horizon_provisional:
                 self._provisional_horizon()
             return
@@ -341,9 +341,17 @@ class Budget:
             ordered = sorted(self._recent_steps)
             n = len(ordered)
             return ordered[n // 2] if n % 2 else 0.5 * (ordered[n // 2 - 1] + ordered[n // 2])
-        if self._warmup_step_times:
-            return min(self._warmup_step_times)
+        if self._warmup_steps:
+            return self._fastest_warmup_step()
         return max(self._priors.get("step", 0.0), self._estimates.get("step", 0.0))
+
+    def _fastest_warmup_step(self) -> float:
+        """The fastest warm-up step as a full one: a short step (an epoch's last few clips) counts at its
+        time per clip, scaled to the largest step seen. Its fixed costs make that an upper bound still;
+        taken as it was, an 18 s step of 4 clips stood for the 80 s steps of 32 clips (a 3-minute run
+        started a step it could not finish)."""
+        full = max(samples for _, samples in self._warmup_steps)
+        return min(seconds * full / max(samples, 1) for seconds, samples in self._warmup_steps)
 
     def allowed_overrun_seconds(self) -> float:
         """How far past the deadline a run may end: max(1 %, 10 s)."""
@@ -373,7 +381,7 @@ class Budget:
         # usual time, and that overrun would otherwise come out of the final evaluation. One step of a
         # multi-hour run is a negligible price. Typical is a median, not the slowest recent step: one slow
         # step doubled and taken as the rule would end short runs well before their deadlines.
-        if not self._recent_steps and self._warmup_step_times:
+        if not self._recent_steps and self._warmup_steps:
             # Only warm-up steps so far: they are the slow ones (compilation, allocator), so the fastest is
             # already an upper bound with headroom in it; doubled, one slow first step would end a short
             # run after it (seen: 1 step at 0.4-0.8 of the budget). The slow-spell check bounds the rest.
@@ -549,7 +557,7 @@ class Budget:
         during the warm-up steps would start a step it has no time to finish."""
         if self._step.ema is not None:
             return self._step.ema
-        return self._priors.get("step", min(self._warmup_step_times, default=None))
+        return self._priors.get("step", self._fastest_warmup_step() if self._warmup_steps else None)
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Restore from a previous session (call before training starts).
