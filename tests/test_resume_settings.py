@@ -135,3 +135,25 @@ def test_a_whole_training_without_a_checkpoint_says_so_and_how_to_continue_one_f
     write_checkpoint(tmp_path / "checkpoints", 7, {"a.bin": b"x"})
     assert find_checkpoint(cfg, tmp_path / "checkpoints", logs.append).step == 7
     assert not any("note: no checkpoint" in line for line in logs)  # one session of one run: nothing to say
+
+
+def test_a_resumed_runs_data_folder_missing_on_this_machine_says_to_pass_data_dir(tmp_path):
+    # a new Kaggle machine: the checkpoint's run prepared its data in a folder this machine lacks
+    from vits_trainer.errors import UserError
+    from vits_trainer.training.checkpoint import write_checkpoint
+    from vits_trainer.training.session import build_session
+
+    gone = tmp_path / "earlier_machine" / "training"
+    state = {"config": {"data_dir": str(gone)}}
+    step = write_checkpoint(tmp_path / "copy", 5, {"trainer_state.json": json.dumps(state).encode()})
+    argv = ["--resume", str(step), "--checkpoint_dir", str(tmp_path / "checkpoints"), "--target_hours", "1"]
+    with pytest.raises(UserError) as refused:
+        build_session(parse(argv), time.time())
+    assert str(refused.value) == (
+        f"--data_dir {gone}: no such folder (run prepare_data.py first); it is the resumed run's own "
+        "--data_dir, from its checkpoint: on another machine, pass --data_dir where that data is now"
+    )
+    with pytest.raises(UserError) as given:  # a folder the user named is their own mistake: no such words
+        build_session(parse([*argv, "--data_dir", str(gone)]), time.time())
+    assert "resumed run's own" not in str(given.value)
+    assert not (tmp_path / "checkpoints").exists()  # bad input writes nothing

@@ -125,9 +125,17 @@ def find_checkpoint(cfg: TrainConfig, checkpoint_dir: Path, log) -> LoadedCheckp
 # ---- the session --------------------------------------------------------------------------------
 
 
-def check_inputs(cfg: TrainConfig) -> None:
+def check_inputs(cfg: TrainConfig, resumed: bool = False) -> None:
     """Everything that can be checked before anything is written (bad input writes nothing)."""
-    data_dir = check_data_dir(cfg.data_dir)
+    try:
+        data_dir = check_data_dir(cfg.data_dir)
+    except UserError as err:
+        if resumed and cfg.explicit is not None and "data_dir" not in cfg.explicit:  # from the checkpoint
+            raise UserError(
+                f"{err}; it is the resumed run's own --data_dir, from its checkpoint: on another machine, "
+                "pass --data_dir where that data is now"
+            ) from None
+        raise
     rows, _ = read_metadata(data_dir / METADATA_NAME)
     if not rows:
         raise UserError(f"{data_dir / METADATA_NAME}: no usable rows (expected id|text|speaker lines)")
@@ -177,7 +185,7 @@ def build_session(
             if ckpt is not None:
                 saved = ckpt.json("trainer_state.json").get("config")
                 cfg = restore_settings(cfg, saved, log, source=ckpt.path.name)
-            check_inputs(cfg)
+            check_inputs(cfg, resumed=ckpt is not None)
             if ckpt is not None and main:  # resumed from another folder's checkpoint: its history too
                 carry_history(ckpt.path.parent, checkpoint_dir, ckpt.step, ckpt.manifest["created"], log)
                 best_step = ckpt.json("trainer_state.json")["train_state"].get("best_model_step")
