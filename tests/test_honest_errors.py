@@ -5,6 +5,7 @@ and exit 2 from the real CLIs; a damaged checkpoint met mid-run by a recovery is
 
 from __future__ import annotations
 
+import json
 import shutil
 import subprocess
 import time
@@ -191,3 +192,6 @@ def test_best_model_is_named_when_it_was_exported(tmp_path, tiny_model_dir, tone
         assert summary["best_model"] == str(best) and (best / "model.safetensors").is_file()
         assert summary["best_model_step"] == summary["best_step"] == 6  # the final evaluation's copy
         assert str(best) in best_model_words(summary)
+        # the final checkpoint, saved before that copy, names it too: a session resumed from it does
+        state = json.loads((tmp_path / "checkpoints" / "step_00000006" / "trainer_state.json").read_text())
+        assert state["train_state"]["best_model_step"] == 6

@@ -47,6 +47,9 @@ class RunEnd:
         elif stop_reason == "signal":
             self.final_eval_skipped = "stopped by a signal"
         final_is_best = bool(s.state.val_history) and s.state.best_step == budget.global_step
+        earlier_best_model = s.state.best_model_step
+        if final_is_best:  # the checkpoint names the best_model/ copy made after it (undone if that fails)
+            s.state.best_model_step = budget.global_step
         outputs.save_checkpoint(stop_reason or "end")
         t0 = time.perf_counter()
         exported = None
@@ -67,10 +70,11 @@ class RunEnd:
                 shutil.copytree(exported, tmp)
                 write_marker(tmp, "best_model", s.checkpoint_dir)
                 replace_export(tmp, best)
-                s.state.best_model_step = budget.global_step
                 best_updated = True
             except (OSError, UnsafeOverwrite) as err:  # the final model is exported; only this copy failed
                 s.log(f"warning: best model not updated ({getattr(err, 'strerror', None) or err})")
+        if final_is_best and not best_updated:
+            s.state.best_model_step = earlier_best_model
         budget.observe_export(time.perf_counter() - t0)
         # after the local export, which never waits on it
         hub = self.push(stop_reason, exported, best_updated)
