@@ -16,6 +16,7 @@ import os
 import socket
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 from .errors import UserError
@@ -56,9 +57,11 @@ class RunLock:
         atexit.register(self.release)
 
     @classmethod
-    def acquire(cls, folder: Path, flag: str, log=print, unwritable_hint: str = "") -> RunLock | None:
+    def acquire(
+        cls, folder: Path, flag: str, log=print, unwritable_hint: Callable[[], str] = lambda: ""
+    ) -> RunLock | None:
         """Lock `folder` (created if missing) or raise UserError naming the run that holds it;
-        `unwritable_hint` ends the error when the folder cannot be written (read-only, no permission)."""
+        `unwritable_hint()` ends the error when the folder cannot be written (read-only, no permission)."""
         folder = Path(folder)
         if fcntl is None:  # pragma: no cover
             log(f"warning: no OS file locks on this platform: nothing stops a second run on {folder}")
@@ -69,7 +72,7 @@ class RunLock:
             folder.mkdir(parents=True, exist_ok=True)
         except OSError as err:
             raise UserError(
-                f"{flag} {folder} cannot be created ({err.strerror or err}){unwritable_hint}"
+                f"{flag} {folder} cannot be created ({err.strerror or err}){unwritable_hint()}"
             ) from None
         path = folder / LOCK_NAME
         locks = True  # False: the file system takes none (then there is no earlier holder to speak of)
@@ -78,7 +81,7 @@ class RunLock:
                 fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
             except OSError as err:
                 raise UserError(
-                    f"{flag} {folder}: cannot create its lock file ({err.strerror or err}){unwritable_hint}"
+                    f"{flag} {folder}: cannot create its lock file ({err.strerror or err}){unwritable_hint()}"
                 ) from None
             try:
                 fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)

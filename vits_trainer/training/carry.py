@@ -7,14 +7,12 @@ session's output attached read-only to a new Kaggle session, resumed with --resu
 from __future__ import annotations
 
 import json
-import os
-import re
 import shutil
 from pathlib import Path
 
-from ..safety import write_marker
-from .report import REFERENCE_FOLDER
-from .run_end import existing_best_model
+from .checkpoint import step_of
+from .report import REFERENCE_FOLDER, read_metrics
+from .run_end import existing_best_model, install_best_model
 
 
 def carry_history(source: Path, folder: Path, step: int, saved: float, log) -> None:
@@ -25,24 +23,19 @@ def carry_history(source: Path, folder: Path, step: int, saved: float, log) -> N
     if source.resolve() == folder.resolve() or (folder / "metrics.jsonl").exists() or not metrics.is_file():
         return
     kept = []
-    for line in metrics.read_text(encoding="utf-8", errors="replace").splitlines():
-        try:
-            record = json.loads(line)
-        except ValueError:  # half a line from a killed process
-            continue
-        if not isinstance(record, dict):
-            continue
+    for record in read_metrics(metrics):
         if record.get("event") == "session" and record.get("time", 0) > saved:
             break  # a later session of the source's run: another future than this resume's
         if record.get("step", 0) <= step:
-            kept.append(line)
+            kept.append(record)
     folder.mkdir(parents=True, exist_ok=True)
-    (folder / "metrics.jsonl").write_text("".join(f"{line}\n" for line in kept), encoding="utf-8")
+    lines = (json.dumps(record, ensure_ascii=False) + "\n" for record in kept)  # as MetricsLog writes them
+    (folder / "metrics.jsonl").write_text("".join(lines), encoding="utf-8")
     carried = 0
     samples = source / "samples"
     for sub in sorted(samples.iterdir()) if samples.is_dir() else []:
-        match = re.fullmatch(r"step_(\d+)", sub.name)
-        wanted = sub.name == REFERENCE_FOLDER or (match is not None and int(match.group(1)) <= step)
+        sample_step = step_of(sub.name)
+        wanted = sub.name == REFERENCE_FOLDER or (sample_step is not None and sample_step <= step)
         if sub.is_dir() and wanted and not (folder / "samples" / sub.name).exists():
             shutil.copytree(sub, folder / "samples" / sub.name)
             carried += 1
@@ -63,9 +56,5 @@ def carry_best_model(source: Path, folder: Path, best_model_step: int | None, lo
         return  # no summary (a killed session): which weights best_model/ holds is not known
     if best is None or not isinstance(summary, dict) or summary.get("best_model_step") != best_model_step:
         return
-    tmp = folder / f".best_model.tmp-{os.getpid()}"
-    shutil.rmtree(tmp, ignore_errors=True)  # this pid's temp folder
-    shutil.copytree(best, tmp)
-    write_marker(tmp, "best_model", folder)  # now this run's export: its later bests replace it
-    os.replace(tmp, folder / "best_model")  # checked above: no best_model/ there
+    install_best_model(best, folder)  # now this run's export: its later bests replace it
     log(f"history: best_model (step {best_model_step}) carried over from {best}")

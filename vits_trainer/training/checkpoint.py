@@ -120,12 +120,18 @@ def write_checkpoint(
     return final
 
 
+def step_of(name: str) -> int | None:
+    """The step a `step_NNNNNNNN` folder (a checkpoint, or its samples) is named for; None for other names."""
+    match = _NAME.match(name)
+    return int(match.group(1)) if match else None
+
+
 def list_checkpoints(checkpoint_dir: Path) -> list[Path]:
     """Checkpoint folders, newest (highest step) first. Temp folders are never listed."""
     if not checkpoint_dir.is_dir():
         return []
     found = [
-        (int(m.group(1)), p) for p in checkpoint_dir.iterdir() if p.is_dir() and (m := _NAME.match(p.name))
+        (step_of(p.name), p) for p in checkpoint_dir.iterdir() if p.is_dir() and step_of(p.name) is not None
     ]
     return [p for _, p in sorted(found, reverse=True)]
 

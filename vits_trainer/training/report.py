@@ -95,17 +95,22 @@ def _read_json(path: Path):
         return None
 
 
-def read_run(folder: Path) -> RunFiles:
+def read_metrics(path: Path) -> list[dict]:
+    """metrics.jsonl's records, in order; none when it is missing."""
     records = []
-    metrics = folder / "metrics.jsonl"
-    if metrics.is_file():
-        for line in metrics.read_text(encoding="utf-8", errors="replace").splitlines():
+    if path.is_file():
+        for line in path.read_text(encoding="utf-8", errors="replace").splitlines():
             try:
                 record = json.loads(line)
             except ValueError:  # a half line of a killed process
                 continue
             if isinstance(record, dict):
                 records.append(record)
+    return records
+
+
+def read_run(folder: Path) -> RunFiles:
+    records = read_metrics(folder / "metrics.jsonl")
     summary = _read_json(folder / "train_summary.json")
     sentences = _read_json(folder / "samples" / REFERENCE_FOLDER / SENTENCES_FILE)
     return RunFiles(folder, records, summary if isinstance(summary, dict) else None, sentences or {})

@@ -9,6 +9,7 @@ from pathlib import Path
 
 import torch
 
+from .report import read_metrics
 from .runtime import is_interactive
 
 
@@ -108,11 +109,7 @@ def plot_losses(metrics_path: Path, out_path: Path) -> Path | None:
     if not metrics_path.is_file():
         return None
     train, val, freerun = [], [], []
-    for line in metrics_path.read_text(encoding="utf-8").splitlines():
-        try:
-            record = json.loads(line)
-        except ValueError:
-            continue
+    for record in read_metrics(metrics_path):
         if record.get("event") == "eval" and "val_mel" in record:
             val.append((record["step"], record["val_mel"]))
             if "val_mel_dtw" in record:

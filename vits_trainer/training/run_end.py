@@ -62,14 +62,8 @@ class RunEnd:
             )
         best_updated = False
         if exported and final_is_best:
-            best = s.checkpoint_dir / "best_model"
             try:
-                check_replaceable(best)  # our marked export only, nothing the user put in it
-                tmp = best.with_name(f".best_model.tmp-{os.getpid()}")
-                shutil.rmtree(tmp, ignore_errors=True)  # this pid's temp folder
-                shutil.copytree(exported, tmp)
-                write_marker(tmp, "best_model", s.checkpoint_dir)
-                replace_export(tmp, best)
+                install_best_model(exported, s.checkpoint_dir)
                 best_updated = True
             except (OSError, UnsafeOverwrite) as err:  # the final model is exported; only this copy failed
                 s.log(f"warning: best model not updated ({getattr(err, 'strerror', None) or err})")
@@ -174,6 +168,19 @@ class RunEnd:
             "best_model": str(best) if best is not None else None,
             "best_model_step": state.best_model_step if best is not None else None,
         }
+
+
+def install_best_model(exported: Path, checkpoint_dir: Path) -> Path:
+    """A copy of the export `exported` as `<checkpoint_dir>/best_model`, marked as this run's; it replaces
+    only an earlier export there (our marker, nothing the user put in it). Raises OSError/UnsafeOverwrite."""
+    best = checkpoint_dir / "best_model"
+    check_replaceable(best)
+    tmp = best.with_name(f".best_model.tmp-{os.getpid()}")
+    shutil.rmtree(tmp, ignore_errors=True)  # this pid's temp folder
+    shutil.copytree(exported, tmp)
+    write_marker(tmp, "best_model", checkpoint_dir)
+    replace_export(tmp, best)
+    return best
 
 
 def existing_best_model(checkpoint_dir: Path, best_model_step: int | None) -> Path | None:

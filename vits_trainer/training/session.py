@@ -7,6 +7,7 @@ line per set-up step, in order. The data steps are in datasplit.py, the model st
 
 from __future__ import annotations
 
+import functools
 import shutil
 import tempfile
 from collections.abc import Callable
@@ -178,17 +179,17 @@ def build_session(
     checkpoint_dir = Path(cfg.checkpoint_dir)
     with remove_created_on_error(created_here):
         # before anything reads or writes checkpoints: a second run on this folder stops here
-        hint = _read_only_hint(checkpoint_dir)
+        hint = functools.partial(_read_only_hint, checkpoint_dir)  # listed only if the lock cannot be made
         lock = RunLock.acquire(checkpoint_dir, "--checkpoint_dir", log, hint) if main else None
         try:
             ckpt = find_checkpoint(cfg, checkpoint_dir, log)
+            trainer_state = ckpt.json("trainer_state.json") if ckpt is not None else {}
             if ckpt is not None:
-                saved = ckpt.json("trainer_state.json").get("config")
-                cfg = restore_settings(cfg, saved, log, source=ckpt.path.name)
+                cfg = restore_settings(cfg, trainer_state.get("config"), log, source=ckpt.path.name)
             check_inputs(cfg, resumed=ckpt is not None)
             if ckpt is not None and main:  # resumed from another folder's checkpoint: its history too
                 carry_history(ckpt.path.parent, checkpoint_dir, ckpt.step, ckpt.manifest["created"], log)
-                best_step = ckpt.json("trainer_state.json")["train_state"].get("best_model_step")
+                best_step = trainer_state["train_state"].get("best_model_step")
                 carry_best_model(ckpt.path.parent, checkpoint_dir, best_step, log)
             session = _build_session(cfg, process_start, data_fn, ckpt)
         except BaseException:
