@@ -19,15 +19,15 @@ model/vits.py:export_model
     os.replace(out_dir -> `.<name>.old-<pid>`) + rmtree(old) -> `check_replaceable(out_dir)` first:
         the folder carries our marker and nothing beyond the files it lists (else UnsafeOverwrite)
     remove_dead_writers_temp(`.<name>.tmp-*`, `.<name>.old-*`) -> temp folders named with a dead pid
-training/run_end.py:RunEnd.finish (best_model copy; part of loop.Trainer)
+training/run_end.py:install_best_model (RunEnd.finish's best_model copy, and carry_best_model's)
     rmtree `.best_model.tmp` / best_model -> `check_replaceable(best_model)` first (marker, as above);
         the temp folder is named by this tool inside its checkpoint dir
 training/run_end.py:RunEnd.finish (train_summary.json)
     writes into the folder just exported and into checkpoint_dir -> `write_export_file` adds it to the
         marker; checkpoint_dir is refused up front when it overlaps a data folder
 training/carry.py:carry_history / carry_best_model (a run resumed from another folder's checkpoint)
-    metrics.jsonl, samples/<step>, best_model written into the new checkpoint dir -> only where none
-        exists yet; rmtree `.best_model.tmp-<pid>` -> this pid's temp folder; the source is only read
+    metrics.jsonl, samples/<step>, best_model (install_best_model, above) written into the new
+        checkpoint dir -> only where none exists yet; the source is only read
 training/report.py:write_report / write_references
     report.html, samples/reference/<clip>.wav, sentences.json -> fixed names in this run's checkpoint dir
         (locked by the run, never overlapping a data folder or --output_dir: checked up front)
