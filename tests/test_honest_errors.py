@@ -183,6 +183,7 @@ def test_signal_before_any_improvement_names_no_best_model(
 
 def test_best_model_is_named_when_it_was_exported(tmp_path, tiny_model_dir, tone_corpus):
     from train_vits import best_model_words
+    from vits_trainer.safety import read_marker
 
     _, summary = train_tiny(tmp_path, tone_corpus, tiny_model_dir, max_steps=6, learning_rate=1e-3)
     best = tmp_path / "checkpoints" / "best_model"
@@ -195,3 +196,5 @@ def test_best_model_is_named_when_it_was_exported(tmp_path, tiny_model_dir, tone
         # the final checkpoint, saved before that copy, names it too: a session resumed from it does
         state = json.loads((tmp_path / "checkpoints" / "step_00000006" / "trainer_state.json").read_text())
         assert state["train_state"]["best_model_step"] == 6
+        # and the folder itself says which weights it holds, as the final export it was copied from does
+        assert read_marker(best)["step"] == read_marker(Path(summary["final_model"]))["step"] == 6

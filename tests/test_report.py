@@ -450,10 +450,32 @@ def test_a_resume_from_another_folder_takes_its_best_model_only_when_it_holds_th
     carry_best_model(source, tmp_path / "a", 9, logs.append)  # resumed from before that best: another model
     carry_best_model(source, tmp_path / "b", 12, logs.append)
     assert not (tmp_path / "a" / "best_model").exists()
-    assert existing_best_model(tmp_path / "b", 12) == tmp_path / "b" / "best_model"
+    assert existing_best_model(tmp_path / "b", 12) == (tmp_path / "b" / "best_model", 12)
     assert (tmp_path / "b" / "best_model" / "model.safetensors").read_text() == "model.safetensors"
     assert read_marker(tmp_path / "b" / "best_model")["checkpoint_dir"] == str((tmp_path / "b").resolve())
     assert logs == [f"history: best_model (step 12) carried over from {source / 'best_model'}"]
     (tmp_path / "c" / "best_model").mkdir(parents=True)  # one already there is never replaced
     carry_best_model(source, tmp_path / "c", 12, logs.append)
     assert list((tmp_path / "c" / "best_model").iterdir()) == [] and len(logs) == 1
+
+
+def test_best_model_is_labelled_by_its_own_step_and_carried_by_it_without_a_summary(tmp_path):
+    """The marker's step is what best_model/ holds, whatever a checkpoint recorded: a copy that failed
+    after the final checkpoint named it, or an export after the last checkpoint of a killed session."""
+    from vits_trainer.safety import read_marker, write_marker
+    from vits_trainer.training.carry import carry_best_model
+    from vits_trainer.training.run_end import existing_best_model
+
+    source = tmp_path / "copy" / "checkpoints"
+    (source / "best_model").mkdir(parents=True)
+    for name in ("config.json", "model.safetensors"):
+        (source / "best_model" / name).write_text(name)
+    write_marker(source / "best_model", "best_model", source, step=7)
+    assert existing_best_model(source, 12) == (source / "best_model", 7)  # the checkpoint said 12
+    assert existing_best_model(source, None) is None  # this run never exported one: an older run's
+    logs = []
+    carry_best_model(source, tmp_path / "a", 12, logs.append)  # holds step 7, not the checkpoint's best
+    carry_best_model(source, tmp_path / "b", 7, logs.append)  # no train_summary.json: a killed session
+    assert not (tmp_path / "a" / "best_model").exists()
+    assert read_marker(tmp_path / "b" / "best_model")["step"] == 7
+    assert logs == [f"history: best_model (step 7) carried over from {source / 'best_model'}"]

@@ -151,15 +151,19 @@ def _files(folder: Path) -> list[str]:
     return sorted(found)
 
 
-def write_marker(folder: Path, kind: str, run: str | os.PathLike | None) -> None:
+def write_marker(folder: Path, kind: str, run: str | os.PathLike | None, step: int | None = None) -> None:
     """Mark `folder` as an export of this tool: what it is, which run made it, and the files it holds
-    (call last, once every file is in place). `run` is the checkpoint dir of the run that wrote it."""
+    (call last, once every file is in place). `run` is the checkpoint dir of the run that wrote it;
+    `step`, the training step of the weights (the folder itself says which weights it holds, whatever a
+    checkpoint saved before or after it recorded)."""
     data = {
         "tool": TOOL,
         "kind": kind,
         "checkpoint_dir": str(resolved(run)) if run is not None else None,
         "files": _files(folder),
     }
+    if step is not None:
+        data["step"] = step
     (folder / EXPORT_MARKER).write_text(json.dumps(data, indent=1, ensure_ascii=False), encoding="utf-8")
 
 
@@ -177,7 +181,13 @@ def write_export_file(folder: Path, name: str, text: str) -> None:
     (folder / name).write_text(text, encoding="utf-8")
     marker = read_marker(folder)
     if marker is not None:
-        write_marker(folder, marker["kind"], marker.get("checkpoint_dir"))
+        write_marker(folder, marker["kind"], marker.get("checkpoint_dir"), marker_step(marker))
+
+
+def marker_step(marker: dict | None) -> int | None:
+    """The training step an export's marker records, None for an export made before markers had it."""
+    step = marker.get("step") if marker else None
+    return step if isinstance(step, int) and not isinstance(step, bool) else None
 
 
 def foreign_entries(folder: Path) -> list[str] | None:

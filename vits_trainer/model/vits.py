@@ -298,14 +298,16 @@ def export_model(
     extras=None,
     kind: str = "model",
     run: str | Path | None = None,
+    step: int | None = None,
 ) -> Path:
     """Save the generator as a plain `VitsModel` folder that transformers loads with no project code.
 
     Written into a temporary sibling folder and renamed into place, so `out_dir` is never half-written.
     Decoder weight norm is folded back into the weights (on a copy: training continues unaffected).
     `extras(folder)` may add files before the folder is moved into place. The folder gets this tool's
-    export marker (`kind`, the run's checkpoint dir `run`, the files written); an existing `out_dir` is
-    replaced only when it is an earlier export holding nothing else (else safety.UnsafeOverwrite).
+    export marker (`kind`, the run's checkpoint dir `run`, the training `step`, the files written); an
+    existing `out_dir` is replaced only when it is an earlier export holding nothing else (else
+    safety.UnsafeOverwrite).
     """
     out_dir = Path(out_dir)
     check_replaceable(out_dir)  # before any work: a user's folder is never replaced
@@ -325,6 +327,6 @@ def export_model(
         )
     if extras is not None:  # e.g. the discriminator, saved beside the generator
         extras(tmp)
-    write_marker(tmp, kind, run)  # last: lists every file this export wrote
+    write_marker(tmp, kind, run, step)  # last: lists every file this export wrote
     replace_export(tmp, out_dir)  # checks the marker of what it replaces
     return out_dir

@@ -10,6 +10,7 @@ import json
 import shutil
 from pathlib import Path
 
+from ..safety import marker_step, read_marker
 from .checkpoint import step_of
 from .report import REFERENCE_FOLDER, read_metrics
 from .run_end import existing_best_model, install_best_model
@@ -43,18 +44,23 @@ def carry_history(source: Path, folder: Path, step: int, saved: float, log) -> N
 
 
 def carry_best_model(source: Path, folder: Path, best_model_step: int | None, log) -> None:
-    """`source`'s best_model/ into `folder` when it holds the checkpoint's best weights (`best_model_step`,
-    and the source run's train_summary.json names the same step: a later session there may have
-    exported another), so the new folder's best model is the run's best rather than none until an
-    evaluation beats it."""
+    """`source`'s best_model/ into `folder` when it holds the checkpoint's best weights (`best_model_step`:
+    a later session there may have exported another), so the new folder's best model is the run's best
+    rather than none until an evaluation beats it. Which weights it holds: its marker's step, or for an
+    export made before markers had one, the step the source run's train_summary.json names."""
     if best_model_step is None or source.resolve() == folder.resolve() or (folder / "best_model").exists():
         return
-    best = existing_best_model(source, best_model_step)
-    try:
-        summary = json.loads((source / "train_summary.json").read_text(encoding="utf-8"))
-    except (OSError, ValueError):
-        return  # no summary (a killed session): which weights best_model/ holds is not known
-    if best is None or not isinstance(summary, dict) or summary.get("best_model_step") != best_model_step:
+    found = existing_best_model(source, best_model_step)
+    if found is None:
+        return
+    best, step = found
+    if marker_step(read_marker(best)) is None:
+        try:
+            summary = json.loads((source / "train_summary.json").read_text(encoding="utf-8"))
+        except (OSError, ValueError):
+            return  # no summary (a killed session): which weights best_model/ holds is not known
+        step = summary.get("best_model_step") if isinstance(summary, dict) else None
+    if step != best_model_step:
         return
     install_best_model(best, folder)  # now this run's export: its later bests replace it
     log(f"history: best_model (step {best_model_step}) carried over from {best}")

@@ -240,7 +240,14 @@ class RunOutputs:
                 (tmp / CARD_FILE).write_text(card, encoding="utf-8")
 
         return export_model(
-            s.model, s.text.tokenizer, folder, speakers, extras=extras, kind=kind, run=s.checkpoint_dir
+            s.model,
+            s.text.tokenizer,
+            folder,
+            speakers,
+            extras=extras,
+            kind=kind,
+            run=s.checkpoint_dir,
+            step=s.budget.global_step,
         )
 
     def epoch_end_housekeeping(self) -> None:

@@ -13,7 +13,15 @@ import shutil
 import time
 from pathlib import Path
 
-from ..safety import UnsafeOverwrite, check_replaceable, replace_export, write_export_file, write_marker
+from ..safety import (
+    UnsafeOverwrite,
+    check_replaceable,
+    marker_step,
+    read_marker,
+    replace_export,
+    write_export_file,
+    write_marker,
+)
 from .reporting import plot_losses
 
 
@@ -165,8 +173,8 @@ class RunEnd:
             "compile": loop_figures["compile"],
             "final_model": str(exported) if exported else None,
             "last_checkpoint": str(outputs.last_checkpoint) if outputs.last_checkpoint else None,
-            "best_model": str(best) if best is not None else None,
-            "best_model_step": state.best_model_step if best is not None else None,
+            "best_model": str(best[0]) if best is not None else None,
+            "best_model_step": best[1] if best is not None else None,
         }
 
 
@@ -178,17 +186,22 @@ def install_best_model(exported: Path, checkpoint_dir: Path) -> Path:
     tmp = best.with_name(f".best_model.tmp-{os.getpid()}")
     shutil.rmtree(tmp, ignore_errors=True)  # this pid's temp folder
     shutil.copytree(exported, tmp)
-    write_marker(tmp, "best_model", checkpoint_dir)
+    write_marker(tmp, "best_model", checkpoint_dir, marker_step(read_marker(exported)))
     replace_export(tmp, best)
     return best
 
 
-def existing_best_model(checkpoint_dir: Path, best_model_step: int | None) -> Path | None:
-    """`<checkpoint_dir>/best_model` when this run exported one and it is complete (exports are renamed
-    into place whole, so a folder with its weights is complete); else None. The start evaluation
-    measures the model the run started from and exports nothing: a run whose evaluations never beat it
-    has no best_model."""
+def existing_best_model(checkpoint_dir: Path, best_model_step: int | None) -> tuple[Path, int] | None:
+    """(`<checkpoint_dir>/best_model`, the step of its weights) when this run exported one and it is
+    complete (exports are renamed into place whole, so a folder with its weights is complete); else None.
+    The start evaluation measures the model the run started from and exports nothing: a run whose
+    evaluations never beat it has no best_model. The step is the folder's own (its marker), which a
+    checkpoint's `best_model_step` may miss: an export after the last checkpoint of a killed session,
+    or a final copy that failed after the final checkpoint named it."""
     folder = checkpoint_dir / "best_model"
     if best_model_step is None or not (folder / "config.json").is_file():
         return None
-    return folder if (folder / "model.safetensors").is_file() else None
+    if not (folder / "model.safetensors").is_file():
+        return None
+    step = marker_step(read_marker(folder))
+    return folder, step if step is not None else best_model_step
