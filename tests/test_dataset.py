@@ -410,3 +410,13 @@ def test_disk_full_while_writing_cache_falls_back_to_ram(corpus: Path, monkeypat
     assert len(store) == 24 and report.in_ram and report.cache_path is None
     assert any("No space left" in m for m in logs)
     assert not list((corpus / "cache").glob("*.tmp-*")) and not (corpus / "cache" / INDEX_NAME).exists()
+
+
+def test_a_small_corpus_keeps_most_of_its_clips_for_training():
+    from vits_trainer.data.items import held_out_positions
+
+    sizes = {
+        n: len(held_out_positions([f"c{i}" for i in range(n)], 0.02, seed=0)) for n in (2, 3, 5, 8, 16, 400)
+    }
+    assert sizes == {2: 1, 3: 1, 5: 1, 8: 2, 16: 4, 400: 8}  # at least 4, but never most of a small corpus
+    assert held_out_positions([f"c{i}" for i in range(50)], 0.0, seed=0) == []

@@ -151,6 +151,14 @@ def split_train_val(
     return [i for i in range(n) if i not in val_set], val
 
 
+def held_out_positions(ids: Sequence[str], val_fraction: float, seed: int) -> list[int]:
+    """The validation positions of a training run (--val_fraction, --seed): at least 4 clips, but no
+    more than a quarter of a small corpus (5 clips: 1 held out, 4 trained on), none at fraction 0."""
+    if val_fraction <= 0:
+        return []
+    return split_train_val(ids, val_fraction, min_val=min(4, max(1, len(ids) // 4)), seed=seed)[1]
+
+
 # ---------------------------------------------------------------------------------------------------
 # Several item sets as one
 

@@ -160,7 +160,7 @@ def original_val_ids(base: Path, store_ids: list[str], cfg: FeedbackConfig, log)
     in its checkpoint dir, a feedback version's model beside its checkpoints/); else recomputed as the
     runner does with --val_fraction and --seed (right when the base was trained with the defaults).
     """
-    from ..data.items import split_train_val
+    from ..data.items import held_out_positions
     from ..training.checkpoint import find_resumable
     from ..training.trainstate import LoadedCheckpoint
 
@@ -185,7 +185,7 @@ def original_val_ids(base: Path, store_ids: list[str], cfg: FeedbackConfig, log)
                 log(f"warning: {len(ids) - len(present)} held-out clip(s) of {source} are not in --data_dir")
             return present, source
         log(f"warning: none of the held-out ids of {source} is in --data_dir; not using it")
-    positions = split_train_val(store_ids, cfg.val_fraction, seed=cfg.seed)[1] if cfg.val_fraction > 0 else []
+    positions = held_out_positions(store_ids, cfg.val_fraction, cfg.seed)
     log(
         f"original validation split: {base} records none, recomputed as train_vits.py does "
         f"(--val_fraction {cfg.val_fraction}, --seed {cfg.seed}; pass those the base was trained with)"

@@ -13,7 +13,7 @@ from pathlib import Path
 import numpy as np
 
 from ..data.clipstore import ClipStore, load_clip_store
-from ..data.items import TrainingItems, build_items, split_train_val
+from ..data.items import TrainingItems, build_items, held_out_positions
 from ..data.loader import make_loader
 from ..data.sampler import BucketBatchSampler
 from ..data.shapes import PadLengths
@@ -92,8 +92,7 @@ def split_data(
         positions = positions[: cfg.max_samples]
     ids = [store.ids[i] for i in positions]
     if val_ids is None:
-        val_pos = split_train_val(ids, cfg.val_fraction, seed=cfg.seed)[1] if cfg.val_fraction > 0 else []
-        val_ids = [ids[i] for i in val_pos]
+        val_ids = [ids[i] for i in held_out_positions(ids, cfg.val_fraction, cfg.seed)]
     wanted = set(val_ids)
     val_idx = [int(positions[i]) for i, clip_id in enumerate(ids) if clip_id in wanted]
     train_idx = [int(positions[i]) for i, clip_id in enumerate(ids) if clip_id not in wanted]
