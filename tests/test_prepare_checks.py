@@ -335,6 +335,23 @@ def test_parallel_run_matches_in_process_run(tmp_path, pairs_corpus):
     assert set(state["clips"]) == {f"c{i}" for i in range(6)}
 
 
+def test_a_second_prepare_on_the_same_folder_is_refused_and_touches_nothing(tmp_path, pairs_corpus):
+    from vits_trainer.runlock import RunLock
+
+    out = tmp_path / "out"
+    run_prepare(pairs_corpus, out)
+    before = {p: p.read_bytes() for p in out.rglob("*") if p.is_file()}
+    other = RunLock.acquire(out, "--data_dir", log=lambda _: None)  # a prepare_data.py still writing there
+    try:
+        with pytest.raises(UserError, match=r"--data_dir .* is in use by another run \(pid"):
+            run_prepare(pairs_corpus, out, clean=True)
+    finally:
+        other.release()
+    assert {p: p.read_bytes() for p in out.rglob("*") if p.is_file()} == before
+    run_prepare(pairs_corpus, out)  # released: the folder is free again, and no lock file is left behind
+    assert not (out / ".lock").exists()
+
+
 def test_other_sources_files_are_kept_and_never_replaced(tmp_path, pairs_corpus):
     out = tmp_path / "out"
     (out / "wavs").mkdir(parents=True)

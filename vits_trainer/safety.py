@@ -50,7 +50,8 @@ data/prepare.py:prepare / finish_wavs, data/prepare_convert.py:convert_all (chec
         tool wrote into this data_dir); any other WAV in the way is refused up front (`check_prepare_wavs`)
     metadata.csv -> moved to a new `metadata.csv.bak*` name when another source wrote it; replaced only
         when the state says this tool wrote it from the same source
-    `.*.tmp` WAVs -> only names `audio.is_temp_wav` recognises (our own temp pattern)
+    `.*.tmp` WAVs -> only names `audio.is_temp_wav` recognises (our own temp pattern), while this run
+        holds data_dir's lock (runlock.py): no other prepare_data.py is writing there
     no source file may be an output: sources inside data_dir/wavs or equal to an output file are refused
 data/clipstore.py:_build_cache / _cache_writable
     cache/audio_int16.bin, cache/index.json, probes -> fixed names in data_dir/cache, the tool's cache

@@ -22,6 +22,7 @@ from pathlib import Path
 
 from ..errors import UserError
 from ..jsonfile import write_json_atomic
+from ..runlock import RunLock
 from .audio import is_temp_wav
 from .corpus import open_source, transcript_tables_hint
 from .corpus_rows import Source
@@ -61,6 +62,17 @@ def prepare(settings: PrepareSettings, log: Callable[[str], None] = print) -> Pr
     data_dir = Path(settings.data_dir).expanduser()
     check_output_folder(data_dir)
     check_prepare_sources(settings.source, data_dir)  # the source is never an output (before reading it)
+    # one writer per training folder: a second prepare_data.py on it would delete the first one's
+    # temporary WAVs and interleave two metadata.csv files
+    lock = RunLock.acquire(data_dir, "--data_dir", log)
+    try:
+        return _prepare(settings, data_dir, log)
+    finally:
+        if lock is not None:
+            lock.release()  # also removes the folder if this run created it and wrote nothing into it
+
+
+def _prepare(settings: PrepareSettings, data_dir: Path, log: Callable[[str], None]) -> PrepareResult:
     sample_rate, vocab, model_notes = resolve_target(settings)
     source = open_source(
         settings.source,
