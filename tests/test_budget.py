@@ -666,3 +666,22 @@ def test_reserve_after_loop_moves_the_training_end():
     end = b.training_end()
     b.reserve_after_loop(30.0)
     assert b.training_end() == pytest.approx(end - 30.0)
+
+
+def test_the_warmup_cap_is_reported_again_only_when_the_cap_changes():
+    from types import SimpleNamespace
+
+    from vits_trainer.training.loop import Trainer
+
+    lines = []
+    lr = SimpleNamespace(effective_warmup_steps=2, planned=23)
+    lr.warmup_message = lambda: (
+        f"warmup capped: {lr.planned} planned steps; using {lr.effective_warmup_steps}"
+    )
+    trainer = SimpleNamespace(s=SimpleNamespace(budget_lr=lr, log=lines.append), warmup_reported=None)
+    Trainer.report_warmup_cap(trainer)
+    lr.planned = 22  # a re-plan: another step count, the same cap
+    Trainer.report_warmup_cap(trainer)
+    lr.planned, lr.effective_warmup_steps = 50, 5
+    Trainer.report_warmup_cap(trainer)
+    assert lines == ["warmup capped: 23 planned steps; using 2", "warmup capped: 50 planned steps; using 5"]

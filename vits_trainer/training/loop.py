@@ -144,7 +144,7 @@ class Trainer:
         self.train_seconds = 0.0
         self.resumed_from_step = session.budget.global_step if session.resumed_from else None
         self.budget_stop: dict | None = None  # what the budget weighed when it ended the run
-        self.warmup_reported: str | None = None
+        self.warmup_reported: int | None = None  # the warmup cap (steps) the last line reported
         self.window = StepWindow()
 
     # ---- the loop --------------------------------------------------------------------------------
@@ -430,11 +430,13 @@ class Trainer:
     # ---- planning and progress ------------------------------------------------------------------
 
     def report_warmup_cap(self) -> None:
-        """The warmup cap's line: when the first estimate sets it, and again if the plan changes it."""
+        """The warmup cap's line: when the first estimate sets it, and again if the plan changes the cap
+        (not for a new step count that leaves it as it was)."""
         message = self.s.budget_lr.warmup_message()
-        if message and message != self.warmup_reported:
+        cap = self.s.budget_lr.effective_warmup_steps
+        if message and cap != self.warmup_reported:
             self.s.log(message)
-            self.warmup_reported = message
+            self.warmup_reported = cap
 
     def make_plan(self, progress: Progress) -> None:
         s = self.s
