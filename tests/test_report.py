@@ -201,6 +201,9 @@ def test_report_shows_every_section_marks_the_best_and_escapes(tmp_path):
     ):
         assert f'<section id="{section}">' in page, section
     assert "ended</span>: the time budget" in page
+    assert (
+        f"<h1>Training report: {tmp_path.parent.name}/{tmp_path.name}</h1>" in page
+    )  # not just "checkpoints"
     assert "--resume auto --checkpoint_dir &#x27;a b&#x27;" in page
     assert page.count("<svg") >= 4 and "planned training end" in page and "deadline" in page
     best_row = re.search(r'<tr class="best"><td>(\d+) <span class="best">best', page)

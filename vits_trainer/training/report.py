@@ -169,7 +169,8 @@ def render(run: RunFiles, resume_command: str | None, best_metric: str, now: flo
         threads_section(run),
         events_section(run),
     ]
-    title = f"Training report: {run.folder.resolve().name}"
+    folder = run.folder.resolve()  # with its parent: the default folder of every run is "checkpoints"
+    title = f"Training report: {folder.parent.name + '/' if folder.parent.name else ''}{folder.name}"
     body = "\n".join(s for s in sections if s)
     return (
         '<!doctype html>\n<html lang="en"><head><meta charset="utf-8">'
