@@ -43,7 +43,9 @@ def apply_demo_settings(cfg: TrainConfig, explicit: set[str]) -> TrainConfig:
         make_corpus(data_dir, num_clips=160, sample_rate=16000, seed=0)
     if not (model_dir / "config.json").is_file():
         from ..model.tiny import make_tiny_model
+        from .runtime import quiet_transformers
 
         print(f"demo: creating a tiny VITS model in {model_dir}", flush=True)
+        quiet_transformers()  # its save's progress bar, as in the rest of the run
         make_tiny_model(model_dir)
     return cfg
