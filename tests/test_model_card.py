@@ -102,6 +102,8 @@ def test_a_fresh_model_has_no_base_and_no_license(tmp_path):
     assert meta["license"] == "other" and "base_model" not in meta and "language" not in meta
     assert "freshly initialised VITS model (`tiny_model`)" in text
     assert "choose one and set it above before sharing" in text
+    short = card(base_model_facts(str(tiny), fresh=True), target_seconds=120.0, spent_seconds=114.0)
+    assert "- Budget: --target_hours 0.0333 (2.0 min); 1.9 min spent when these weights" in short
 
 
 def test_best_model_card_says_only_what_is_known_during_the_run():

@@ -327,7 +327,9 @@ def _training_lines(facts: CardFacts) -> list[str]:
             "`feedback_report.json` in the version folder, written after this export."
         )
     if facts.target_seconds is not None:
-        budget = f"- Budget: --target_hours {facts.target_seconds / 3600:g}"
+        budget = f"- Budget: --target_hours {round(facts.target_seconds / 3600, 4):g}"
+        if facts.target_seconds < 3600:  # 0.0333 hours reads better as 2.0 min
+            budget += f" ({_duration(facts.target_seconds)})"
         if facts.total_seconds is not None:
             budget += f" (--total_hours {facts.total_seconds / 3600:g} across sessions)"
         if facts.spent_seconds is not None:
