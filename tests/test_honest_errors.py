@@ -198,3 +198,29 @@ def test_best_model_is_named_when_it_was_exported(tmp_path, tiny_model_dir, tone
         assert state["train_state"]["best_model_step"] == 6
         # and the folder itself says which weights it holds, as the final export it was copied from does
         assert read_marker(best)["step"] == read_marker(Path(summary["final_model"]))["step"] == 6
+
+
+def test_three_clips_train_on_two_and_a_run_of_no_step_exports_no_best_model(
+    tmp_path, tiny_model_dir, monkeypatch, capsys
+):
+    """A corpus smaller than one step: most clips train, the step estimate is that of the clips there
+    are, and no micro-batch trial runs (no step would be full, so none would be measured). Then a run
+    whose budget fits no step: its final weights are the start's, scored once and never a best_model."""
+    from vits_trainer.training.budget import Budget
+
+    data = tmp_path / "three"
+    make_corpus(data, num_clips=3, sample_rate=16000, seed=0)
+    run = dict(max_steps=2, val_fraction=0.02, gradient_accumulation_steps=2)  # a trial of 8 or 16 clips
+    _, summary = train_tiny(tmp_path / "a", data, tiny_model_dir, **run)
+    out = capsys.readouterr().out
+    assert "data: 2 training clips" in out and ", 1 val;" in out
+    assert "micro-batch trial skipped (only 2 training clips, fewer than a step's 16)" in out
+    assert summary["steps"] == 2 and summary["micro_batch_trial"] is None
+
+    monkeypatch.setattr(Budget, "should_stop", lambda self: True)  # no step fits
+    _, summary = train_tiny(tmp_path / "b", data, tiny_model_dir, **run)
+    out = capsys.readouterr().out
+    assert summary["steps"] == 0 and summary["best_step"] == 0
+    assert summary["best_model"] is None and not (tmp_path / "b" / "checkpoints" / "best_model").exists()
+    assert "final evaluation skipped: no training step since the start evaluation" in out
+    assert out.count("eval (") == 1 and summary["final_val"] is not None  # the start's, not run twice

@@ -139,7 +139,10 @@ def split_train_val(
     """
     n = len(ids)
     if n < 2:
-        raise UserError(f"need at least 2 usable clips to hold one out for validation, got {n}")
+        raise UserError(
+            f"need at least 2 usable clips to hold one out for validation, got {n} "
+            "(--val_fraction 0 trains without validation)"
+        )
     k = max(min_val, round(val_fraction * n))
     if max_val is not None:
         k = min(k, max_val)

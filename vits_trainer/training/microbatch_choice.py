@@ -74,6 +74,15 @@ class MicroBatchPolicy:
         if len(options) == 1:
             state.micro_batch_size = options[0]
             return
+        clips = s.data.samples_per_epoch // s.accelerator.num_processes
+        if clips < self.step_clips:  # every step is short of clips: no step would be measured
+            state.micro_batch_size = cfg.batch_size
+            if s.is_main:
+                s.log(
+                    f"micro-batch trial skipped (only {clips} training clips, fewer than a step's "
+                    f"{self.step_clips}): {self.describe(cfg.batch_size)} (--batch_size)"
+                )
+            return
         steps, why = self.trial_length(len(options))
         steps = self.agreement.integer(steps)
         if steps == 0:

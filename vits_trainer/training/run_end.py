@@ -41,7 +41,12 @@ class RunEnd:
         choices)."""
         s, budget, outputs = self.s, self.s.budget, self.outputs
         training_end = time.time()
-        if stop_reason != "signal" and s.val_loaders:
+        if budget.session_steps == 0 and outputs.last_val_step == budget.global_step:
+            # not one step: the start evaluation scored these very weights
+            s.log(
+                "final evaluation skipped: no training step since the start evaluation, which stands for it"
+            )
+        elif stop_reason != "signal" and s.val_loaders:
             # the last steps may have been slower than planned (a busy machine): the checkpoint and the
             # export come first, the final evaluation only if it still fits
             left = budget.remaining() - (
@@ -54,7 +59,11 @@ class RunEnd:
                 s.log(f"final evaluation skipped: {self.final_eval_skipped}")
         elif stop_reason == "signal":
             self.final_eval_skipped = "stopped by a signal"
-        final_is_best = bool(s.state.val_history) and s.state.best_step == budget.global_step
+        # only weights this session trained: with no step, they are the model it started from (never a
+        # best_model) or a resumed checkpoint's, whose best_model is there already
+        final_is_best = (
+            budget.session_steps > 0 and bool(s.state.val_history) and s.state.best_step == budget.global_step
+        )
         earlier_best_model = s.state.best_model_step
         if final_is_best:  # the checkpoint names the best_model/ copy made after it (undone if that fails)
             s.state.best_model_step = budget.global_step
