@@ -224,3 +224,5 @@ def test_three_clips_train_on_two_and_a_run_of_no_step_exports_no_best_model(
     assert summary["best_model"] is None and not (tmp_path / "b" / "checkpoints" / "best_model").exists()
     assert "final evaluation skipped: no training step since the start evaluation" in out
     assert out.count("eval (") == 1 and summary["final_val"] is not None  # the start's, not run twice
+    page = (tmp_path / "b" / "checkpoints" / "report.html").read_text(encoding="utf-8")
+    assert "(no training step)</td>" in page  # as the final evaluation, never "ran"

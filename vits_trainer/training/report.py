@@ -295,10 +295,7 @@ def status_section(run: RunFiles, best: dict | None, best_metric: str, now: floa
                 _fmt(summary.get("best_model"))
                 + (f" (step {_fmt(summary.get('best_model_step'))})" if summary.get("best_model") else ""),
             ),
-            (
-                "final evaluation",
-                "ran" if summary.get("final_val") else _fmt(summary.get("final_eval_skipped")),
-            ),
+            ("final evaluation", _final_evaluation(summary)),
         ]
     links = [
         name
@@ -311,6 +308,12 @@ def status_section(run: RunFiles, best: dict | None, best_metric: str, now: floa
         facts.append(("files", " · ".join(f'<a href="{_src(n)}">{escape(n)}</a>' for n in links)))
     rows = "".join(f"<tr><th>{k}</th><td>{v}</td></tr>" for k, v in facts)
     return f'<section id="status"><h2>Status</h2><table class="facts">{rows}</table></section>'
+
+
+def _final_evaluation(summary: dict) -> str:
+    if not summary.get("final_val"):
+        return _fmt(summary.get("final_eval_skipped"))
+    return "the start evaluation's (no training step)" if summary.get("session_steps") == 0 else "ran"
 
 
 def resume_section(command: str | None) -> str:
