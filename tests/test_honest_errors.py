@@ -214,7 +214,7 @@ def test_three_clips_train_on_two_and_a_run_of_no_step_exports_no_best_model(
     _, summary = train_tiny(tmp_path / "a", data, tiny_model_dir, **run)
     out = capsys.readouterr().out
     assert "data: 2 training clips" in out and ", 1 val;" in out
-    assert "micro-batch trial skipped (only 2 training clips, fewer than a step's 16)" in out
+    assert "micro-batch trial skipped (only 2 training clips per epoch, fewer than a step's 16)" in out
     assert summary["steps"] == 2 and summary["micro_batch_trial"] is None
 
     monkeypatch.setattr(Budget, "should_stop", lambda self: True)  # no step fits

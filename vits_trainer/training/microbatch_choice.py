@@ -79,8 +79,9 @@ class MicroBatchPolicy:
             state.micro_batch_size = cfg.batch_size
             if s.is_main:
                 s.log(
-                    f"micro-batch trial skipped (only {clips} training clips, fewer than a step's "
-                    f"{self.step_clips}): {self.describe(cfg.batch_size)} (--batch_size)"
+                    f"micro-batch trial skipped (only {clips} training clips per epoch, fewer than a step's "
+                    f"{self.step_clips}): each step trains on those {clips}, in micro-batches of "
+                    f"{cfg.batch_size} (--batch_size)"
                 )
             return
         steps, why = self.trial_length(len(options))
