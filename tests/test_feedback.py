@@ -247,6 +247,7 @@ def test_replay_mix_per_epoch_and_no_validation_clip_replayed(tmp_path, light_ba
     assert sorted(split.val_sets["val"].ids()) == sorted(base["val_ids"])
     n_fb = len(run.feedback_train)
     assert n_fb == 9 and len(run.feedback_eval) == 3  # 12 clips: 20 %, but 3 held out to judge a promotion
+    assert not any("cannot be promoted" in line for line in lines)
     assert not set(run.feedback_train.ids()) & set(run.feedback_eval.ids())
     expected_replay = round(ratio * n_fb)
     assert split.epoch_samples == n_fb + expected_replay
@@ -266,6 +267,23 @@ def test_replay_mix_per_epoch_and_no_validation_clip_replayed(tmp_path, light_ba
     assert draws[0] != draws[1]  # a fresh replay draw every epoch...
     sampler.set_epoch(1)
     assert sorted(i for batch in sampler for i in batch if i >= n_fb) == draws[1]  # ...repeatable on resume
+
+
+@pytest.mark.parametrize("clips, judged", [(6, 1), (3, 0)])
+def test_too_few_feedback_clips_to_judge_are_said_before_training(tmp_path, light_base, clips, judged):
+    """6 clips hold 1 out, 3 are all trained on: neither round can be promoted, which is said at the
+    start rather than only in the verdict at the end."""
+    feedback = make_feedback(tmp_path / "fb", num_clips=clips)
+    cfg = feedback_cfg(tmp_path / "out", light_base, feedback)
+    lines: list[str] = []
+    run = FeedbackRun(cfg, time.time(), lines.append)
+    run.inputs = check_feedback_inputs(cfg, lines.append)
+    store, _ = load_clip_store(light_base["data"], 16000, log=lines.append, progress=False)
+    run.data_fn(cfg, store, run.inputs.text, {"0": 0}, 256, None, lines.append)
+    warning = (
+        f"warning: {judged} feedback clip(s) held out and never trained on: this round cannot be promoted"
+    )
+    assert any(line.startswith(warning) and "at least 8 feedback clips" in line for line in lines), lines
 
 
 # ---- end to end ---------------------------------------------------------------------------------------

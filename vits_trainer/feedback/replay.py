@@ -392,6 +392,13 @@ class FeedbackData:
             )
             note = f"{len(eval_pos)} held out"
             held_out = True
+        judged = len(set(eval_pos) - set(train_pos))  # the clips a promotion is judged on
+        if judged < MIN_JUDGED_CLIPS:
+            log(
+                f"warning: {judged} feedback clip(s) held out and never trained on: this round cannot be "
+                f"promoted (it is judged on at least {MIN_JUDGED_CLIPS}); its samples/after are there to "
+                f"listen to. Record at least {MIN_JUDGED_CLIPS + MIN_HELD_OUT_CLIPS} feedback clips"
+            )
         self.info["feedback_split"] = {
             "train": [ids[i] for i in train_pos],
             "eval": [ids[i] for i in eval_pos],
