@@ -115,7 +115,8 @@ class Plan:
         """A few printable lines: the plan, the final reserve, and a warning when not even an epoch fits."""
         now = self.created_wall
         lines = [
-            f"plan: {self.epochs:.1f} epochs ({self.full_epochs} full) of {self.steps_per_epoch:,} steps, "
+            f"plan: {self.epochs:.1f} epochs ({self.full_epochs} full) of {self.steps_per_epoch:,} "
+            f"step{'' if self.steps_per_epoch == 1 else 's'}, "
             f"{self.optimizer_steps:,} steps, ~{self.samples_per_second:.1f} samples/s, "
             f"training ends ~{hhmm(self.train_end_wall, now)}, run ends ~{hhmm(self.run_end_wall, now)} "
             f"(budget {self.budget_seconds / 3600:.2f} h)",
