@@ -30,9 +30,15 @@ class MicroBatchPolicy:
         self.metrics = metrics
         self.agreement = agreement
         self.step_clips = per_process_batch(session.cfg)  # clips per optimiser step, per process
+        # an epoch's training clips per process: fewer than a step's, and every step trains on all of them
+        self.epoch_clips = session.data.samples_per_epoch // session.accelerator.num_processes
         self.trial: MicroBatchTrial | None = None  # the trial while it runs
         self.trial_steps: list[tuple[int, float, int, bool]] = []  # (size, seconds, samples, clean)
         self.last_micro: int | None = None  # the micro-batch size the last step ran at
+
+    def clips_per_step(self) -> int:
+        """The clips one optimiser step trains on, per process: the step's, or the epoch's when fewer."""
+        return max(1, min(self.step_clips, self.epoch_clips))
 
     def size(self) -> int:
         """Clips per micro-batch for the next step: the trial's size while it runs, else the chosen one,
@@ -74,10 +80,10 @@ class MicroBatchPolicy:
         if len(options) == 1:
             state.micro_batch_size = options[0]
             return
-        clips = s.data.samples_per_epoch // s.accelerator.num_processes
-        if clips < self.step_clips:  # every step is short of clips: no step would be measured
+        if self.epoch_clips < self.step_clips:  # every step is short of clips: no step would be measured
             state.micro_batch_size = cfg.batch_size
             if s.is_main:
+                clips = self.epoch_clips
                 s.log(
                     f"micro-batch trial skipped (only {clips} training clips per epoch, fewer than a step's "
                     f"{self.step_clips}): each step trains on those {clips}, in micro-batches of "

@@ -284,13 +284,13 @@ class RunOutputs:
 
     def estimate_step_from_eval(self, step_clips: int) -> None:
         """The budget's step time before the first step: the start evaluation's time per clip, scaled to
-        a step of `step_clips` clips per process (or of every training clip, when there are fewer)."""
+        a step of `step_clips` clips per process."""
         s = self.s
         clips = sum(len(v) for v in s.data.val_sets.values())
         if clips <= 0:
             return
         per_clip = s.budget.eval_seconds() / clips
-        samples = min(step_clips * s.accelerator.num_processes, s.data.samples_per_epoch)
+        samples = step_clips * s.accelerator.num_processes
         s.budget.set_estimates(step_seconds=STEP_SECONDS_PER_EVAL_CLIP_SECONDS * per_clip * samples)
 
 
