@@ -10,7 +10,6 @@ import json
 import shutil
 from pathlib import Path
 
-from ..safety import marker_step, read_marker
 from .checkpoint import step_of
 from .report import REFERENCE_FOLDER, read_metrics
 from .run_end import existing_best_model, install_best_model
@@ -54,7 +53,7 @@ def carry_best_model(source: Path, folder: Path, best_model_step: int | None, lo
     if found is None:
         return
     best, step = found
-    if marker_step(read_marker(best)) is None:
+    if step is None:  # an export made before markers had a step
         try:
             summary = json.loads((source / "train_summary.json").read_text(encoding="utf-8"))
         except (OSError, ValueError):
@@ -62,5 +61,5 @@ def carry_best_model(source: Path, folder: Path, best_model_step: int | None, lo
         step = summary.get("best_model_step") if isinstance(summary, dict) else None
     if step != best_model_step:
         return
-    install_best_model(best, folder)  # now this run's export: its later bests replace it
+    install_best_model(best, folder, best_model_step)  # now this run's export: its later bests replace it
     log(f"history: best_model (step {best_model_step}) carried over from {best}")

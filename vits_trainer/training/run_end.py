@@ -80,7 +80,7 @@ class RunEnd:
         best_updated = False
         if exported and final_is_best:
             try:
-                install_best_model(exported, s.checkpoint_dir)
+                install_best_model(exported, s.checkpoint_dir, budget.global_step)
                 best_updated = True
             except (OSError, UnsafeOverwrite) as err:  # the final model is exported; only this copy failed
                 s.log(f"warning: best model not updated ({getattr(err, 'strerror', None) or err})")
@@ -149,7 +149,7 @@ class RunEnd:
     def summary(self, stop_reason: str | None, exported: Path | None, loop_figures: dict) -> dict:
         s, budget, state, outputs = self.s, self.s.budget, self.s.state, self.outputs
         first = budget.first_plan
-        best = existing_best_model(s.checkpoint_dir, state.best_model_step)
+        best, marked = existing_best_model(s.checkpoint_dir, state.best_model_step) or (None, None)
         return {
             "target_seconds": budget.target_seconds,
             "wall_seconds": budget.elapsed(),
@@ -182,35 +182,37 @@ class RunEnd:
             "compile": loop_figures["compile"],
             "final_model": str(exported) if exported else None,
             "last_checkpoint": str(outputs.last_checkpoint) if outputs.last_checkpoint else None,
-            "best_model": str(best[0]) if best is not None else None,
-            "best_model_step": best[1] if best is not None else None,
+            "best_model": str(best) if best is not None else None,
+            # the folder's own step; an export made before markers had one: the step this run recorded
+            "best_model_step": (marked if marked is not None else state.best_model_step) if best else None,
         }
 
 
-def install_best_model(exported: Path, checkpoint_dir: Path) -> Path:
-    """A copy of the export `exported` as `<checkpoint_dir>/best_model`, marked as this run's; it replaces
-    only an earlier export there (our marker, nothing the user put in it). Raises OSError/UnsafeOverwrite."""
+def install_best_model(exported: Path, checkpoint_dir: Path, step: int) -> Path:
+    """A copy of the export `exported` (the weights of training `step`) as `<checkpoint_dir>/best_model`,
+    marked as this run's; it replaces only an earlier export there (our marker, nothing the user put in
+    it). Raises OSError/UnsafeOverwrite."""
     best = checkpoint_dir / "best_model"
     check_replaceable(best)
     tmp = best.with_name(f".best_model.tmp-{os.getpid()}")
     shutil.rmtree(tmp, ignore_errors=True)  # this pid's temp folder
     shutil.copytree(exported, tmp)
-    write_marker(tmp, "best_model", checkpoint_dir, marker_step(read_marker(exported)))
+    write_marker(tmp, "best_model", checkpoint_dir, step)
     replace_export(tmp, best)
     return best
 
 
-def existing_best_model(checkpoint_dir: Path, best_model_step: int | None) -> tuple[Path, int] | None:
-    """(`<checkpoint_dir>/best_model`, the step of its weights) when this run exported one and it is
+def existing_best_model(checkpoint_dir: Path, best_model_step: int | None) -> tuple[Path, int | None] | None:
+    """(`<checkpoint_dir>/best_model`, the step its marker records) when this run exported one and it is
     complete (exports are renamed into place whole, so a folder with its weights is complete); else None.
     The start evaluation measures the model the run started from and exports nothing: a run whose
-    evaluations never beat it has no best_model. The step is the folder's own (its marker), which a
-    checkpoint's `best_model_step` may miss: an export after the last checkpoint of a killed session,
-    or a final copy that failed after the final checkpoint named it."""
+    evaluations never beat it has no best_model. The marker's step is the folder's own, which a
+    checkpoint's `best_model_step` may miss (an export after the last checkpoint of a killed session, a
+    final copy that failed after the final checkpoint named it); None for an export made before markers
+    had one, whose step each caller takes from what it has."""
     folder = checkpoint_dir / "best_model"
     if best_model_step is None or not (folder / "config.json").is_file():
         return None
     if not (folder / "model.safetensors").is_file():
         return None
-    step = marker_step(read_marker(folder))
-    return folder, step if step is not None else best_model_step
+    return folder, marker_step(read_marker(folder))
