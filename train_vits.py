@@ -91,6 +91,8 @@ def best_model_words(summary: dict) -> str:
         return f"best model: {summary['best_model']} (step {summary['best_model_step']})"
     if summary["best_step"] is None:
         return "no best model (no validation)"
+    if summary.get("best_model_not_exported"):
+        return f"no best model (the best weights, step {summary['best_step']}, were not exported: {summary['best_model_not_exported']})"
     return f"no best model (no evaluation of the trained weights beat the one at step {summary['best_step']})"
 
 

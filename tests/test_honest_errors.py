@@ -225,4 +225,57 @@ def test_three_clips_train_on_two_and_a_run_of_no_step_exports_no_best_model(
     assert "final evaluation skipped: no training step since the start evaluation" in out
     assert out.count("eval (") == 1 and summary["final_val"] is not None  # the start's, not run twice
     page = (tmp_path / "b" / "checkpoints" / "report.html").read_text(encoding="utf-8")
-    assert "(no training step)</td>" in page  # as the final evaluation, never "ran"
+    assert "the start evaluation's (no training step since)</td>" in page  # as the final one, never "ran"
+
+
+def test_an_epoch_evaluation_of_the_final_weights_stands_for_the_final_one(
+    tmp_path, tiny_model_dir, monkeypatch, capsys
+):
+    """The budget ends the run right after an epoch's evaluation: those are the final weights, scored
+    already, so the final evaluation does not run them again and the export's card names it final."""
+    from vits_trainer.training.budget import Budget
+    from vits_trainer.training.outputs import RunOutputs
+
+    data = tmp_path / "three"
+    make_corpus(data, num_clips=3, sample_rate=16000, seed=0)
+    evaluated = []
+
+    def evaluate_every_epoch(self):
+        self.run_eval(f"epoch {self.s.state.epoch}")
+        evaluated.append(self.s.state.epoch)
+
+    monkeypatch.setattr(RunOutputs, "epoch_end_housekeeping", evaluate_every_epoch)
+    monkeypatch.setattr(Budget, "should_stop", lambda self: bool(evaluated))  # after the first epoch
+    _, summary = train_tiny(tmp_path / "run", data, tiny_model_dir, max_steps=5, val_fraction=0.02)
+    out = capsys.readouterr().out
+    assert summary["steps"] == 1 and evaluated == [1]
+    assert "final evaluation skipped: no training step since the epoch 1 evaluation" in out
+    assert out.count("eval (") == 2 and summary["final_val"] is not None  # start, epoch 1
+    assert summary["final_eval_tag"] == "epoch 1" and summary["final_eval_skipped"] is None
+    card = (Path(summary["final_model"]) / "README.md").read_text(encoding="utf-8")
+    assert "final | 1 |" in card.split("## Evaluation")[1]
+    page = (tmp_path / "run" / "checkpoints" / "report.html").read_text(encoding="utf-8")
+    assert "the epoch 1 evaluation's (no training step since)</td>" in page
+
+
+def test_a_best_model_a_users_file_kept_out_is_named_as_not_exported(tmp_path, tiny_model_dir, capsys):
+    """A file of the user's in best_model/ is kept; the done line says the best weights were not
+    exported and why, never that no evaluation beat the start."""
+    from train_vits import best_model_words
+
+    data = tmp_path / "three"
+    make_corpus(data, num_clips=3, sample_rate=16000, seed=0)
+    best = tmp_path / "run" / "checkpoints" / "best_model"
+    best.mkdir(parents=True)
+    (best / "notes.txt").write_text("mine", encoding="utf-8")
+    run = dict(max_steps=3, val_fraction=0.02, learning_rate=1e-3)
+    _, summary = train_tiny(tmp_path / "run", data, tiny_model_dir, **run)
+    assert "warning: best model not " in capsys.readouterr().out  # exported (epoch eval) or updated (final)
+    assert summary["best_step"] == 3 and summary["best_model"] is None  # trained weights beat the start
+    assert "notes.txt" in summary["best_model_not_exported"]
+    assert [p.name for p in best.iterdir()] == ["notes.txt"]
+    words = best_model_words(summary)
+    assert (
+        words.startswith("no best model (the best weights, step 3, were not exported: ")
+        and "notes.txt" in words
+    )

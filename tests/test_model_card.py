@@ -111,7 +111,7 @@ def test_best_model_card_says_only_what_is_known_during_the_run():
         {"tag": "start", "step": 0, "val_mel": 2.0, "val_mel_dtw": 3.0},
         {"tag": "epoch 3", "step": 60, "val_mel": 1.0, "val_mel_dtw": 2.0},
     ]
-    rows = evaluations_known(history, best_step=60, step=60, prefix="")
+    rows = evaluations_known(history, best_step=60, step=60, prefix="", final=False)
     assert [(e.label, e.step) for e in rows] == [("start (before training)", 0), ("best", 60)]
     text = card(base_model_facts(MMS), kind="best_model", evaluations=rows)
     assert "best so far by `val_mel`" in text and "| best | 60 | 1 | 2 |" in text
@@ -123,6 +123,9 @@ def test_best_model_card_says_only_what_is_known_during_the_run():
     rows = evaluations_known(history, best_step=90, step=90, prefix="feedback_")
     assert rows[-1] == Evaluation("best, final", 90, {"val_mel": 0.5})
     assert evaluations_known(history, best_step=60, step=95, prefix="")[-1].label == "best"  # not final
+    # an epoch's evaluation with no training step after it scored the final weights: it is the final one
+    history.append({"tag": "epoch 4", "step": 95, "val_mel": 0.95})
+    assert evaluations_known(history, best_step=90, step=95, prefix="")[-1].label == "final"
 
 
 @pytest.mark.slow

@@ -363,9 +363,12 @@ def _evaluation(facts: CardFacts) -> str:
 # ---- the facts of a run, at export time ----------------------------------------------------------
 
 
-def evaluations_known(history: list[dict], best_step: int | None, step: int, prefix: str) -> tuple:
+def evaluations_known(
+    history: list[dict], best_step: int | None, step: int, prefix: str, final: bool = True
+) -> tuple:
     """The start, best and final evaluations among `history` (the run's evaluation records), one row
-    per record; the final one only when it evaluated the weights at `step`."""
+    per record; the final one (when `final`: the export at the run's end) only when it evaluated the
+    weights at `step`: the final evaluation, or an earlier one with no training step since."""
     chosen: dict[int, tuple[dict, list[str]]] = {}  # id(record) -> (record, labels)
 
     def add(record: dict | None, label: str) -> None:
@@ -376,7 +379,7 @@ def evaluations_known(history: list[dict], best_step: int | None, step: int, pre
     if best_step is not None:
         add(next((r for r in reversed(history) if r.get("step") == best_step), None), "best")
     last = history[-1] if history else None
-    add(last if last and last.get("tag") == "final" and last.get("step") == step else None, "final")
+    add(last if final and last and last.get("step") == step else None, "final")
     rows = []
     for record, labels in sorted(chosen.values(), key=lambda pair: pair[0].get("step", 0)):
         scores = {k: float(record[prefix + k]) for k in SCORES if prefix + k in record}
@@ -422,6 +425,7 @@ def run_facts(s, kind: str) -> CardFacts:
             s.state.best_step,
             budget.global_step,
             "" if primary == "val" else f"{primary}_",
+            final=kind == "final_model",
         ),
         uroman=bool(getattr(s.text.tokenizer, "is_uroman", False)),
     )

@@ -38,8 +38,9 @@ STEP_SECONDS_PER_EVAL_CLIP_SECONDS = 1.0
 
 class RunOutputs:
     """Evaluations, checkpoints and exports of a run. Owns when each last happened (`last_eval`,
-    `last_save`), the newest checkpoint written (`last_checkpoint`) and the last evaluation's results
-    (`last_val`, at `last_val_step`)."""
+    `last_save`), the newest checkpoint written (`last_checkpoint`), the last evaluation's results
+    (`last_val`, at `last_val_step`, by the evaluation tagged `last_val_tag`) and why the newest best
+    weights have no best_model/ (`best_model_refused`)."""
 
     def __init__(self, session, metrics, agreement, threads: dict, micro_used: Callable[[], dict]) -> None:
         self.s = session
@@ -51,6 +52,8 @@ class RunOutputs:
         self.last_checkpoint: Path | None = session.resumed_from
         self.last_val: dict | None = None
         self.last_val_step: int | None = None
+        self.last_val_tag: str | None = None
+        self.best_model_refused: str | None = None  # why the latest best weights have no best_model/
         self.report: Path | None = None  # report.html, once written
         self.hub = self._hub_push() if session.cfg.push_to_hub and session.is_main else None
 
@@ -118,13 +121,16 @@ class RunOutputs:
             try:
                 if self.export(s.checkpoint_dir / "best_model"):
                     s.state.best_model_step = step
+                    self.best_model_refused = None
                     if self.hub is not None and s.cfg.push_best:  # queued: uploaded in the background
                         self.hub.best(s.checkpoint_dir / "best_model", step)
             except UnsafeOverwrite as err:  # a file the user put into best_model/ is never deleted
+                self.best_model_refused = str(err)
                 s.log(f"warning: best model not exported: {err}")
             s.budget.observe_export(time.perf_counter() - t1)
         self.last_val = results
         self.last_val_step = step
+        self.last_val_tag = tag
         if s.is_main:
             self.write_report()
         return results

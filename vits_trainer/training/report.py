@@ -313,7 +313,8 @@ def status_section(run: RunFiles, best: dict | None, best_metric: str, now: floa
 def _final_evaluation(summary: dict) -> str:
     if not summary.get("final_val"):
         return _fmt(summary.get("final_eval_skipped"))
-    return "the start evaluation's (no training step)" if summary.get("session_steps") == 0 else "ran"
+    tag = summary.get("final_eval_tag") or "final"
+    return "ran" if tag == "final" else f"the {escape(tag)} evaluation's (no training step since)"
 
 
 def resume_section(command: str | None) -> str:

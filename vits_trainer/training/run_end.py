@@ -41,10 +41,11 @@ class RunEnd:
         choices)."""
         s, budget, outputs = self.s, self.s.budget, self.outputs
         training_end = time.time()
-        if budget.session_steps == 0 and outputs.last_val_step == budget.global_step:
-            # not one step: the start evaluation scored these very weights
+        if outputs.last_val_step == budget.global_step:
+            # an evaluation (the start's, an epoch's) scored these very weights: it stands for the final one
             s.log(
-                "final evaluation skipped: no training step since the start evaluation, which stands for it"
+                f"final evaluation skipped: no training step since the {outputs.last_val_tag} evaluation, "
+                "which stands for it"
             )
         elif stop_reason != "signal" and s.val_loaders:
             # the last steps may have been slower than planned (a busy machine): the checkpoint and the
@@ -78,12 +79,14 @@ class RunEnd:
                 f"the last good checkpoint is {outputs.last_checkpoint}"
             )
         best_updated = False
-        if exported and final_is_best:
+        # an epoch's evaluation of these very weights may have exported them as best_model/ already
+        if exported and final_is_best and earlier_best_model != budget.global_step:
             try:
                 install_best_model(exported, s.checkpoint_dir, budget.global_step)
                 best_updated = True
             except (OSError, UnsafeOverwrite) as err:  # the final model is exported; only this copy failed
-                s.log(f"warning: best model not updated ({getattr(err, 'strerror', None) or err})")
+                outputs.best_model_refused = str(getattr(err, "strerror", None) or err)
+                s.log(f"warning: best model not updated ({outputs.best_model_refused})")
         if final_is_best and not best_updated:
             s.state.best_model_step = earlier_best_model
         budget.observe_export(time.perf_counter() - t0)
@@ -168,6 +171,8 @@ class RunEnd:
             "final_eval_skipped": (
                 None if outputs.last_val_step == budget.global_step else self.final_eval_skipped or "not run"
             ),
+            # which evaluation scored the final weights: "final", or an earlier one at the same step
+            "final_eval_tag": outputs.last_val_tag if outputs.last_val_step == budget.global_step else None,
             "stopped_reason": stop_reason or "end",
             "budget_stop": loop_figures["budget_stop"],
             "resumed_from_step": loop_figures["resumed_from_step"],
@@ -185,6 +190,8 @@ class RunEnd:
             "best_model": str(best) if best is not None else None,
             # the folder's own step; an export made before markers had one: the step this run recorded
             "best_model_step": (marked if marked is not None else state.best_model_step) if best else None,
+            # the best weights' export refused (a file of the user's in best_model/) or failed
+            "best_model_not_exported": outputs.best_model_refused,
         }
 
 
