@@ -97,6 +97,31 @@ def test_a_refused_run_leaves_no_folder_behind(tmp_path):
     assert not (tmp_path / "new").exists()  # the parent it created too
 
 
+def test_training_refuses_a_data_folder_that_prepare_is_writing(tmp_path):
+    """A holder of the data folder's lock (prepare_data.py, here a process that takes the same lock)
+    keeps training from reading its half-written clips; a lock file left by an ended run does not."""
+    from vits_trainer.data.clipstore import load_clip_store
+    from vits_trainer.data.synthetic import make_corpus
+    from vits_trainer.runlock import lock_holder
+
+    data = tmp_path / "training"
+    make_corpus(data, num_clips=3, sample_rate=16000, seed=0)
+    assert lock_holder(data) is None
+    holder = start_holder(data)
+    try:
+        assert lock_holder(data)["pid"] == holder.pid
+        with pytest.raises(UserError, match=f"being written by another process \\(pid {holder.pid} "):
+            load_clip_store(data, 16000, progress=False)
+        assert not (data / "cache").exists()  # nothing read, nothing cached
+    finally:
+        holder.stdin.close()
+        assert holder.wait(timeout=60) == 0
+    (data / LOCK_NAME).write_text(json.dumps({"pid": 1, "host": "gone"}))  # left behind, held by nobody
+    assert lock_holder(data) is None
+    store, _ = load_clip_store(data, 16000, progress=False)
+    assert len(store) == 3
+
+
 # ---- pruning ---------------------------------------------------------------------------------------------
 
 

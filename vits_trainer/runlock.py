@@ -45,7 +45,7 @@ def is_main_process() -> bool:
     return int(os.environ.get("RANK", "0")) == 0
 
 
-def _describe(holder: dict) -> str:
+def describe_holder(holder: dict) -> str:
     if not holder.get("pid"):
         return "another process (its lock file is being written)"
     return f"pid {holder['pid']} on host {holder.get('host', '?')}, started {holder.get('started', '?')}"
@@ -99,7 +99,7 @@ class RunLock:
                 holder = _read(fd)
                 os.close(fd)
                 raise UserError(
-                    f"{flag} {folder} is in use by another run ({_describe(holder)}); wait for it to end, "
+                    f"{flag} {folder} is in use by another run ({describe_holder(holder)}); wait for it to end, "
                     f"or choose another {flag}"
                 ) from None
             try:
@@ -120,7 +120,7 @@ class RunLock:
             )
             log(
                 f"warning: {folder} was locked by a run that ended without releasing it "
-                f"({_describe(previous)}), {gone}; taking it over"
+                f"({describe_holder(previous)}), {gone}; taking it over"
             )
         record = {
             "pid": os.getpid(),
@@ -157,6 +157,28 @@ class RunLock:
 
     def __exit__(self, *exc):
         self.release()
+
+
+def lock_holder(folder: Path) -> dict | None:
+    """The record of the live process that holds `folder`'s lock (pid, host, started, command), or None
+    when nobody does; takes no lock and creates nothing. A reader asks before reading a folder that
+    another tool may be writing (prepare_data.py on a training folder)."""
+    if fcntl is None:  # pragma: no cover
+        return None
+    try:
+        fd = os.open(Path(folder) / LOCK_NAME, os.O_RDONLY)
+    except OSError:
+        return None  # no lock file: nobody holds it
+    try:
+        fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+    except OSError as err:
+        held = err.errno in (errno.EWOULDBLOCK, errno.EAGAIN)
+        record = _read(fd) if held else None
+        os.close(fd)
+        return record
+    fcntl.flock(fd, fcntl.LOCK_UN)  # a lock file left by a run that ended: nobody holds it
+    os.close(fd)
+    return None
 
 
 def _read(fd: int) -> dict:
