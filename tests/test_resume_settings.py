@@ -157,3 +157,42 @@ def test_a_resumed_runs_data_folder_missing_on_this_machine_says_to_pass_data_di
         build_session(parse([*argv, "--data_dir", str(gone)]), time.time())
     assert "resumed run's own" not in str(given.value)
     assert not (tmp_path / "checkpoints").exists()  # bad input writes nothing
+
+
+def test_a_resumed_runs_output_folder_unusable_here_says_to_pass_output_dir(
+    tmp_path, tiny_model_dir, tone_corpus
+):
+    # the final model's folder of the checkpoint's run cannot be made on this machine (here: its parent
+    # is a file): said before training, with the flag that mends it, not after hours at the export
+    import shutil
+
+    from tests.helpers import train_tiny
+    from vits_trainer.errors import UserError
+    from vits_trainer.training.session import build_session
+
+    out = tmp_path / "out"
+    session, summary = train_tiny(
+        tmp_path, tone_corpus, tiny_model_dir, max_steps=1, output_dir=str(out / "m")
+    )
+    session.run_lock.release()
+    shutil.rmtree(out)
+    out.write_text("not a folder", encoding="utf-8")
+    argv = [
+        "--resume",
+        summary["last_checkpoint"],
+        "--checkpoint_dir",
+        str(tmp_path / "more"),
+        "--target_hours",
+        "1",
+    ]
+    with pytest.raises(UserError) as refused:
+        build_session(parse(argv), time.time())
+    assert str(refused.value).startswith(f"--output_dir's parent folder {out} is not writable (")
+    assert str(refused.value).endswith(
+        "it is the resumed run's own --output_dir, from its checkpoint: on another machine, pass "
+        "--output_dir where the final model should go"
+    )
+    assert not (tmp_path / "more").exists()  # refused before writing
+    with pytest.raises(UserError) as given:  # a folder the user named is their own mistake: no such words
+        build_session(parse([*argv, "--output_dir", str(out / "m")]), time.time())
+    assert "resumed run's own" not in str(given.value)

@@ -131,7 +131,7 @@ def check_inputs(cfg: TrainConfig, resumed: bool = False) -> None:
     try:
         data_dir = check_data_dir(cfg.data_dir)
     except UserError as err:
-        if resumed and cfg.explicit is not None and "data_dir" not in cfg.explicit:  # from the checkpoint
+        if resumed and _restored(cfg, "data_dir"):  # from the checkpoint
             raise UserError(
                 f"{err}; it is the resumed run's own --data_dir, from its checkpoint: on another machine, "
                 "pass --data_dir where that data is now"
@@ -223,7 +223,9 @@ def _build_session(
     discriminator = load_or_create_discriminator(cfg, ckpt, model_dir, log)
     ckpt_bytes = estimate_checkpoint_bytes(model, discriminator)
     if main:  # from here on files are written
-        _check_output_folders(cfg, ckpt_bytes)
+        _check_output_folders(
+            cfg, ckpt_bytes, restored_output=ckpt is not None and _restored(cfg, "output_dir")
+        )
     accelerator = make_accelerator(precision, cfg.cpu, cfg.report_to, Path(cfg.checkpoint_dir))
     log = Logger(accelerator.is_main_process)
     _describe_start(accelerator, precision, model, model_source, ckpt, log)
@@ -305,11 +307,25 @@ def _resumed_state(
     return state, precision
 
 
-def _check_output_folders(cfg: TrainConfig, ckpt_bytes: int) -> None:
-    """The checkpoint and output folders are writable and have room (main process, before writing)."""
+def _restored(cfg: TrainConfig, name: str) -> bool:
+    """Whether a resumed run's `name` setting came from its checkpoint, not this command line."""
+    return cfg.explicit is not None and name not in cfg.explicit
+
+
+def _check_output_folders(cfg: TrainConfig, ckpt_bytes: int, restored_output: bool = False) -> None:
+    """The checkpoint and output folders are writable and have room (main process, before writing).
+    `restored_output`: --output_dir is the resumed run's own, which another machine may not have."""
     checkpoint_dir, output_dir = Path(cfg.checkpoint_dir), Path(cfg.output_dir)
     check_writable(checkpoint_dir, "--checkpoint_dir")
-    check_writable(output_dir.parent, "--output_dir's parent folder")
+    try:
+        check_writable(output_dir.parent, "--output_dir's parent folder")
+    except UserError as err:
+        if not restored_output:
+            raise
+        raise UserError(
+            f"{err}; it is the resumed run's own --output_dir, from its checkpoint: on another machine, "
+            "pass --output_dir where the final model should go"
+        ) from None
     check_disk_space([checkpoint_dir, output_dir.parent], 2 * ckpt_bytes + ckpt_bytes // 3 * 2)
 
 
