@@ -78,6 +78,17 @@ def test_benchmark_excludes_warmup_steps():
     assert b.global_step == 6 and b.session_steps == 6
 
 
+def test_a_minute_of_slow_steps_is_benchmark_enough():
+    # 30 s steps of 8 samples would take 13 minutes to measure 200 samples: two of them plan the run
+    clock = FakeClock(0.0)
+    b = Budget(3600, 0.0, clock=clock, benchmark_samples=200, benchmark_skip_steps=2)
+    b.start_training()
+    run_steps(b, clock, 3, seconds=30.0, samples=8)
+    assert not b.benchmark_done()  # one measured step: not a measurement yet
+    run_steps(b, clock, 1, seconds=30.0, samples=8)
+    assert b.benchmark_done() and b.samples_per_second() == pytest.approx(8 / 30)
+
+
 def test_observe_step_before_start_training_starts_it():
     clock = FakeClock(100.0)
     b = Budget(3600, 0.0, clock=clock)

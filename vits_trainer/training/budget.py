@@ -50,6 +50,9 @@ _LAST_SESSION_SLACK = 0.03
 # it would end later than deadline + max(1 %, 10 s) (the final reserve counted).
 _OVERRUN_FRACTION, _OVERRUN_MIN_SECONDS = 0.01, 10.0
 _RECENT_STEPS = 5  # the typical step is the median of this many recent steps
+# Slow steps (a CPU, a big model on a small GPU) would take many minutes to reach benchmark_samples:
+# this many seconds of at least two measured steps plan the run too, so a short run still gets its plan
+_BENCHMARK_ENOUGH_SECONDS, _BENCHMARK_MIN_STEPS = 60.0, 2
 
 
 @dataclass
@@ -186,6 +189,7 @@ class Budget:
         self.session_samples = 0
         self.spent_before = 0.0  # seconds spent by earlier sessions
         self._measured_samples = 0  # after the skipped warm-up steps
+        self._measured_seconds = 0.0
         self._last_step_seconds: float | None = None
         self._recent_steps: list[float] = []  # the last few step durations after the warm-up steps
         self._warmup_steps: list[tuple[float, int]] = []  # this session's first (skipped) steps: s, samples
@@ -268,6 +272,7 @@ class Budget:
         if self.planned_horizon_steps is None or self._horizon_provisional:
             self._provisional_horizon()
         self._measured_samples += samples
+        self._measured_seconds += seconds
         self._step.add(seconds, self.ema)
         self._step_samples.add(float(samples), self.ema)
 
@@ -374,8 +379,13 @@ class Budget:
         self._horizon_provisional = True
 
     def benchmark_done(self) -> bool:
-        """True once ``benchmark_samples`` samples were measured after the skipped warm-up steps."""
-        return self._step.count > 0 and self._measured_samples >= self.benchmark_samples
+        """True once ``benchmark_samples`` samples were measured after the skipped warm-up steps, or a
+        minute of at least two slow steps."""
+        if self._step.count == 0:
+            return False
+        return self._measured_samples >= self.benchmark_samples or (
+            self._step.count >= _BENCHMARK_MIN_STEPS and self._measured_seconds >= _BENCHMARK_ENOUGH_SECONDS
+        )
 
     def _next_step_seconds(self) -> float:
         # The typical step, and as much again as headroom: on a shared machine a step can take twice its

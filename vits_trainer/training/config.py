@@ -51,7 +51,9 @@ class TrainConfig:
     # --- budget ---
     target_hours: float = _f(9.5, "wall-clock budget of this process, start-up to exit included")
     total_hours: float | None = _f(None, "budget of the whole training across resumed sessions (LR horizon)")
-    benchmark_samples: int = _f(200, "samples of real training used to measure throughput before planning")
+    benchmark_samples: int = _f(
+        200, "samples of real training used to measure throughput before planning (or a minute of slow steps)"
+    )
     max_steps: int = _f(0, "stop after this many optimiser steps in total (0 = the budget decides)")
     # --- optimisation ---
     batch_size: int = _f(8, "clips per micro-batch (per process)")
