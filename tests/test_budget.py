@@ -119,14 +119,17 @@ def test_plan_arithmetic():
     assert plan.samples_per_second == pytest.approx(32.0)
     assert plan.seconds_per_epoch == pytest.approx(100.0)
     assert plan.steps_per_epoch == 200
-    time_left = b.deadline() - clock() - b.final_reserve()
+    # no step starts unless as much again would fit: training ends a step's time (0.5 s) early
+    spare = b.typical_step_seconds()
+    assert spare == pytest.approx(0.5)
+    time_left = b.deadline() - clock() - b.final_reserve() - spare
     remaining_epochs = time_left / 100.0
     assert plan.epochs == pytest.approx(5 * 16 / 3200 + remaining_epochs)
     assert plan.full_epochs == math.floor(plan.epochs)
     assert plan.optimizer_steps == 5 + int(remaining_epochs * 200)
     assert plan.horizon_steps == plan.optimizer_steps
-    assert plan.train_end_wall == pytest.approx(3600 - 126)
-    assert plan.run_end_wall == pytest.approx(3600 - 36)
+    assert plan.train_end_wall == pytest.approx(3600 - 126 - spare)
+    assert plan.run_end_wall == pytest.approx(3600 - 36 - spare)
     text = plan.describe()
     assert text.startswith(f"plan: {plan.epochs:.1f} epochs ({plan.full_epochs} full) of 200 steps, ")
     assert f"{plan.optimizer_steps:,} steps, ~32.0 samples/s" in text

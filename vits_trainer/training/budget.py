@@ -501,7 +501,11 @@ class Budget:
         )
         seconds_per_epoch = samples_per_epoch / sps + evals_per_epoch * ev + saves_per_epoch * sv
         after = sum(self._after_loop.values())
-        train_end = self.deadline() - (ev + sv + ex + after + safety)
+        # the stop rule's headroom: no step starts unless as much again would still fit, so training
+        # ends at least this long before the final reserve (without it the plan promised a step or two
+        # more than a run of slow steps makes)
+        spare = self._next_step_seconds() - self.typical_step_seconds()
+        train_end = self.deadline() - (ev + sv + ex + after + safety + spare)
         left = max(0.0, train_end - now)
         remaining_epochs = left / seconds_per_epoch
         epochs = self.session_samples / samples_per_epoch + remaining_epochs
