@@ -103,6 +103,7 @@ def test_training_refuses_a_data_folder_that_prepare_is_writing(tmp_path):
     from vits_trainer.data.clipstore import load_clip_store
     from vits_trainer.data.synthetic import make_corpus
     from vits_trainer.runlock import lock_holder
+    from vits_trainer.training.config import check_data_dir
 
     data = tmp_path / "training"
     make_corpus(data, num_clips=3, sample_rate=16000, seed=0)
@@ -113,6 +114,9 @@ def test_training_refuses_a_data_folder_that_prepare_is_writing(tmp_path):
         with pytest.raises(UserError, match=f"being written by another process \\(pid {holder.pid} "):
             load_clip_store(data, 16000, progress=False)
         assert not (data / "cache").exists()  # nothing read, nothing cached
+        # train_vits.py's check of its flags says so first, before torch loads
+        with pytest.raises(UserError, match=f"^--data_dir {data} is being written by another process"):
+            check_data_dir(str(data))
     finally:
         holder.stdin.close()
         assert holder.wait(timeout=60) == 0

@@ -181,6 +181,17 @@ def lock_holder(folder: Path) -> dict | None:
     return None
 
 
+def refuse_if_being_written(folder: Path, flag: str = "") -> None:
+    """UserError when a live process holds `folder`'s lock: prepare_data.py is writing it, and its
+    metadata.csv and WAVs are half done. `flag` names the folder's flag in the message."""
+    writer = lock_holder(folder)
+    if writer is not None:
+        raise UserError(
+            f"{flag + ' ' if flag else ''}{folder} is being written by another process "
+            f"({describe_holder(writer)}); wait for it to end, then start again"
+        )
+
+
 def _read(fd: int) -> dict:
     try:
         data = os.pread(fd, 4096, 0)

@@ -25,7 +25,7 @@ import numpy as np
 import soundfile as sf
 
 from ..errors import UserError
-from ..runlock import describe_holder, lock_holder
+from ..runlock import refuse_if_being_written
 from .metadata import METADATA_NAME, WAVS_DIR, MetaRow, read_metadata
 
 CACHE_VERSION = 1  # bump when the cache layout or the decoding changes: old caches then rebuild
@@ -298,12 +298,7 @@ def _read_listing(data_dir: Path, log: Log) -> tuple[Path, list[MetaRow], LoadRe
     """(metadata.csv, its usable rows, a report holding its unusable lines, which are warned about)."""
     if not data_dir.is_dir():
         raise UserError(f"{data_dir}: no such data folder (run prepare_data.py first)")
-    writer = lock_holder(data_dir)
-    if writer is not None:  # prepare_data.py is writing it: its metadata.csv and wavs are half done
-        raise UserError(
-            f"{data_dir} is being written by another process ({describe_holder(writer)}); "
-            "wait for it to end, then start again"
-        )
+    refuse_if_being_written(data_dir)  # by prepare_data.py: never cache half a corpus
     meta_path = data_dir / METADATA_NAME
     rows, problems = read_metadata(meta_path)
     report = LoadReport(metadata_problems=problems)

@@ -17,6 +17,7 @@ from typing import ClassVar
 from ..data.metadata import METADATA_NAME
 from ..errors import UserError
 from ..hub import looks_like_path, resolve_model_dir
+from ..runlock import refuse_if_being_written
 from ..safety import check_disjoint, check_output_vs_data, check_replaceable, read_marker, resolved
 
 
@@ -355,6 +356,7 @@ def check_data_dir(value: str) -> Path:
     data_dir = Path(value)
     if not data_dir.is_dir():
         raise UserError(f"--data_dir {data_dir}: no such folder (run prepare_data.py first)")
+    refuse_if_being_written(data_dir, "--data_dir")  # its metadata.csv may not be written yet
     if not (data_dir / METADATA_NAME).is_file():
         raise UserError(f"{data_dir / METADATA_NAME}: no such file (run prepare_data.py first)")
     return data_dir
