@@ -185,6 +185,13 @@ def test_a_short_run_skips_the_trial(tmp_path, tiny_model_dir, tone_corpus, caps
     out = capsys.readouterr().out
     assert "micro-batch trial skipped (--max_steps leaves 3 steps, it needs 4)" in out
     assert summary["micro_batch_size"] == 8 and summary["micro_batch_trial"] is None
+    # resumed with room for it: no trial chose the size in use, so this session runs one
+    _, resumed = train_tiny(
+        tmp_path, tone_corpus, tiny_model_dir, gradient_accumulation_steps=2, max_steps=12
+    )
+    out = capsys.readouterr().out
+    assert "chosen earlier" not in out and "micro-batch trial: 8, 16 clips per pass" in out
+    assert resumed["steps"] == 12 and resumed["micro_batch_trial"] is not None
 
 
 def test_two_processes_agree_on_one_choice(tmp_path, tiny_model_dir, tone_corpus):

@@ -67,15 +67,21 @@ class MicroBatchPolicy:
             return
         options = candidates(cfg)
         chosen = state.micro_batch_size
-        keep = chosen is not None and state.micro_batch_hardware == here and self.step_clips % chosen == 0
+        same = chosen is not None and state.micro_batch_hardware == here and self.step_clips % chosen == 0
+        # a size no trial chose (an earlier session too short for one) is tried again: this session may
+        # afford the trial, and the default size can be several times slower than the best on a GPU
+        keep = same and state.micro_batch_trial is not None
         if self.agreement.flag(keep):  # rank 0's view: every rank must trial, or not, together
             s.log(f"micro-batch: {self.describe(self.size())} (chosen earlier on this hardware)")
             return
         if chosen is not None:  # (a checkpoint of an older version chose nothing: its split stays)
-            changed = state.micro_batch_hardware != here
-            reason = f"the hardware changed (was {state.micro_batch_hardware})" if changed else "a new batch"
-            s.log(f"micro-batch: {reason}: a new trial")
-            state.split = 1
+            if not same:
+                changed = state.micro_batch_hardware != here
+                reason = (
+                    f"the hardware changed (was {state.micro_batch_hardware})" if changed else "a new batch"
+                )
+                s.log(f"micro-batch: {reason}: a new trial")
+            state.split = 1  # the sizes are measured afresh (an out-of-memory error rules one out again)
         state.micro_batch_hardware, state.micro_batch_trial = here, None
         if len(options) == 1:
             state.micro_batch_size = options[0]
