@@ -171,10 +171,7 @@ def test_a_resumed_runs_output_folder_unusable_here_says_to_pass_output_dir(
     from vits_trainer.training.session import build_session
 
     out = tmp_path / "out"
-    session, summary = train_tiny(
-        tmp_path, tone_corpus, tiny_model_dir, max_steps=1, output_dir=str(out / "m")
-    )
-    session.run_lock.release()
+    _, summary = train_tiny(tmp_path, tone_corpus, tiny_model_dir, max_steps=1, output_dir=str(out / "m"))
     shutil.rmtree(out)
     out.write_text("not a folder", encoding="utf-8")
     argv = [

@@ -84,6 +84,7 @@ class RunEnd:
             try:
                 install_best_model(exported, s.checkpoint_dir, budget.global_step)
                 best_updated = True
+                outputs.best_model_refused = None  # best_model/ holds the best weights now
             except (OSError, UnsafeOverwrite) as err:  # the final model is exported; only this copy failed
                 outputs.best_model_refused = str(getattr(err, "strerror", None) or err)
                 s.log(f"warning: best model not updated ({outputs.best_model_refused})")
@@ -153,6 +154,9 @@ class RunEnd:
         s, budget, state, outputs = self.s, self.s.budget, self.s.state, self.outputs
         first = budget.first_plan
         best, marked = existing_best_model(s.checkpoint_dir, state.best_model_step) or (None, None)
+        final_scored = (
+            outputs.last_val_step == budget.global_step
+        )  # by the final evaluation, or an earlier one
         return {
             "target_seconds": budget.target_seconds,
             "wall_seconds": budget.elapsed(),
@@ -167,12 +171,10 @@ class RunEnd:
             "best_metric": s.cfg.best_metric,
             "best_step": state.best_step,
             # the evaluation of the final weights only; never an earlier one standing in for it
-            "final_val": outputs.last_val if outputs.last_val_step == budget.global_step else None,
-            "final_eval_skipped": (
-                None if outputs.last_val_step == budget.global_step else self.final_eval_skipped or "not run"
-            ),
+            "final_val": outputs.last_val if final_scored else None,
+            "final_eval_skipped": None if final_scored else self.final_eval_skipped or "not run",
             # which evaluation scored the final weights: "final", or an earlier one at the same step
-            "final_eval_tag": outputs.last_val_tag if outputs.last_val_step == budget.global_step else None,
+            "final_eval_tag": outputs.last_val_tag if final_scored else None,
             "stopped_reason": stop_reason or "end",
             "budget_stop": loop_figures["budget_stop"],
             "resumed_from_step": loop_figures["resumed_from_step"],
