@@ -7,6 +7,7 @@ One real run of the demo (tiny model from scratch, generated corpus), shortened 
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 from pathlib import Path
@@ -56,6 +57,12 @@ def test_the_demo_model_carries_a_model_card(demo):
     assert meta["pipeline_tag"] == "text-to-speech" and meta["library_name"] == "transformers"
     assert meta["license"] == "other"  # a model trained from scratch: no license to inherit
     assert "text-to-speech" in meta["tags"]
+    # the hub page plays what the final weights spoke, each file in the folder as the card names it; a
+    # final evaluation skipped for time (a loaded machine) spoke nothing, and then there is no widget
+    summary = json.loads((demo / "final_model" / "train_summary.json").read_text(encoding="utf-8"))
+    urls = [w["output"]["url"] for w in meta.get("widget", [])]
+    assert bool(urls) == (summary["final_eval_tag"] is not None), (urls, summary["final_eval_skipped"])
+    assert all((demo / "final_model" / url).is_file() for url in urls), urls
 
 
 @pytest.mark.slow

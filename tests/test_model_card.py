@@ -4,7 +4,6 @@ carrying one that its export marker lists."""
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import pytest
@@ -15,9 +14,11 @@ from vits_trainer.safety import read_marker
 from vits_trainer.training.model_card import (
     CardFacts,
     Evaluation,
+    Sample,
     base_model_facts,
     evaluations_known,
     model_card,
+    read_front_matter,
 )
 
 MMS = "facebook/mms-tts-kmr-script_latin"
@@ -25,19 +26,14 @@ INHERITS = "inherits its license, CC-BY-NC 4.0: non-commercial use only"
 
 
 def front_matter(text: str) -> dict:
-    """The card's front matter: `key: value` lines and `key:` followed by `- item` lines."""
+    """The card's front matter as a YAML reader makes of it; the project's own reader
+    (`read_front_matter`, for a base model's card) must agree on every flat key and list."""
     lines = text.splitlines()
     assert lines[0] == "---", lines[:3]
     end = lines.index("---", 1)
-    found, key = {}, None
-    for line in lines[1:end]:
-        if line.startswith("- "):
-            found[key].append(line[2:])
-            continue
-        key, _, value = line.partition(": ") if ": " in line else line.partition(":")
-        assert key and not key.startswith(" "), line
-        found[key] = json.loads(value) if value.startswith('"') else (value or [])
-    assert yaml.safe_load("\n".join(lines[1:end])) == found  # what a YAML reader makes of it too
+    found = yaml.safe_load("\n".join(lines[1:end]))
+    flat = {k: v for k, v in found.items() if k != "widget"}  # the widget is a list of mappings
+    assert {k: v for k, v in read_front_matter(text).items() if k != "widget"} == flat
     return found
 
 
@@ -128,9 +124,33 @@ def test_best_model_card_says_only_what_is_known_during_the_run():
     assert evaluations_known(history, best_step=90, step=95, prefix="")[-1].label == "final"
 
 
+def test_samples_are_played_on_the_hub_and_listed_in_the_card():
+    samples = (
+        Sample("samples/sample_1.wav", 'silav: "tu çawa yî?"', "clip 7", 2),
+        Sample("samples/sample_2.wav", "no | *emphasis* [here](x) <b>", "clip8", 0),
+    )
+    text = card(base_model_facts(MMS), samples=samples, voices=3)
+    meta = front_matter(text)  # the sentences' colons, quotes and non-ASCII letters stay valid YAML
+    assert meta["widget"] == [
+        {"text": 'silav: "tu çawa yî?"', "output": {"url": "samples/sample_1.wav"}},
+        {"text": "no | *emphasis* [here](x) <b>", "output": {"url": "samples/sample_2.wav"}},
+    ]
+    body = text.split("## Samples")[1].split("## Usage")[0]
+    assert "at the evaluation of step 120" in body
+    assert '- [sample_1.wav](samples/sample_1.wav) (clip clip 7, speaker_id 2): silav: "tu çawa yî?"' in body
+    assert r"no \| \*emphasis\* \[here\](x) \<b\>" in body  # shown as written, not as Markdown
+    one_voice = card(base_model_facts(MMS), samples=samples[:1])
+    assert "speaker_id" not in one_voice.split("## Usage")[0]
+    assert "widget" not in front_matter(card(base_model_facts(MMS))) and "## Samples" not in card(
+        base_model_facts(MMS)
+    )
+
+
 @pytest.mark.slow
 def test_a_real_runs_exports_carry_the_card(tmp_path, tone_corpus, tiny_model_dir):
-    session, summary = train_tiny(tmp_path, tone_corpus, tiny_model_dir, max_steps=2, freerun_samples=2)
+    session, summary = train_tiny(
+        tmp_path, tone_corpus, tiny_model_dir, max_steps=2, freerun_samples=2, eval_samples=2
+    )
     final = Path(summary["final_model"])
     text = (final / "README.md").read_text(encoding="utf-8")
     meta = front_matter(text)
@@ -144,5 +164,14 @@ def test_a_real_runs_exports_carry_the_card(tmp_path, tone_corpus, tiny_model_di
     assert "- Budget: --target_hours 9.5;" in text
     final_row = next(line for line in text.splitlines() if line.startswith("| ") and "final" in line)
     assert final_row.count("|") == 7  # evaluation, step and the four scores, free-running ones included
+    # the sentences the final evaluation spoke: in the folder, listed by the marker, played by the card
+    items = next(iter(session.data.val_sets.values()))
+    step_folder = Path(session.checkpoint_dir) / "samples" / "step_00000002"
+    for k, widget in enumerate(meta["widget"]):
+        url = widget["output"]["url"]
+        assert url == f"samples/sample_{k + 1}.wav" and url in read_marker(final)["files"]
+        assert widget["text"] == items.text(k)
+        assert (final / url).read_bytes() == (step_folder / f"{items.clip_id(k)}.wav").read_bytes()
+    assert len(meta["widget"]) == 2
     if summary["best_model"]:  # the final weights were the best: best_model is a copy, card and all
         assert (Path(summary["best_model"]) / "README.md").read_text(encoding="utf-8") == text

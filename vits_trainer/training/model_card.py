@@ -1,6 +1,7 @@
 """The model card (README.md) of every exported model folder, in the Hugging Face format: YAML front
-matter (language, license, base_model, pipeline_tag, tags, library_name), then how to use the model
-and what its weights were trained on.
+matter (language, license, base_model, pipeline_tag, tags, library_name, and a widget the hub's
+model page plays: the folder's samples/), then what the weights sound like, how to use the model and
+what its weights were trained on.
 
 `model_card(facts)` is the text, a pure function of `CardFacts`. `base_model_facts` reads what is known
 of the model a run started from; `run_facts` gathers the rest from a session when a folder is exported
@@ -51,6 +52,16 @@ class Evaluation:
 
 
 @dataclass(frozen=True)
+class Sample:
+    """A validation sentence these weights spoke from its text, copied into the model folder."""
+
+    file: str  # its path in the folder, e.g. "samples/sample_1.wav"
+    text: str
+    clip: str  # the validation clip's id (its recording is in the run's samples/reference/)
+    speaker_id: int | None = None  # the voice, for a model of several
+
+
+@dataclass(frozen=True)
 class CardFacts:
     """What the card says; None (or empty) leaves a line out."""
 
@@ -72,6 +83,7 @@ class CardFacts:
     eval_set: str = "validation clips"
     evaluations: tuple[Evaluation, ...] = ()
     uroman: bool = False  # the tokenizer expects romanised text
+    samples: tuple[Sample, ...] = ()  # spoken by these weights at their evaluation (step `step`)
 
 
 # ---- the base model ------------------------------------------------------------------------------
@@ -178,6 +190,8 @@ def model_card(facts: CardFacts) -> str:
         script = f" ({base.script.capitalize()} script)" if base.script else ""
         parts.append(f"Language: {', '.join(base.language)}{script}.")
     parts.append(_weights_line(facts))
+    if facts.samples:
+        parts += ["## Samples", _samples(facts)]
     parts += ["## Usage", _usage(facts)]
     training = _training_lines(facts)
     if training:
@@ -211,6 +225,14 @@ def _front_matter(facts: CardFacts) -> str:
     lines += ["pipeline_tag: text-to-speech", "library_name: transformers", "tags:"]
     tags = ["text-to-speech", "vits", *(["mms"] if _is_mms(base) else []), "vits-trainer"]
     lines += [f"- {tag}" for tag in tags]
+    if facts.samples:  # the hub's model page plays these beside the sentence (its text-to-speech widget)
+        lines.append("widget:")
+        for sample in facts.samples:
+            lines += [
+                f"- text: {_yaml_scalar(sample.text)}",
+                "  output:",
+                f"    url: {_yaml_scalar(sample.file)}",
+            ]
     lines.append("---")
     return "\n".join(lines)
 
@@ -267,6 +289,27 @@ def _weights_line(facts: CardFacts) -> str:
     best = [e for e in facts.evaluations if "best" in e.label]
     also = f" They are also its best by {metric}." if best and best[0].step == facts.step else ""
     return f"These are the weights at the end of the run, optimiser step {facts.step}.{also}"
+
+
+def _samples(facts: CardFacts) -> str:
+    voices = facts.voices > 1
+    lines = [
+        "Validation sentences (held out, never trained on) spoken by these weights from their text alone, "
+        f"as at inference, at the evaluation of step {facts.step}:",
+        "",
+    ]
+    for sample in facts.samples:
+        voice = f", speaker_id {sample.speaker_id}" if voices and sample.speaker_id is not None else ""
+        name = sample.file.rsplit("/", 1)[-1]
+        lines.append(
+            f"- [{name}]({sample.file}) (clip {_markdown_text(sample.clip)}{voice}): {_markdown_text(sample.text)}"
+        )
+    return "\n".join(lines)
+
+
+def _markdown_text(text: str) -> str:
+    """`text` shown as it is in Markdown (its emphasis, link and HTML characters escaped)."""
+    return re.sub(r"([\\`*_\[\]<>|#])", r"\\\1", " ".join(text.split()))
 
 
 def _usage(facts: CardFacts) -> str:
@@ -387,8 +430,9 @@ def evaluations_known(
     return tuple(rows)
 
 
-def run_facts(s, kind: str) -> CardFacts:
-    """The card's facts of session `s` (training/session.py) at the moment `kind` is exported."""
+def run_facts(s, kind: str, samples: tuple[Sample, ...] = ()) -> CardFacts:
+    """The card's facts of session `s` (training/session.py) at the moment `kind` is exported, with the
+    `samples` the export copied into the folder."""
     import torch
 
     cfg, data, budget = s.cfg, s.data, s.budget
@@ -428,4 +472,5 @@ def run_facts(s, kind: str) -> CardFacts:
             final=kind == "final_model",
         ),
         uroman=bool(getattr(s.text.tokenizer, "is_uroman", False)),
+        samples=samples,
     )

@@ -6,6 +6,7 @@ its model card), and when the epoch-end ones are due.
 from __future__ import annotations
 
 import json
+import shutil
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -21,7 +22,7 @@ from ..safety import UnsafeOverwrite
 from .checkpoint import checkpoint_name, prune_checkpoints, write_checkpoint
 from .evaluate import evaluate, synthesize
 from .freerun import dtw_scores, free_running_eval, write_wavs
-from .model_card import CARD_FILE, model_card, run_facts
+from .model_card import CARD_FILE, Sample, model_card, run_facts
 from .pictures import alignment_paths, log_images_to_trackers, warm_up_pictures, write_pictures
 from .report import write_references, write_report
 from .reporting import log_audio_to_trackers
@@ -29,6 +30,7 @@ from .resume_settings import resume_command
 from .runtime import git_revision
 from .trainstate import checkpoint_files
 
+SAMPLES_FOLDER = "samples"  # in an exported model folder: what its weights spoke at their evaluation
 OVERHEAD_SHARE = 0.1  # epoch-end evals/saves are skipped when they would exceed this share of the time
 # Before the first step the budget needs a step time: one training sample costs about what one validation
 # clip does (the eval decodes whole clips, training a segment but with backward passes and the
@@ -237,9 +239,15 @@ class RunOutputs:
             # the held-out clips, so a later feedback run keeps validating on clips never trained on
             split = {"val_ids": s.data.val_ids, "data_dir": str(s.cfg.data_dir), "seed": s.cfg.seed}
             (tmp / SPLIT_FILE).write_text(json.dumps(split, ensure_ascii=False), encoding="utf-8")
+            try:
+                samples = self.copy_samples(tmp)
+            except OSError as err:  # the folder is complete without them
+                shutil.rmtree(tmp / SAMPLES_FOLDER, ignore_errors=True)  # this export's own temp copies
+                s.log(f"warning: samples not copied into {kind} ({err.strerror or err})")
+                samples = ()
             # the model card, into the temp folder: the marker lists it, so only a later export replaces it
             try:
-                card = model_card(run_facts(s, kind))
+                card = model_card(run_facts(s, kind, samples))
             except Exception as err:  # a card is never worth losing the export over
                 s.log(f"warning: model card not written ({err})")
             else:
@@ -255,6 +263,31 @@ class RunOutputs:
             run=s.checkpoint_dir,
             step=s.budget.global_step,
         )
+
+    def copy_samples(self, folder: Path) -> tuple[Sample, ...]:
+        """The sentences these weights spoke at their evaluation (samples/step_N, N the current step),
+        copied into an export's samples/ as sample_1.wav, ...: the model card plays them, so whoever the
+        folder is shared with hears the voice. None when no evaluation of these weights wrote them."""
+        s = self.s
+        step = s.budget.global_step
+        items = next(iter(s.data.val_sets.values()), None)
+        source = s.checkpoint_dir / "samples" / checkpoint_name(step)
+        # this run's evaluation of these weights (a folder of that name could be an unrelated run's)
+        evaluated = any(r.get("step") == step for r in s.state.val_history)
+        if items is None or not evaluated or not source.is_dir():
+            return ()
+        voices = s.model.config.num_speakers > 1
+        found = []
+        for k in range(min(s.cfg.eval_samples, len(items))):
+            wav = source / f"{items.clip_id(k)}.wav"
+            if not wav.is_file():
+                continue
+            name = f"{SAMPLES_FOLDER}/sample_{len(found) + 1}.wav"
+            (folder / SAMPLES_FOLDER).mkdir(exist_ok=True)
+            shutil.copyfile(wav, folder / name)
+            speaker = int(items.speaker_ids[k]) if voices else None
+            found.append(Sample(name, items.text(k), items.clip_id(k), speaker))
+        return tuple(found)
 
     def epoch_end_housekeeping(self) -> None:
         s, budget = self.s, self.s.budget
