@@ -172,6 +172,8 @@ def test_resume_keeps_the_choice_unless_the_hardware_changed(
         micro_batch_size="4",
     )
     assert "(--micro_batch_size 4)" in capsys.readouterr().out and forced["micro_batch_size"] == 4
+    # no trial chose 4: its table goes, so a later `auto` session runs a trial (not "chosen earlier")
+    assert forced["micro_batch_trial"] is None
     # other hardware: a new trial
     monkeypatch.setattr(choice_module, "hardware_id", lambda device: "cuda: another machine; 64 CPUs")
     _, moved = train_tiny(tmp_path, tone_corpus, tiny_model_dir, gradient_accumulation_steps=2, max_steps=20)

@@ -62,6 +62,8 @@ class MicroBatchPolicy:
         if forced is not None:
             if state.micro_batch_size != forced:
                 state.split = 1  # the user's size: an earlier run's out-of-memory division no longer applies
+                # nor does a trial's table, which chose another size: a later `auto` session trials again
+                state.micro_batch_trial = None
             state.micro_batch_size, state.micro_batch_hardware = forced, here
             s.log(f"micro-batch: {self.describe(forced)} (--micro_batch_size {forced})")
             return
