@@ -55,3 +55,36 @@ def test_two_processes_stop_together_and_resume(tmp_path, tiny_model_dir, tone_c
     second = json.loads((tmp_path / "final_model" / "train_summary.json").read_text())
     assert second["resumed_from_step"] == first_steps and second["steps"] == first_steps + 2
     assert second["stopped_reason"] == "max_steps"
+
+
+def test_a_single_process_run_beside_idle_gpus_says_how_to_use_them(monkeypatch):
+    """Kaggle's two T4s: a plain `python train_vits.py` trains on one; its log gives the command for all.
+    No GPU here, so the CUDA queries are mocked; the note's text and when it appears are the code's."""
+    import sys
+    import types
+
+    import torch
+
+    from vits_trainer.training import session as session_module
+    from vits_trainer.training.runtime import idle_gpus_note
+
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda device=None: "Tesla T4")
+    monkeypatch.setattr(sys, "argv", ["vits/train_vits.py", "--target_hours", "9.5", "--data_dir", "my data"])
+    lines = []
+    one = types.SimpleNamespace(device=torch.device("cuda"), num_processes=1)
+    session_module._describe_start(one, "fp16", torch.nn.Linear(2, 2), "m", None, lines.append)
+    assert lines[0] == "device: cuda ×1, precision: fp16, GPU: Tesla T4"
+    assert lines[1] == (
+        "note: 2 GPUs are visible and this run uses 1; to train on all of them, start it as `accelerate launch "
+        "--num_processes 2 vits/train_vits.py --target_hours 9.5 --data_dir 'my data'` (--batch_size is per "
+        "GPU; docs/multi-gpu.md)"
+    )
+    lines.clear()  # already on both, or a single GPU: nothing to say
+    two = types.SimpleNamespace(device=torch.device("cuda"), num_processes=2)
+    session_module._describe_start(two, "fp16", torch.nn.Linear(2, 2), "m", None, lines.append)
+    assert not any(line.startswith("note:") for line in lines)
+    assert idle_gpus_note(1, 1, ["train_vits.py"]) is None
+    assert "train_feedback.py --base_model" in idle_gpus_note(
+        1, 4, ["train_feedback.py", "--base_model", "v"]
+    )

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import shlex
 import subprocess
 import sys
 import time
@@ -131,6 +132,19 @@ def resolve_precision(requested: str, cpu: bool, log=print) -> str:
         log("warning: this GPU has no bf16 support; using fp16 instead")
         return "fp16"
     return requested
+
+
+def idle_gpus_note(processes: int, visible_gpus: int, argv: list[str]) -> str | None:
+    """The line for a single-process run that leaves GPUs idle (Kaggle gives two T4s): the command that
+    trains on all of them. None when every visible GPU has a process (or there is one GPU)."""
+    if processes != 1 or visible_gpus < 2:
+        return None
+    script = argv[0] if argv and argv[0].endswith(".py") else "train_vits.py"  # as the user ran it
+    command = shlex.join(["accelerate", "launch", "--num_processes", str(visible_gpus), script, *argv[1:]])
+    return (
+        f"note: {visible_gpus} GPUs are visible and this run uses 1; to train on all of them, start it as "
+        f"`{command}` (--batch_size is per GPU; docs/multi-gpu.md)"
+    )
 
 
 def make_accelerator(mixed_precision: str, cpu: bool, report_to: str, project_dir: Path):

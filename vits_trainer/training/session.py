@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import functools
 import shutil
+import sys
 import tempfile
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -34,7 +35,7 @@ from .datasplit import DataSplit, check_vocabulary, describe_data, load_store, m
 from .lr_schedule import BudgetLR, make_scheduler, set_peak_lr
 from .networks import estimate_checkpoint_bytes, load_model, load_or_create_discriminator, make_generator
 from .resume_settings import restore_settings
-from .runtime import Logger, make_accelerator, quiet_transformers, resolve_precision
+from .runtime import Logger, idle_gpus_note, make_accelerator, quiet_transformers, resolve_precision
 from .step import make_optimizer
 from .trainstate import LoadedCheckpoint, TrainState, set_rng_state
 
@@ -341,6 +342,9 @@ def _describe_start(accelerator, precision: str, model, model_source: str, ckpt,
         # new shape each step, bench/bench_step.py --cudnn_benchmark); length buckets still give ~100 shapes
         # over a few epochs (bench/bench_shapes.py), and whether tuning those pays back is not measured yet
         torch.backends.cudnn.benchmark = False
+        note = idle_gpus_note(accelerator.num_processes, torch.cuda.device_count(), sys.argv)
+        if note:
+            log(note)
     log(f"model: {model_source} ({sum(p.numel() for p in model.parameters()) / 1e6:.1f} M parameters)")
     if ckpt is not None:
         log(f"resuming from {ckpt.path.name} (step {ckpt.step}); --model_name is not used on resume")
