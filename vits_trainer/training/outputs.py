@@ -266,8 +266,9 @@ class RunOutputs:
 
     def copy_samples(self, folder: Path) -> tuple[Sample, ...]:
         """The sentences these weights spoke at their evaluation (samples/step_N, N the current step),
-        copied into an export's samples/ as sample_1.wav, ...: the model card lists them and the hub page plays them, so whoever the
-        folder is shared with hears the voice. Empty when no evaluation of these weights wrote them."""
+        copied into an export's samples/ as sample_1.wav, ...: the model card lists them and the hub page
+        plays them, so whoever the folder is shared with hears the voice. Empty when no evaluation of
+        these weights wrote them."""
         s = self.s
         step = s.budget.global_step
         items = next(iter(s.data.val_sets.values()), None)
