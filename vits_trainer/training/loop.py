@@ -459,7 +459,13 @@ class Trainer:
         values["lr"] = s.g_optimizer.param_groups[0]["lr"]
         values["skipped_steps"] = s.state.skipped_steps
         values["recoveries"] = s.state.recoveries
-        record = {"step": s.budget.global_step, "epoch": s.state.epoch, "time": time.time(), **values}
+        record = {
+            "step": s.budget.global_step,
+            "epoch": s.state.epoch,
+            "samples_seen": s.state.samples_seen,  # with `time`: the rate on the wall clock, logging included
+            "time": time.time(),
+            **values,
+        }
         if s.device.type == "cuda":
             record["vram_gb"] = torch.cuda.max_memory_allocated(s.device) / 2**30
         self.metrics.write(record)
