@@ -47,6 +47,7 @@ def test_two_processes_stop_together_and_resume(tmp_path, tiny_model_dir, tone_c
     assert len(logged) == len(set(logged))  # one writer
     # an optimiser step consumes a batch on each rank
     assert all(m["samples_per_second"] > 0 for m in metrics if "loss_g" in m)
+    assert all(m["samples_seen"] % 2 == 0 for m in metrics if "loss_g" in m)  # both ranks' clips
 
     # the resume is ended by a step count, with a budget that leaves a loaded machine time for those steps
     # (a 40 s budget made no step at all beside other heavy processes: two starts ate it)

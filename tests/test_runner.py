@@ -89,6 +89,8 @@ def test_budget_run_writes_models_metrics_and_curve(budget_run):
     # makes this rare; test_vits_training.py pins the final eval itself).
     assert evals[-1]["tag"] == "final" or "final evaluation skipped" in proc.stdout, proc.stdout[-2000:]
     assert all(m["lr"] > 0 for m in steps)
+    seen = [m["samples_seen"] for m in steps]  # over `time`: the loop's rate on the wall clock
+    assert seen[0] > 0 and seen == sorted(set(seen)), seen
     assert (ckpt / "loss_curve.png").stat().st_size > 1000
     checkpoints = sorted(p.name for p in ckpt.glob("step_*"))
     assert 1 <= len(checkpoints) <= TINY_SETTINGS.get("keep_checkpoints", 2)
