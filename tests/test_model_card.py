@@ -126,7 +126,7 @@ def test_best_model_card_says_only_what_is_known_during_the_run():
 
 def test_samples_are_played_on_the_hub_and_listed_in_the_card():
     samples = (
-        Sample("samples/sample_1.wav", 'silav: "tu çawa yî?"', "clip 7", 2),
+        Sample("samples/sample_1.wav", 'silav: "tu çawa yî?"', "clip 7", 2, "azad_b"),
         Sample("samples/sample_2.wav", "no | *emphasis* [here](x) <b>", "clip8", 0),
     )
     text = card(base_model_facts(MMS), samples=samples, voices=3)
@@ -137,7 +137,10 @@ def test_samples_are_played_on_the_hub_and_listed_in_the_card():
     ]
     body = text.split("## Samples")[1].split("## Usage")[0]
     assert "at the evaluation of step 120" in body
-    assert '- [sample_1.wav](samples/sample_1.wav) (clip clip 7, speaker_id 2): silav: "tu çawa yî?"' in body
+    assert (
+        '- [sample_1.wav](samples/sample_1.wav) (clip clip 7, speaker azad\\_b, speaker_id 2): silav: "tu çawa yî?"'
+        in body
+    )
     assert r"no \| \*emphasis\* \[here\](x) \<b\>" in body  # shown as written, not as Markdown
     one_voice = card(base_model_facts(MMS), samples=samples[:1])
     assert "speaker_id" not in one_voice.split("## Usage")[0]

@@ -59,6 +59,7 @@ class Sample:
     text: str
     clip: str  # the validation clip's id (its recording is in the run's samples/reference/)
     speaker_id: int | None = None  # the voice, for a model of several
+    speaker: str | None = None  # its name in the training data (speakers.json)
 
 
 @dataclass(frozen=True)
@@ -299,7 +300,10 @@ def _samples(facts: CardFacts) -> str:
         "",
     ]
     for sample in facts.samples:
-        voice = f", speaker_id {sample.speaker_id}" if voices and sample.speaker_id is not None else ""
+        voice = ""
+        if voices and sample.speaker_id is not None:
+            named = f"speaker {_markdown_text(sample.speaker)}, " if sample.speaker else ""
+            voice = f", {named}speaker_id {sample.speaker_id}"
         name = sample.file.rsplit("/", 1)[-1]
         lines.append(
             f"- [{name}]({sample.file}) (clip {_markdown_text(sample.clip)}{voice}): {_markdown_text(sample.text)}"

@@ -278,6 +278,7 @@ class RunOutputs:
         if items is None or not evaluated or not source.is_dir():
             return ()
         voices = s.model.config.num_speakers > 1
+        names = {v: k for k, v in (s.speakers or {}).items()}  # speaker id -> its name in the data
         found = []
         for k in range(min(s.cfg.eval_samples, len(items))):
             wav = source / f"{items.clip_id(k)}.wav"
@@ -287,7 +288,7 @@ class RunOutputs:
             (folder / SAMPLES_FOLDER).mkdir(exist_ok=True)
             shutil.copyfile(wav, folder / name)
             speaker = int(items.speaker_ids[k]) if voices else None
-            found.append(Sample(name, items.text(k), items.clip_id(k), speaker))
+            found.append(Sample(name, items.text(k), items.clip_id(k), speaker, names.get(speaker)))
         return tuple(found)
 
     def epoch_end_housekeeping(self) -> None:
