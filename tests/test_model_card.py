@@ -178,3 +178,37 @@ def test_a_real_runs_exports_carry_the_card(tmp_path, tone_corpus, tiny_model_di
     assert len(meta["widget"]) == 2
     if summary["best_model"]:  # the final weights were the best: best_model is a copy, card and all
         assert (Path(summary["best_model"]) / "README.md").read_text(encoding="utf-8") == text
+
+
+@pytest.mark.slow
+def test_samples_that_cannot_be_copied_leave_a_complete_folder(
+    tmp_path, tone_corpus, tiny_model_dir, monkeypatch, capsys
+):
+    """A full disk is simulated at the samples' copy alone: the export goes on without them, says so once,
+    and its card names no file that is not there."""
+    import errno
+
+    from vits_trainer.training import outputs
+
+    copy = outputs.shutil.copyfile
+
+    def disk_full_for_wavs(src, dst, *args, **kwargs):
+        if str(dst).endswith(".wav"):
+            raise OSError(errno.ENOSPC, "No space left on device")
+        return copy(src, dst, *args, **kwargs)
+
+    monkeypatch.setattr(outputs.shutil, "copyfile", disk_full_for_wavs)
+    _, summary = train_tiny(
+        tmp_path, tone_corpus, tiny_model_dir, max_steps=2, freerun_samples=2, eval_samples=2
+    )
+    final = Path(summary["final_model"])
+    assert not (final / "samples").exists() and "widget" not in front_matter(
+        (final / "README.md").read_text()
+    )
+    assert (final / "model.safetensors").is_file() and "README.md" in read_marker(final)["files"]
+    assert (
+        capsys.readouterr().out.count(
+            "warning: samples not copied into final_model (No space left on device)"
+        )
+        == 1
+    )
