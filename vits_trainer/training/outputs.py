@@ -24,7 +24,7 @@ from .evaluate import evaluate, synthesize
 from .freerun import dtw_scores, free_running_eval, write_wavs
 from .model_card import CARD_FILE, Sample, model_card, run_facts
 from .pictures import alignment_paths, log_images_to_trackers, warm_up_pictures, write_pictures
-from .report import write_references, write_report
+from .report import sample_folder, write_references, write_report
 from .reporting import log_audio_to_trackers
 from .resume_settings import resume_command
 from .runtime import git_revision
@@ -155,12 +155,17 @@ class RunOutputs:
             )
         self.report = written
 
+    def sampled_clips(self):
+        """(items, count): each evaluation speaks the first `count` clips (--eval_samples) of the first
+        validation set to WAV; (None, 0) without one."""
+        items = next(iter(self.s.data.val_sets.values()), None)
+        return items, min(self.s.cfg.eval_samples, len(items)) if items is not None else 0
+
     def write_samples(self, step: int, spoken=()) -> None:
         s = self.s
-        items = next(iter(s.data.val_sets.values()), None)
+        items, count = self.sampled_clips()
         if items is None:
             return
-        count = min(s.cfg.eval_samples, len(items))
         sentences = []
         for k in range(count):
             sentences.append((items.clip_id(k), items.text(k), int(items.speaker_ids[k])))
@@ -271,16 +276,16 @@ class RunOutputs:
         these weights wrote them."""
         s = self.s
         step = s.budget.global_step
-        items = next(iter(s.data.val_sets.values()), None)
-        source = s.checkpoint_dir / "samples" / checkpoint_name(step)
+        items, count = self.sampled_clips()
+        source = sample_folder(s.checkpoint_dir, step)  # None when no evaluation wrote it
         # this run's evaluation of these weights (a folder of that name could be an unrelated run's)
         evaluated = any(r.get("step") == step for r in s.state.val_history)
-        if items is None or not evaluated or not source.is_dir():
+        if items is None or source is None or not evaluated:
             return ()
         voices = s.model.config.num_speakers > 1
         names = {v: k for k, v in (s.speakers or {}).items()}  # speaker id -> its name in the data
         found = []
-        for k in range(min(s.cfg.eval_samples, len(items))):
+        for k in range(count):
             wav = source / f"{items.clip_id(k)}.wav"
             if not wav.is_file():
                 continue

@@ -154,9 +154,8 @@ class RunEnd:
         s, budget, state, outputs = self.s, self.s.budget, self.s.state, self.outputs
         first = budget.first_plan
         best, marked = existing_best_model(s.checkpoint_dir, state.best_model_step) or (None, None)
-        final_scored = (
-            outputs.last_val_step == budget.global_step
-        )  # by the final evaluation, or an earlier one
+        # the final weights were scored: by the final evaluation, or an earlier one at the same step
+        final_scored = outputs.last_val_step == budget.global_step
         return {
             "target_seconds": budget.target_seconds,
             "wall_seconds": budget.elapsed(),
