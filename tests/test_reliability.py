@@ -166,8 +166,17 @@ def test_recovery_leaves_mixed_precision(tmp_path, tiny_model_dir, tone_corpus):
 def test_out_of_memory_halves_the_micro_batch_and_retries(
     tmp_path, tiny_model_dir, tone_corpus, monkeypatch, capsys
 ):
+    """Also: each step runs as several micro-batches, and a metric line averages the losses over them
+    but the gradient norms (computed once per step) over its steps; a redone cycle counts once."""
+    import vits_trainer.training.step as step_module
+
     calls = {"n": 0, "sizes": []}
     real = GanStep.micro_step
+    norms, clip = [], step_module.clip_grad_norm
+
+    def recorded(params, max_norm):
+        norms.append(float(norm := clip(params, max_norm)))
+        return norm
 
     def flaky(self, batch, first, last, scale):
         calls["n"] += 1
@@ -177,6 +186,7 @@ def test_out_of_memory_halves_the_micro_batch_and_retries(
         return real(self, batch, first, last, scale)
 
     monkeypatch.setattr(GanStep, "micro_step", flaky)
+    monkeypatch.setattr(step_module, "clip_grad_norm", recorded)
     session, summary = train_tiny(
         tmp_path,
         tone_corpus,
@@ -184,6 +194,7 @@ def test_out_of_memory_halves_the_micro_batch_and_retries(
         max_steps=8,
         gradient_accumulation_steps=2,
         micro_batch_size="8",  # pinned: the OOM counted here must hit the requested split, not a trial
+        log_every=1,
     )
     out = capsys.readouterr().out
     assert "out of memory at step 3: micro-batch 8 -> 4 clips, gradient accumulation 2 -> 4" in out
@@ -193,6 +204,13 @@ def test_out_of_memory_halves_the_micro_batch_and_retries(
     assert 8 * 12 <= session.state.samples_seen <= 8 * 16
     assert max(calls["sizes"][5:]) <= 4
     assert events(tmp_path, "oom")[0]["split"] == 2
+    lines = [
+        r for r in map(json.loads, (tmp_path / "checkpoints" / "metrics.jsonl").open()) if "event" not in r
+    ]
+    assert [r["step"] for r in lines] == list(range(1, 9))
+    for line, norm_d, norm_g in zip(lines, norms[::2], norms[1::2], strict=True):
+        assert line["grad_norm_d"] == pytest.approx(norm_d, rel=1e-5)
+        assert line["grad_norm_g"] == pytest.approx(norm_g, rel=1e-5)
 
 
 def test_out_of_memory_at_batch_one_is_a_clear_error(tmp_path, tiny_model_dir, tone_corpus, monkeypatch):

@@ -87,18 +87,23 @@ class StepWindow:
     seconds: float = 0.0
     wait: float = 0.0  # waiting for the loader
     steps: int = 0
-    micro: int = 0  # micro-batches run
-    sums: dict = field(default_factory=dict)  # per loss: the sum over micro-batches (on the device)
+    sums: dict = field(default_factory=dict)  # per metric: the sum of its values (on the device)
+    counts: dict = field(default_factory=dict)  # per metric: how many values that sum holds
     started: float = field(default_factory=time.perf_counter)
 
-    def add_micro_batch(self, metrics: dict) -> None:
-        self.micro += 1
-        for k, v in metrics.items():
-            self.sums[k] = self.sums.get(k, 0.0) + v.float()
+    def add_cycle(self, metrics: list[dict]) -> None:
+        """A completed cycle's metrics, one dict per micro-batch: the losses come with each micro-batch,
+        the gradient norms with the last one only, so each metric is averaged over its own count."""
+        for values in metrics:
+            for k, v in values.items():
+                self.sums[k] = self.sums.get(k, 0.0) + v.float()
+                self.counts[k] = self.counts.get(k, 0) + 1
 
-    def forget_cycle(self) -> None:
-        """A cycle is redone (after an out-of-memory error, a failed compiled step): its sums go."""
-        self.sums, self.micro = {}, 0
+    def means(self) -> dict[str, float]:
+        """Each metric's mean over the window, read from the device at once."""
+        names = list(self.sums)
+        sums = torch.stack([self.sums[k] for k in names]).tolist() if names else []  # one read
+        return {k: v / self.counts[k] for k, v in zip(names, sums, strict=True)}
 
     def add_step(self, seconds: float, samples: int) -> None:
         self.samples += samples
@@ -265,7 +270,6 @@ class Trainer:
                     raise
             # outside the except block, so that the failed cycle's frames and activations are freed
             self.step_fn.abandon_cycle()
-            self.window.forget_cycle()
             clean = False
             if out_of_memory:  # the same cycle in smaller micro-batches; else a narrower scope, or eager
                 micro = self.micro.smaller_after_oom(micro)
@@ -274,12 +278,13 @@ class Trainer:
         """One optimiser step: this cycle's loader batches as micro-batches of at most `micro` clips."""
         s = self.s
         parts = micro_batches(pending, micro, s.pad)
-        result = None
+        result, metrics = None, []
         for j, part in enumerate(parts):
             part = {k: v for k, v in part.items() if k not in ("indices", "text_lengths")}
             part = move_batch(part, s.device)
             result = self.step_fn.micro_step(part, j == 0, j == len(parts) - 1, 1.0 / len(parts))
-            window.add_micro_batch(result.metrics)
+            metrics.append(result.metrics)
+        window.add_cycle(metrics)  # only once the cycle completed: a redone cycle counts once
         return result
 
     # ---- the start and the end -------------------------------------------------------------------
@@ -449,11 +454,7 @@ class Trainer:
 
     def log_step(self, progress: Progress, batches_left: int) -> None:
         s, window = self.s, self.window
-        micro = max(1, window.micro)
-        names = list(window.sums)
-        sums = torch.stack([window.sums[k] for k in names]).tolist() if names else []  # one read
-        values = {k: v / micro for k, v in zip(names, sums, strict=True)}
-        values = {k: (v if math.isfinite(v) else None) for k, v in values.items()}  # strict JSON
+        values = {k: (v if math.isfinite(v) else None) for k, v in window.means().items()}  # strict JSON
         values["samples_per_second"] = window.samples / max(window.seconds, 1e-9)
         values["data_wait_fraction"] = window.wait / max(window.seconds, 1e-9)
         values["lr"] = s.g_optimizer.param_groups[0]["lr"]
