@@ -52,6 +52,22 @@ def test_saved_settings_win_unless_a_flag_is_given():
     assert restore_settings(built_in_code, saved, lines.append, source="x") is built_in_code
 
 
+def test_a_resumed_run_keeps_the_precision_a_recovery_moved_it_to():
+    """bf16 on this CPU; an earlier session's recovery moved the run to fp32 ("no"): kept, and said."""
+    from vits_trainer.training.session import _resumed_state
+
+    lines = []
+    cfg = parse(["--bf16", "--cpu"])
+    state, precision = _resumed_state(cfg, object(), {"train_state": {"precision": "no"}}, lines.append)
+    assert precision == "no" and state.precision == "no"
+    assert lines == [
+        "precision: no, not bf16: an earlier session's recovery moved the run off bf16 after repeated "
+        "non-finite steps (kept for this session)"
+    ]
+    _, precision = _resumed_state(cfg, None, {}, lines.append)  # a new run: what was asked
+    assert precision == "bf16" and len(lines) == 1
+
+
 def test_resume_command_names_this_machines_settings():
     cfg = TrainConfig(checkpoint_dir="my runs/ckpt", num_workers=0, cpu=True, learning_rate=1.0)
     assert resume_command("train_vits.py", cfg, "--checkpoint_dir", cfg.checkpoint_dir) == (

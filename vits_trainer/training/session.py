@@ -303,7 +303,10 @@ def _resumed_state(
     state = TrainState.from_dict(trainer_state.get("train_state", {})) if ckpt is not None else TrainState()
     precision = resolve_precision(cfg.mixed_precision, cfg.cpu, log=log)
     if state.precision and state.precision != precision and precision != "no":
-        log(f"precision: {state.precision} (an earlier recovery left {precision}; kept for this session)")
+        log(
+            f"precision: {state.precision}, not {precision}: an earlier session's recovery moved the run "
+            f"off {precision} after repeated non-finite steps (kept for this session)"
+        )
         precision = state.precision
     return state, precision
 
