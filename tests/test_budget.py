@@ -675,11 +675,13 @@ def test_lr_schedule_state_carries_the_cosine_start_across_sessions():
     assert lr2.factor(b2.global_step) == pytest.approx(f1, abs=1e-3)  # no jump back to the peak
 
 
-def test_reserve_after_loop_moves_the_training_end():
+def test_reserve_after_loop_moves_the_training_end_and_is_kept_from_the_final_evaluation():
     b = Budget(1000, 0.0, clock=FakeClock(0.0))
-    end = b.training_end()
+    end, final_eval = b.training_end(), b.time_for_final_eval()
     b.reserve_after_loop(30.0)
     assert b.training_end() == pytest.approx(end - 30.0)
+    # an upload after the export is not the final evaluation's to use when the last steps ran late
+    assert b.time_for_final_eval() == pytest.approx(final_eval - 30.0)
 
 
 def test_the_warmup_cap_is_reported_again_only_when_the_cap_changes():

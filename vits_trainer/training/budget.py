@@ -412,7 +412,7 @@ class Budget:
             + self.save_seconds()
             + self.export_seconds()
             + self.safety_seconds()
-            + sum(self._after_loop.values())
+            + self.after_loop_seconds()
         )
 
     def reserve_after_loop(self, seconds: float, what: str = "after") -> None:
@@ -420,6 +420,17 @@ class Budget:
         round's after-samples, the --push_to_hub upload), so the loop stops early enough for it; one
         amount per `what`, a later call replacing that one's."""
         self._after_loop[what] = max(0.0, float(seconds))
+
+    def after_loop_seconds(self) -> float:
+        """What is kept for the work after the loop's final export (reserve_after_loop)."""
+        return sum(self._after_loop.values())
+
+    def time_for_final_eval(self) -> float:
+        """Seconds left for the final evaluation once the rest of the final reserve is kept: the
+        checkpoint, the export, the work after it (an upload, a feedback round's samples), the margin."""
+        return self.remaining() - (
+            self.save_seconds() + self.export_seconds() + self.safety_seconds() + self.after_loop_seconds()
+        )
 
     # ---- decisions --------------------------------------------------------------------------------
 
@@ -500,7 +511,7 @@ class Budget:
             self.safety_seconds(),
         )
         seconds_per_epoch = samples_per_epoch / sps + evals_per_epoch * ev + saves_per_epoch * sv
-        after = sum(self._after_loop.values())
+        after = self.after_loop_seconds()
         # the stop rule's headroom: no step starts unless as much again would still fit, so training
         # ends at least this long before the final reserve (without it the plan promised a step or two
         # more than a run of slow steps makes)

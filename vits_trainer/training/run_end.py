@@ -48,11 +48,9 @@ class RunEnd:
                 "which stands for it"
             )
         elif stop_reason != "signal" and s.val_loaders:
-            # the last steps may have been slower than planned (a busy machine): the checkpoint and the
-            # export come first, the final evaluation only if it still fits
-            left = budget.remaining() - (
-                budget.save_seconds() + budget.export_seconds() + budget.safety_seconds()
-            )
+            # the last steps may have been slower than planned (a busy machine): the checkpoint, the
+            # export and the work after it come first, the final evaluation only if it still fits
+            left = budget.time_for_final_eval()
             if self.agreement.flag(left >= budget.eval_seconds()):
                 outputs.run_eval("final", export_best=False)
             else:
