@@ -144,6 +144,28 @@ def test_plan_counts_per_epoch_evals_and_saves():
     assert plan.seconds_per_epoch == pytest.approx(100.0 + 20.0 + 15.0)
 
 
+def test_the_plan_expects_the_evaluations_and_checkpoints_the_loop_makes():
+    """Each epoch-end evaluation or checkpoint comes once at least 10x its cost has passed since the last
+    (outputs.OVERHEAD_SHARE), and a checkpoint at least every --save_minutes."""
+    from types import SimpleNamespace
+
+    from vits_trainer.training.outputs import RunOutputs
+
+    budget = SimpleNamespace(eval_seconds=lambda: 20.0, save_seconds=lambda: 5.0)
+
+    def expected(epoch_seconds: float, val: bool = True, save_minutes: float = 30.0):
+        cfg = SimpleNamespace(save_minutes=save_minutes)
+        outputs = SimpleNamespace(
+            s=SimpleNamespace(budget=budget, val_loaders={"val": 0} if val else {}, cfg=cfg)
+        )
+        return RunOutputs.expected_per_epoch(outputs, epoch_seconds)
+
+    assert expected(600.0) == (1.0, 1.0)  # both fit at every epoch end
+    assert expected(100.0) == (0.5, 1.0)  # an evaluation every other epoch (20 s is 10 % of 200 s)
+    assert expected(3600.0) == (1.0, 2.0)  # an hour-long epoch: a checkpoint every 30 minutes
+    assert expected(100.0, val=False, save_minutes=0.5) == (0.0, 3.3333333333333335)
+
+
 def test_replan_follows_throughput_drift():
     b, clock = make_benchmarked()
     first = b.plan(3200, 16)

@@ -31,7 +31,7 @@ def test_the_loop_reads_the_device_once_per_step_and_once_per_metric_line(
     trainer = Trainer(build_session(cfg, time.time()))
     reads = HostReads()
     reads.active = False
-    step = trainer.optimizer_step
+    step = trainer.train_step
 
     def counted(*args, **kwargs):  # the optimiser step and all its bookkeeping, logging included
         reads.active = True
@@ -40,7 +40,7 @@ def test_the_loop_reads_the_device_once_per_step_and_once_per_metric_line(
         finally:
             reads.active = False
 
-    trainer.optimizer_step = counted
+    trainer.train_step = counted
     with reads:
         summary = trainer.train()
     assert summary["steps"] == steps

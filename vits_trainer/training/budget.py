@@ -3,8 +3,9 @@ schedule that follows it (`BudgetLR`) is in lr_schedule.py and only reads it.
 
 One `Budget` per process. It is counted from *process start* (the CLI passes
 ``psutil.Process().create_time()``), so model loading, the benchmark, evals, saves and the final export
-all live inside ``--target_hours``. The training loop asks `Budget.should_stop` before each optimizer
-step; the run then does its final eval + save + export, which `Budget.final_reserve` keeps room for.
+all live inside ``--target_hours``. The training loop asks `Budget.should_stop` before its first
+optimizer step, after each one and at each epoch end; the run then does its final eval + save + export,
+which `Budget.final_reserve` keeps room for.
 
 Typical loop::
 
@@ -469,8 +470,9 @@ class Budget:
     ) -> Plan:
         """Compute the session's plan from the throughput measured so far (call when the benchmark is done).
 
-        ``evals_per_epoch``/``saves_per_epoch``: intermediate evals/saves the loop will do per epoch; their
-        measured (or estimated) cost is added to the epoch time. The geometry is kept for `replan`. The
+        ``evals_per_epoch``/``saves_per_epoch``: the evals/saves the loop expects to make per epoch
+        (outputs.RunOutputs.expected_per_epoch); their measured (or estimated) cost is added to the epoch
+        time. The geometry is kept for `replan`. The
         horizon's first plan fixes ``planned_horizon_steps`` (the warmup cap); replans do not move it.
         """
         if samples_per_epoch <= 0 or batch_size_effective <= 0:

@@ -57,7 +57,10 @@ class TrainConfig:
     )
     max_steps: int = _f(0, "stop after this many optimiser steps in total (0 = the budget decides)")
     # --- optimisation ---
-    batch_size: int = _f(8, "clips per micro-batch (per process)")
+    batch_size: int = _f(
+        8,
+        "clips per loader batch (per process); how many go through the networks at once: --micro_batch_size",
+    )
     gradient_accumulation_steps: int = _f(
         4,
         "loader batches per optimiser step: batch_size x this (x processes) clips make the effective batch",

@@ -7,8 +7,8 @@ After each step the budget is told how long it took; once the benchmark samples 
 run is planned, and from then on it re-plans each epoch and stops at the last step boundary after
 which the final evaluation, checkpoint and export still fit before the deadline. Evaluations and
 checkpoints in between happen at epoch ends (skipped when they would cost more than ~10 % of the
-training time or no longer fit) and every --save_minutes. SIGINT/SIGTERM end the run the same way,
-minus the final evaluation: finish the step, save, export, exit 0.
+training time or no longer fit); checkpoints also every --save_minutes. SIGINT/SIGTERM end the run the
+same way, minus the final evaluation: finish the step, save, export, exit 0.
 """
 
 from __future__ import annotations
@@ -142,9 +142,9 @@ class Trainer:
             checkpoint_dir=session.checkpoint_dir,
         )
         self.outputs = RunOutputs(session, self.metrics, self.agreement, self.threads, self.micro.used)
-        self.recovery = Recovery(session, self.metrics, lambda: self.outputs.last_checkpoint, self.clip_ids)
+        self.recovery = Recovery(session, self.metrics, lambda: self.outputs.last_checkpoint)
         self.run_end = RunEnd(session, self.outputs, self.agreement)
-        self.accumulation = cfg.gradient_accumulation_steps  # loader batches per optimiser step
+        self.batches_per_step = cfg.gradient_accumulation_steps  # loader batches; micro-batches may differ
         self.data_wait = 0.0
         self.train_seconds = 0.0
         self.resumed_from_step = session.budget.global_step if session.resumed_from else None
@@ -187,20 +187,20 @@ class Trainer:
             wait = time.perf_counter() - t0
             self.data_wait += wait
             self.window.wait += wait
-            cycle_start = (b // self.accumulation) * self.accumulation
-            cycle_length = min(self.accumulation, n_batches - cycle_start)
+            cycle_start = (b // self.batches_per_step) * self.batches_per_step
+            cycle_length = min(self.batches_per_step, n_batches - cycle_start)
             pending.append(batch)
             b += 1
             if b - cycle_start < cycle_length:
                 continue  # the step's clips are gathered first, then cut into micro-batches
-            stop_reason = self.optimizer_step(pending, t_step, signals, progress, b, n_batches)
+            stop_reason = self.train_step(pending, t_step, signals, progress, b, n_batches)
             pending = []
             if stop_reason:
                 return stop_reason
             t_step = time.perf_counter()  # logging and saving are not part of the next step's time
         return None
 
-    def optimizer_step(
+    def train_step(
         self,
         pending: list[dict],
         t_step: float,
@@ -210,26 +210,15 @@ class Trainer:
         n_batches: int,
     ) -> str | None:
         """One optimiser step on a cycle's loader batches (`pending`, ending at batch `position` of the
-        epoch's `n_batches`), and its bookkeeping: the budget, the micro-batch trial, the compile
-        decision, the stop decision, logging and saving. The stop reason, if the run ends here."""
+        epoch's `n_batches`), then, in this order: its time measured (the budget counts the step), the stop
+        decision, the LR schedules and the run's counters, the plan and a metric line when due, an interval
+        checkpoint. The stop reason, if the run ends here."""
         s, cfg, budget, state = self.s, self.s.cfg, self.s.budget, self.s.state
         trial_size = self.micro.trial.current() if self.micro.trial is not None else None
         result, micro, clean = self.run_step(pending)
-        self.micro.last_micro = micro
-        now = time.perf_counter()
-        seconds = now - t_step
+        seconds = time.perf_counter() - t_step
         samples = sum(x["indices"].numel() for x in pending) * s.accelerator.num_processes
-        # a trial's steps count, but measure the run only once its size is chosen; compiling steps count,
-        # but are not a step's time either
-        measured = trial_size is None
-        if measured and self.compiler.decided:
-            full = samples == self.micro.step_clips * s.accelerator.num_processes
-            measured = self.compiler.observe(seconds, samples, clean and full)
-        budget.observe_step(seconds, samples, measured=measured)
-        if trial_size is not None and self.micro.trial is not None:
-            self.micro.observe_trial_step(trial_size, seconds, samples, clean)
-        if self.micro.trial is None and not self.compiler.decided:
-            self.begin_compile()
+        self.measure_step(seconds, samples, trial_size, micro, clean)
         save_due = time.time() - self.outputs.last_save >= cfg.save_minutes * 60
         stop_reason, save_now = self.stop_decision(
             signals, save_due and budget.can_afford(budget.save_seconds())
@@ -242,6 +231,34 @@ class Trainer:
         state.batch_in_epoch = position  # a checkpoint from here on resumes after this step
         self.recovery.after_step(result, pending)
         self.follow_load()
+        self.report_progress(progress, n_batches - position)
+        if save_now and not stop_reason:  # a stop saves anyway, at the end
+            self.outputs.save_checkpoint("interval")
+        return stop_reason
+
+    def measure_step(
+        self, seconds: float, samples: int, trial_size: int | None, micro: int, clean: bool
+    ) -> None:
+        """A step's time to the budget (which counts the step: `budget.global_step`), to the micro-batch
+        trial while it runs, or to the compile decision; that decision begins once the size is known."""
+        s, budget = self.s, self.s.budget
+        self.micro.last_micro = micro
+        # a trial's steps count, but measure the run only once its size is chosen; compiling steps count,
+        # but are not a step's time either
+        measured = trial_size is None
+        if measured and self.compiler.decided:
+            full = samples == self.micro.step_clips * s.accelerator.num_processes
+            measured = self.compiler.observe(seconds, samples, clean and full)
+        budget.observe_step(seconds, samples, measured=measured)
+        if trial_size is not None and self.micro.trial is not None:
+            self.micro.observe_trial_step(trial_size, seconds, samples, clean)
+        if self.micro.trial is None and not self.compiler.decided:
+            self.begin_compile()
+
+    def report_progress(self, progress: Progress, batches_left: int) -> None:
+        """The plan once the benchmark samples are measured, the warmup cap's line, and a metric line every
+        --log_every steps (or LOG_SECONDS, whichever comes first)."""
+        budget, cfg = self.s.budget, self.s.cfg
         if budget.current_plan is None and budget.benchmark_done():
             self.make_plan(progress)
         if self.warmup_reported is None:
@@ -250,11 +267,8 @@ class Trainer:
             budget.global_step % cfg.log_every == 0
             or time.perf_counter() - self.window.started >= LOG_SECONDS
         ):
-            self.log_step(progress, n_batches - position)
+            self.log_step(progress, batches_left)
             self.window = StepWindow()
-        if save_now and not stop_reason:  # a stop saves anyway, at the end
-            self.outputs.save_checkpoint("interval")
-        return stop_reason
 
     def run_step(self, pending: list[dict]):
         """The cycle's forward/backward passes and optimiser step, redone after an out-of-memory error
@@ -412,10 +426,6 @@ class Trainer:
             s.budget_lr.share_progress(progress)
         return {0: None, 1: "budget", 2: "signal", 3: "max_steps"}[code], want_save
 
-    def clip_ids(self, indices: list[torch.Tensor]) -> list[str]:
-        train = self.s.data.train
-        return [train.clip_id(int(i)) for t in indices for i in t.tolist()]
-
     def follow_load(self) -> None:
         """Fewer threads while other processes keep this run's CPUs busy, all of them again once they stop."""
         if self.cpu_share is None:
@@ -446,7 +456,9 @@ class Trainer:
     def make_plan(self, progress: Progress) -> None:
         s = self.s
         effective = self.micro.step_clips * s.accelerator.num_processes
-        plan = s.budget.plan(s.data.samples_per_epoch, effective)
+        rate = s.budget.samples_per_second()
+        evals, saves = self.outputs.expected_per_epoch(s.data.samples_per_epoch / rate if rate > 0 else 0.0)
+        plan = s.budget.plan(s.data.samples_per_epoch, effective, evals, saves)
         s.log(plan.describe())
         self.report_warmup_cap()
         progress.set_total(plan.optimizer_steps + (self.resumed_from_step or 0), s.budget.global_step)
@@ -472,7 +484,7 @@ class Trainer:
         self.metrics.write(record)
         if s.accelerator.trackers:
             s.accelerator.log(values, step=s.budget.global_step)
-        epoch_eta = batches_left / self.accumulation * s.budget.step_seconds()
+        epoch_eta = batches_left / self.batches_per_step * s.budget.step_seconds()
         progress.update(s.budget.global_step, values, s.budget, epoch_eta)
 
 

@@ -92,8 +92,8 @@ class RunOutputs:
         step = s.budget.global_step
         primary = next(iter(s.val_loaders))
         metric = s.cfg.best_metric
-        primary_mel = results.get(metric if primary == "val" else f"{primary}_{metric}")
-        improved = primary_mel is not None and (s.state.best_val is None or primary_mel < s.state.best_val)
+        score = results.get(metric if primary == "val" else f"{primary}_{metric}")
+        improved = score is not None and (s.state.best_val is None or score < s.state.best_val)
         record = {
             "event": "eval",
             "tag": tag,
@@ -108,7 +108,7 @@ class RunOutputs:
         if s.is_main and s.cfg.eval_samples:
             self.write_samples(step, spoken)
         if improved:
-            s.state.best_val, s.state.best_step = primary_mel, step
+            s.state.best_val, s.state.best_step = score, step
         s.log(
             f"eval ({tag}) step {step}: "
             + ", ".join(f"{k} {v:.4f}" for k, v in results.items())
@@ -295,6 +295,19 @@ class RunOutputs:
             speaker = int(items.speaker_ids[k]) if voices else None
             found.append(Sample(name, items.text(k), items.clip_id(k), speaker, names.get(speaker)))
         return tuple(found)
+
+    def expected_per_epoch(self, epoch_seconds: float) -> tuple[float, float]:
+        """(evaluations, checkpoints) to expect per epoch of `epoch_seconds` of training, for the plan: by
+        epoch_end_housekeeping's rule each costs at most OVERHEAD_SHARE of the time since the last one,
+        and a checkpoint comes at least every --save_minutes."""
+        s, budget = self.s, self.s.budget
+
+        def share(seconds: float) -> float:
+            return min(1.0, OVERHEAD_SHARE * epoch_seconds / seconds) if seconds > 0 else 1.0
+
+        evals = share(budget.eval_seconds()) if s.val_loaders else 0.0
+        interval = epoch_seconds / (60 * s.cfg.save_minutes) if s.cfg.save_minutes > 0 else 0.0
+        return evals, max(share(budget.save_seconds()), interval)
 
     def epoch_end_housekeeping(self) -> None:
         s, budget = self.s, self.s.budget

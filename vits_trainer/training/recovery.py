@@ -1,11 +1,13 @@
-"""Self-repair when training goes numerically wrong or runs out of GPU memory.
+"""Self-repair when training goes numerically wrong (`Recovery`, one part of loop.Trainer).
 
-- Non-finite steps are skipped by the step itself (no weights touched). After `--max_consecutive_skips`
-  of them in a row the run is stuck in a bad region: `Recovery` reloads the last good weights (the
-  newest checkpoint, else the weights the run started from), halves the learning rate and leaves
-  fp16 for bf16 (where supported) or fp32, and says so in one line (`Recovery`, one part of loop.Trainer).
-- Out-of-memory inside a step: the caller frees what it holds and retries the cycle with every batch
-  split in two (half the micro-batch, twice the accumulation: the same effective batch; microbatch.py).
+Non-finite steps are skipped by the step itself (no weights touched). After `--max_consecutive_skips`
+of them in a row the run is stuck in a bad region: `Recovery` reloads the last good weights (the newest
+checkpoint, else the weights the run started from), halves the learning rate and leaves fp16 for bf16
+(where supported) or fp32, and says so in one line.
+
+An out-of-memory error inside a step is not handled here: `Trainer.run_step` redoes the cycle with the
+smaller micro-batch that `MicroBatchPolicy.smaller_after_oom` (microbatch_choice.py) chooses.
+`is_out_of_memory` tells it such an error from others.
 """
 
 from __future__ import annotations
@@ -84,16 +86,12 @@ MIN_CALIBRATION_SCALE = 2.0**-4
 class Recovery:
     """Skipped steps and the recovery of a run (one part of loop.Trainer). Owns the weights the run
     started from (`initial_weights`, CPU copies): what a recovery falls back to before the first
-    checkpoint exists. `last_checkpoint()` is the newest complete checkpoint; `clip_ids(indices)`
-    names a step's clips in the log."""
+    checkpoint exists. `last_checkpoint()` is the newest complete checkpoint."""
 
-    def __init__(
-        self, session, metrics, last_checkpoint: Callable[[], Path | None], clip_ids: Callable
-    ) -> None:
+    def __init__(self, session, metrics, last_checkpoint: Callable[[], Path | None]) -> None:
         self.s = session
         self.metrics = metrics
         self.last_checkpoint = last_checkpoint
-        self.clip_ids = clip_ids
         self.initial_weights = (
             {k: v.detach().cpu().clone() for k, v in session.model.state_dict().items()},
             {k: v.detach().cpu().clone() for k, v in session.discriminator_raw.state_dict().items()},
@@ -106,7 +104,8 @@ class Recovery:
             s.state.consecutive_skips = 0
             return
         s.state.skipped_steps += 1
-        ids = self.clip_ids([x["indices"] for x in pending])
+        train = s.data.train  # the skipped step's clips, named in the log
+        ids = [train.clip_id(int(i)) for x in pending for i in x["indices"].tolist()]
         step = s.budget.global_step
         if result.overflow and result.scale_before >= MIN_CALIBRATION_SCALE:
             # fp16's loss scale was too high for these gradients: the scaler lowers it and the next

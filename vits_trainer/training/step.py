@@ -12,9 +12,10 @@ Order and bookkeeping, and why:
 - D runs once over [real; fake] and once over the fakes: with D's weights unchanged between the two,
   its features of the real segments in the first pass are feature matching's targets, and a
   second pass over them (a quarter of D's forward work, and its backward) would recompute them.
-- Gradient accumulation is driven by the loop (cycle position and length per call), so a cycle can
-  end early at an epoch boundary and the micro-batch can shrink after an out-of-memory error; DDP
-  gradient sync is suppressed with `accelerator.no_sync` on all but a cycle's last micro-batch.
+- Gradient accumulation is driven by the loop: each `micro_step` call says whether it is the cycle's
+  first micro-batch (clear the gradients), its last (step the optimisers) and its share of the cycle,
+  so a cycle can end early at an epoch boundary and the micro-batch can shrink after an out-of-memory
+  error; DDP gradient sync is suppressed with `accelerator.no_sync` on all but a cycle's last one.
 - One GradScaler serves both optimisers (fp16): unscale both, check, step both, update once.
   `AcceleratedOptimizer.step` would call `update()` after each optimiser, so the raw optimisers are
   stepped here instead.

@@ -38,7 +38,7 @@ class TrainState:
     batch_in_epoch: int = 0  # batches of the current epoch already trained (always a cycle boundary)
     epochs_completed: int = 0
     samples_seen: int = 0
-    best_val: float | None = None  # lowest validation mel loss so far
+    best_val: float | None = None  # lowest --best_metric value (on the first validation set) so far
     best_step: int | None = None
     skipped_steps: int = 0  # non-finite steps skipped (neither network updated)
     consecutive_skips: int = 0
