@@ -13,6 +13,7 @@ writes the final model (a plain transformers VitsModel folder) to training/final
 from __future__ import annotations
 
 import sys
+from functools import partial
 from pathlib import Path
 
 from vits_trainer.training.runtime import configure_threads, process_start_time
@@ -49,7 +50,7 @@ def main(argv: list[str] | None = None) -> int:
     from vits_trainer.training.resume_settings import resume_command
     from vits_trainer.training.session import build_session
 
-    session = build_session(cfg, PROCESS_START)
+    session = build_session(cfg, PROCESS_START, check_paths=partial(check_train_paths, settings_known=True))
     cfg = session.cfg  # a resumed run's settings come from its checkpoint
     summary = Trainer(session).train()
     log = session.log

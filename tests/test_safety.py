@@ -4,6 +4,7 @@ exit 2, before any work; every case is checked against a snapshot of the whole t
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import json
 import os
@@ -385,6 +386,62 @@ def test_real_runs_replace_only_their_own_exports(tmp_path, capsys, tone_corpus,
     assert summary["final_model"] is None
     assert (out / "my_notes.txt").read_text(encoding="utf-8") == "keep me"
     assert "my_notes.txt" in capsys.readouterr().out
+
+
+def other_runs_export(folder: Path, run: Path) -> None:
+    """A folder as another run's export leaves it: a file and the marker naming that run."""
+    folder.mkdir(parents=True)
+    (folder / "model.safetensors").write_bytes(b"the other run's weights")
+    write_marker(folder, "final_model", run, step=5)
+
+
+def test_a_resume_checks_its_own_output_folder_not_the_default_one(tmp_path, monkeypatch):
+    """`--resume auto --checkpoint_dir X` (the command a stopped run prints) takes --output_dir from the
+    checkpoint: the default folder holding another run's model does not stop it before the checkpoint
+    is read; the run's own folder is checked then (settings_known), and refused if another run's
+    model is there."""
+    from vits_trainer.errors import ArgumentParser
+    from vits_trainer.training.config import TrainConfig, add_arguments, parse_config
+
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "training").mkdir()
+    (tmp_path / "ck3" / "step_00000007").mkdir(parents=True)
+    other_runs_export(tmp_path / "training" / "final_model", tmp_path / "training" / "checkpoints")
+    parser = ArgumentParser()
+    add_arguments(parser, TrainConfig)
+    cfg = parse_config(parser, ["--resume", "auto", "--checkpoint_dir", "ck3"], TrainConfig)
+    check_train_paths(cfg)  # before the checkpoint is read: not the default folder's business
+    with pytest.raises(UserError, match="--overwrite_output_dir"):  # a new run there: refused up front
+        check_train_paths(parse_config(parser, ["--checkpoint_dir", "ck4"], TrainConfig))
+    restored = dataclasses.replace(cfg, output_dir="final3")  # what the checkpoint's settings say
+    check_train_paths(restored, settings_known=True)  # empty: fine
+    other_runs_export(tmp_path / "final3", tmp_path / "elsewhere")
+    with pytest.raises(UserError, match="exported by an earlier run"):
+        check_train_paths(restored, settings_known=True)
+
+
+def test_an_export_that_appears_during_a_run_is_not_replaced(tmp_path, capsys, tone_corpus, tiny_model_dir):
+    """Two runs given one --output_dir (other checkpoint folders) both start while it is empty; the one
+    that ends second keeps the other's model there and says where its own weights are."""
+    import time
+
+    from vits_trainer.training.loop import Trainer
+    from vits_trainer.training.session import build_session
+
+    out = tmp_path / "shared"
+    cfg = tiny_config(
+        tmp_path, tone_corpus, tiny_model_dir, max_steps=1, val_fraction=0.0, output_dir=str(out)
+    )
+    check_train_paths(cfg)
+    session = build_session(cfg, time.time())
+    other_runs_export(out, tmp_path / "other_checkpoints")  # the other run ended first
+    before = snapshot(out)
+    summary = Trainer(session).train()
+    assert summary["final_model"] is None
+    assert_unchanged(out, before)
+    line = next(x for x in capsys.readouterr().out.splitlines() if x.startswith("error:"))
+    assert "now holds a model exported by the run of --checkpoint_dir" in line
+    assert "the last good checkpoint is" in line and "step_00000001" in line
 
 
 def test_failed_input_checks_leave_no_folder_behind(tmp_path, tiny_model_dir):

@@ -234,6 +234,24 @@ def check_replaceable(folder: Path, flag: str = "") -> None:
         )
 
 
+def check_own_export(folder: Path, run: str | os.PathLike, flag: str) -> None:
+    """Raise UnsafeOverwrite when `folder` holds an export made by another run (another checkpoint dir):
+    one that appeared while this run trained (two runs given one --output_dir). A run replaces its own
+    export; another's only with --overwrite_output_dir, which the caller checks."""
+    marker = read_marker(folder)
+    if marker is None or marker.get("checkpoint_dir") == str(resolved(run)):
+        return  # not an export (check_replaceable decides), or this run's own
+    by = (
+        f"the run of --checkpoint_dir {marker['checkpoint_dir']}"
+        if marker.get("checkpoint_dir")
+        else "another run"
+    )
+    raise UnsafeOverwrite(
+        f"{flag} {folder}: now holds a model exported by {by}, which is kept (--overwrite_output_dir "
+        "replaces it)"
+    )
+
+
 def replace_export(tmp: Path, out_dir: Path) -> None:
     """Move the finished export `tmp` to `out_dir`, replacing an earlier export there (checked first)."""
     check_replaceable(out_dir)

@@ -395,8 +395,16 @@ def check_given_paths(cfg: TrainConfig) -> None:
         check_resume_path(cfg.resume)
 
 
-def check_train_paths(cfg: TrainConfig) -> None:
-    """train_vits.py: --data_dir is read; --checkpoint_dir and --output_dir are written and replaced."""
+def check_train_paths(cfg: TrainConfig, settings_known: bool = False) -> None:
+    """train_vits.py: --data_dir is read; --checkpoint_dir and --output_dir are written and replaced.
+    Called before torch loads, and again by the session once a resumed run's own folders are known
+    (`settings_known`): before, a resume that takes its --output_dir from its checkpoint is not checked
+    (the default folder may hold another run's model; the run's own is what matters)."""
+    resuming = cfg.resume != "none" and (
+        cfg.resume != "auto" or any(Path(cfg.checkpoint_dir).expanduser().glob("step_*"))
+    )
+    if not settings_known and resuming and cfg.explicit is not None and "output_dir" not in cfg.explicit:
+        return
     check_output_vs_data("--checkpoint_dir", cfg.checkpoint_dir, "--data_dir", cfg.data_dir)
     check_output_vs_data("--output_dir", cfg.output_dir, "--data_dir", cfg.data_dir)
     check_disjoint(

@@ -15,6 +15,7 @@ from pathlib import Path
 
 from ..safety import (
     UnsafeOverwrite,
+    check_own_export,
     check_replaceable,
     marker_step,
     read_marker,
@@ -70,6 +71,8 @@ class RunEnd:
         t0 = time.perf_counter()
         exported = None
         try:
+            if s.is_main and not getattr(s.cfg, "overwrite_output_dir", False):
+                check_own_export(s.output_dir, s.checkpoint_dir, "--output_dir")  # checked at start-up too
             exported = outputs.export(s.output_dir)
         except (OSError, UnsafeOverwrite) as err:
             s.log(

@@ -164,9 +164,11 @@ def build_session(
     cfg: TrainConfig,
     process_start: float,
     data_fn: Callable | None = None,
+    check_paths: Callable[[TrainConfig], None] | None = None,
 ) -> Session:
     """Set up a run from `cfg`. `data_fn(cfg, store, text, speakers, hop, val_ids, log) -> DataSplit`
     replaces the default split (train_feedback.py mixes feedback and replay clips there).
+    `check_paths(cfg)`: the folder checks, again with a resumed run's own settings (train_vits.py).
 
     The main process first locks --checkpoint_dir (one run per folder) and keeps the lock in the
     session; a resumed run then takes its settings from its checkpoint (resume_settings.py).
@@ -187,6 +189,8 @@ def build_session(
             trainer_state = ckpt.json("trainer_state.json") if ckpt is not None else {}
             if ckpt is not None:
                 cfg = restore_settings(cfg, trainer_state.get("config"), log, source=ckpt.path.name)
+            if check_paths is not None:
+                check_paths(cfg)
             check_inputs(cfg, resumed=ckpt is not None)
             if ckpt is not None and main:  # resumed from another folder's checkpoint: its history too
                 carry_history(ckpt.path.parent, checkpoint_dir, ckpt.step, ckpt.manifest["created"], log)
