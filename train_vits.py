@@ -94,6 +94,9 @@ def best_model_words(summary: dict) -> str:
         return "no best model (no validation)"
     if summary.get("best_model_not_exported"):
         return f"no best model (the best weights, step {summary['best_step']}, were not exported: {summary['best_model_not_exported']})"
+    if summary.get("last_eval_step") == summary["best_step"]:  # e.g. stopped before an epoch ended
+        why = summary.get("final_eval_skipped") or "none ran"
+        return f"no best model (no evaluation since step {summary['best_step']}: {why})"
     return f"no best model (no evaluation of the trained weights beat the one at step {summary['best_step']})"
 
 

@@ -178,7 +178,8 @@ def test_signal_before_any_improvement_names_no_best_model(
     written = json.loads((tmp_path / "checkpoints" / "train_summary.json").read_text())
     assert written["best_model"] is None
     words = best_model_words(summary)
-    assert "best_model" not in words and words.startswith("no best model")
+    assert summary["last_eval_step"] == 0  # and it names no evaluation that did not happen
+    assert words == "no best model (no evaluation since step 0: stopped by a signal)"
 
 
 def test_best_model_is_named_when_it_was_exported(tmp_path, tiny_model_dir, tone_corpus):

@@ -170,6 +170,7 @@ class RunEnd:
             "best_val_loss": state.best_val,  # of best_metric, which picks best_model
             "best_metric": s.cfg.best_metric,
             "best_step": state.best_step,
+            "last_eval_step": max((r["step"] for r in state.val_history), default=None),
             # the evaluation of the final weights only; never an earlier one standing in for it
             "final_val": outputs.last_val if final_scored else None,
             "final_eval_skipped": None if final_scored else self.final_eval_skipped or "not run",
