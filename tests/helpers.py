@@ -131,3 +131,10 @@ def two_cpu_processes(script: Path, port: int) -> list[str]:
         str(port),
         str(script),
     ]
+
+
+def all_finite(*modules) -> bool:
+    """Every parameter of `modules` is finite (no NaN/Inf reached the weights)."""
+    import torch
+
+    return all(bool(torch.isfinite(p).all()) for m in modules for p in m.parameters())

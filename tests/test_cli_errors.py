@@ -39,6 +39,11 @@ def make_cases(tmp: Path, corpus: Path, model: Path) -> dict[str, tuple[list[str
             "could not be fetched from the Hugging Face hub",
         ),
         "unknown resume path": ([*ok, "--resume", str(tmp / "no_ckpt")], "no such checkpoint folder"),
+        # a prefix is no longer taken for the flag it begins (it named another setting than meant)
+        "a flag's prefix": (
+            [*ok, "--target_hour", "1"],
+            "unrecognized flag --target_hour; did you mean --target_hours?",
+        ),
     }
 
 
@@ -105,3 +110,31 @@ def test_half_precision_without_a_gpu_falls_back_with_a_warning(flag):
         assert got == "no" and lines and "needs a CUDA GPU" in lines[0]
     else:  # CPU autocast supports bf16
         assert got == "bf16" and not lines
+
+
+def test_a_misspelt_flag_is_named_with_the_one_meant_before_a_missing_one(capsys):
+    """In-process (argument parsing only): the misspelt flag comes first, with its likely meaning, not
+    argparse's 'the following arguments are required' for the flag it was meant to be."""
+    import prepare_data
+    import train_vits
+    from vits_trainer import speak
+    from vits_trainer.errors import run_cli
+
+    cases = [
+        (prepare_data.main, ["--sorce", "corpus"], "unrecognized flag --sorce; did you mean --source?"),
+        (
+            train_vits.main,
+            ["--model-name", "m", "--data-dir", "d"],
+            "unrecognized flag --model-name; did you mean --model_name?",
+        ),
+        (
+            train_vits.main,
+            ["--resume=auto", "--lerning_rate", "1"],
+            "unrecognized flag --lerning_rate; did you mean --learning_rate?",
+        ),
+        (speak.main, ["--modle", "x"], "unrecognized flag --modle; did you mean --model?"),
+        (train_vits.main, ["--zzzz"], "unrecognized flag --zzzz (see --help)"),
+    ]
+    for main, argv, expected in cases:
+        assert run_cli(main, argv) == 2
+        assert expected in capsys.readouterr().err, argv

@@ -15,8 +15,7 @@ import pytest
 import torch
 from transformers import VitsModel
 
-from tests.helpers import PYTHON, ROOT, cli_args, cli_settings, make_kl_infinite, train_tiny
-from vits_trainer.training.recovery import all_finite
+from tests.helpers import PYTHON, ROOT, all_finite, cli_args, cli_settings, make_kl_infinite, train_tiny
 from vits_trainer.training.runtime import native_bf16
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")

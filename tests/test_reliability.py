@@ -26,6 +26,7 @@ from tests.helpers import (
     PYTHON,
     ROOT,
     TINY_SETTINGS,
+    all_finite,
     cli_args,
     cli_settings,
     make_kl_infinite,
@@ -35,7 +36,6 @@ from tests.helpers import (
 from vits_trainer.errors import UserError
 from vits_trainer.training.checkpoint import list_checkpoints, write_checkpoint
 from vits_trainer.training.loop import Trainer
-from vits_trainer.training.recovery import all_finite
 from vits_trainer.training.session import build_session
 from vits_trainer.training.step import GanStep
 

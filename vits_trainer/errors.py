@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import difflib
 import sys
 import textwrap
 from collections.abc import Callable
@@ -42,11 +43,31 @@ class HelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
 
 class ArgumentParser(argparse.ArgumentParser):
     """argparse with every meaningful default in --help, and its errors as one `error:` line (no
-    usage dump)."""
+    usage dump). A flag must be spelt out: a prefix (`--target_hour`) is not taken for the flag it
+    begins, and a flag it does not know is named first, with the one that was probably meant."""
 
     def __init__(self, *args, **kwargs):
         kwargs.setdefault("formatter_class", HelpFormatter)
+        kwargs.setdefault("allow_abbrev", False)
         super().__init__(*args, **kwargs)
+
+    def parse_known_args(self, args=None, namespace=None):
+        args = sys.argv[1:] if args is None else list(args)
+        self._check_flag_names(args)  # before argparse, which reports a missing required flag first
+        return super().parse_known_args(args, namespace)
+
+    def _check_flag_names(self, args: list[str]) -> None:
+        known = [s for s in self._option_string_actions if s.startswith("--")]
+        for token in args:
+            if token == "--":
+                break
+            name = token.split("=", 1)[0]
+            if not name.startswith("--") or name in self._option_string_actions:
+                continue
+            underscored = "--" + name[2:].replace("-", "_")
+            close = [underscored] if underscored in known else difflib.get_close_matches(name, known, n=1)
+            hint = f"; did you mean {close[0]}?" if close else ""
+            self.error(f"unrecognized flag {name}{hint}")
 
     def error(self, message: str):
         raise UserError(f"{message} (see --help)")

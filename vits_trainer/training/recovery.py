@@ -74,10 +74,6 @@ def restore_weights(
         discriminator.load_state_dict(discriminator_state, strict=True)
 
 
-def all_finite(*modules: torch.nn.Module) -> bool:
-    return all(bool(torch.isfinite(p).all()) for m in modules for p in m.parameters())
-
-
 # fp16 gradient overflows while the loss scale is at least this are the scaler's own calibration; below
 # it the gradients overflow fp16 even unscaled, which counts toward a recovery (out of fp16)
 MIN_CALIBRATION_SCALE = 2.0**-4
