@@ -130,7 +130,7 @@ def test_bad_clips_are_skipped_and_reported(corpus: Path) -> None:
     assert set(reasons) == {bad, gone, empty}
     assert "missing" in reasons[gone] and "unreadable" in reasons[bad] and "empty" in reasons[empty]
     assert bad not in store2.ids and gone not in store2.ids
-    assert any("3 clip(s) skipped" in m for m in logs)
+    assert any("3 clip(s) could not be read and are skipped" in m for m in logs)
     # the surviving clips are unchanged
     for clip_id in store2.ids:
         np.testing.assert_array_equal(

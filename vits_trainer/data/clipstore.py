@@ -383,7 +383,7 @@ def _open_cache(
     report.skipped = [(s[0], s[1]) for s in index["skipped"]]
     report.resampled = int(index["resampled"])
     if report.cache_hit and report.skipped:
-        log(f"warning: {len(report.skipped)} clip(s) skipped (cached result; fix the wavs to rebuild)")
+        log(_skipped_line(report.skipped, " (as the clip cache recorded them; fixed wavs rebuild it)"))
     nbytes = int(offsets[-1]) * BYTES_PER_SAMPLE
     hours = int(offsets[-1]) / sample_rate / 3600
     log(f"{len(index['ids'])} clips, {hours:.2f} hours, {_gb(nbytes)} as int16")
@@ -431,8 +431,14 @@ def _log_build_summary(report: LoadReport, sample_rate: int, log: Log) -> None:
             f"loading; run prepare_data.py to convert them once instead"
         )
     if report.skipped:
-        first = "; ".join(f"{i}: {why}" for i, why in report.skipped[:3])
-        log(f"warning: {len(report.skipped)} clip(s) skipped ({first})")
+        log(_skipped_line(report.skipped))
+
+
+def _skipped_line(skipped: list[tuple[str, str]], note: str = "") -> str:
+    """The one warning for clips that could not be read: how many, the first three and why."""
+    first = "; ".join(f"{i}: {why}" for i, why in skipped[:3])
+    more = f"; {len(skipped) - 3} more" if len(skipped) > 3 else ""
+    return f"warning: {len(skipped)} clip(s) could not be read and are skipped ({first}{more}){note}"
 
 
 def _build_cache(

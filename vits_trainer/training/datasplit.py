@@ -120,9 +120,7 @@ def describe_data(data: DataSplit, report, log) -> None:
         + ", ".join(f"{len(v)} {k}" for k, v in data.val_sets.items())
         + f"; loaded in {report.seconds:.1f} s ({_cache_word(report)}, "
         f"{'RAM' if report.in_ram else 'memory-mapped'})"
-    )
-    if report.skipped:
-        log(f"warning: {len(report.skipped)} clip(s) could not be read and are skipped")
+    )  # clips that could not be read were named when the clip store was loaded
 
 
 def make_loaders(

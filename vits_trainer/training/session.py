@@ -354,7 +354,10 @@ def _describe_start(accelerator, precision: str, model, model_source: str, ckpt,
             log(note)
     log(f"model: {model_source} ({sum(p.numel() for p in model.parameters()) / 1e6:.1f} M parameters)")
     if ckpt is not None:
-        log(f"resuming from {ckpt.path.name} (step {ckpt.step}); --model_name is not used on resume")
+        log(
+            f"resuming from {ckpt.path.name} (step {ckpt.step}): the weights are the checkpoint's; "
+            "--model_name names the base model the run started from"
+        )
 
 
 def _make_optimizers(
