@@ -197,8 +197,12 @@ def main(argv: list[str] | None = None) -> int:
     width = max(len(f"total ({files})"), *(len(str(s.path)) for s in sentences))
     for sentence, token_ids in zip(sentences, ids, strict=True):
         dropped = synthesis.unknown_characters(voice, sentence.text)
-        if dropped:
-            print(f"note: {sentence.where}: not in the vocabulary, not spoken: {dropped!r}", flush=True)
+        if dropped:  # each character apart: run together they read like a word
+            shown = " ".join(repr(c) for c in dropped)
+            print(
+                f"note: {sentence.where} ({sentence.path.name}): not in the vocabulary, not spoken: {shown}",
+                flush=True,
+            )
         take = synthesis.speak(voice, token_ids, speaker_id, args.seed, args.speaking_rate)
         write_wav(sentence.path, take.waveform, take.sampling_rate)  # a new file, or --overwrite
         total_audio += take.seconds_of_audio
