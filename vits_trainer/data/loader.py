@@ -8,6 +8,8 @@ int16 audio into float32 once, per batch.
 from __future__ import annotations
 
 import functools
+import os
+import signal
 import sys
 from typing import Any
 
@@ -69,6 +71,17 @@ def collate_batch(items: list[dict[str, Any]], pad: PadLengths | None = None) ->
     }
 
 
+def leave_stop_signals(worker_id: int) -> None:
+    """A DataLoader worker leaves Ctrl-C and SIGTERM to the main process, which finishes its step and
+    saves. A terminal's Ctrl-C (or `timeout`, `kill -- -PGID`) reaches every process of the group: a
+    worker killed by it ended the run with a traceback, unsaved, and one that kept the main process's
+    handler (inherited through fork) printed the stop line again. So each worker gets a process group
+    of its own, and ignores SIGINT sent to it alone. SIGTERM keeps torch's handler: the main process's
+    own terminate() at shutdown ends a worker quietly."""
+    os.setpgrp()
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+
+
 def make_loader(
     items: TrainingItems,
     batch_sampler: BucketBatchSampler,
@@ -81,7 +94,7 @@ def make_loader(
     extra: dict[str, Any] = {}
     if num_workers > 0:
         # a few batches ahead per worker hides collation; more only costs pinned RAM
-        extra = {"persistent_workers": True, "prefetch_factor": 4}
+        extra = {"persistent_workers": True, "prefetch_factor": 4, "worker_init_fn": leave_stop_signals}
         if sys.platform == "linux":
             # fork shares the preloaded audio copy-on-write; spawn/forkserver (Python 3.14's default)
             # would pickle a full copy of it into every worker
