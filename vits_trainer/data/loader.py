@@ -78,7 +78,8 @@ def leave_stop_signals(worker_id: int) -> None:
     handler (inherited through fork) printed the stop line again. So each worker gets a process group
     of its own, and ignores SIGINT sent to it alone. SIGTERM keeps torch's handler: the main process's
     own terminate() at shutdown ends a worker quietly."""
-    os.setpgrp()
+    if hasattr(os, "setpgrp"):  # POSIX
+        os.setpgrp()
     signal.signal(signal.SIGINT, signal.SIG_IGN)
 
 
