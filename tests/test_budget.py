@@ -408,6 +408,7 @@ def test_warmup_is_capped_from_the_first_estimate_then_by_the_plan():
     run_steps(b, clock, 1, seconds=0.5, samples=16)  # the first measured step: ~7,000 steps fit
     first_cap = lr.effective_warmup_steps
     assert 600 < first_cap < 720 and lr.warmup_capped
+    assert "optimizer steps estimated before the plan; using" in lr.warmup_message()  # not "planned" yet
     assert lr.factor(b.global_step) == pytest.approx((b.global_step + 1) / first_cap)
     run_steps(b, clock, 3, seconds=0.5, samples=16)
     assert b.benchmark_done()
@@ -416,6 +417,7 @@ def test_warmup_is_capped_from_the_first_estimate_then_by_the_plan():
     assert lr.warmup_capped
     msg = lr.warmup_message()
     assert msg is not None and "5,000" in msg and f"{lr.effective_warmup_steps:,}" in msg
+    assert f"{b.planned_horizon_steps:,} planned optimizer steps" in msg
     # A later replan does not move the cap.
     run_steps(b, clock, 200, seconds=1.0, samples=16)
     b.replan()

@@ -422,6 +422,11 @@ class Budget:
         amount per `what`, a later call replacing that one's."""
         self._after_loop[what] = max(0.0, float(seconds))
 
+    @property
+    def horizon_estimated(self) -> bool:
+        """planned_horizon_steps is the first estimate's (from the start evaluation), not yet a plan's."""
+        return self._horizon_provisional
+
     def after_loop_seconds(self) -> float:
         """What is kept for the work after the loop's final export (reserve_after_loop)."""
         return sum(self._after_loop.values())

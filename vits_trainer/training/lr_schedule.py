@@ -74,10 +74,16 @@ class BudgetLR:
         """The line to print when the warmup was capped (a flag is never silently ignored)."""
         if not self.warmup_capped:
             return None
+        # before the plan, the step count is the start evaluation's rough estimate
+        steps = (
+            "optimizer steps estimated before the plan"
+            if self.budget.horizon_estimated
+            else "planned optimizer steps"
+        )
         return (
             f"warmup capped: --warmup_steps {self.warmup_steps:,} is more than "
-            f"{self.max_warmup_fraction:.0%} of the {self.budget.planned_horizon_steps:,} planned optimizer "
-            f"steps; using {self.effective_warmup_steps:,}"
+            f"{self.max_warmup_fraction:.0%} of the {self.budget.planned_horizon_steps:,} {steps}; "
+            f"using {self.effective_warmup_steps:,}"
         )
 
     def factor(self, optimizer_step: int) -> float:
