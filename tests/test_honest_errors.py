@@ -6,6 +6,7 @@ and exit 2 from the real CLIs; a damaged checkpoint met mid-run by a recovery is
 from __future__ import annotations
 
 import json
+import re
 import shutil
 import subprocess
 import time
@@ -80,6 +81,33 @@ def test_truncated_model_file_is_one_error_line(tmp_path, tiny_model_dir, tone_c
     one_error_line(
         train_feedback(tmp_path, tone_corpus, broken), "--base_model", "model.safetensors is damaged"
     )
+    assert not (tmp_path / "fb").exists()
+
+
+def test_another_models_folder_or_a_broken_config_is_one_error_line(tmp_path, tiny_model_dir, tone_corpus):
+    """A folder of another architecture, a config.json that is not JSON, a model without its tokenizer:
+    each one line naming the flag (train_feedback.py failed inside transformers' tokenizer)."""
+    from vits_trainer.errors import UserError
+    from vits_trainer.training.modelfolder import check_model_folder
+
+    def variant(name: str, change) -> Path:
+        folder = tmp_path / name
+        shutil.copytree(tiny_model_dir, folder)
+        change(folder)
+        return folder
+
+    bert = variant("bert", lambda f: (f / "config.json").write_text('{"model_type": "bert"}'))
+    broken = variant("broken", lambda f: (f / "config.json").write_text("not json"))
+    no_vocab = variant("no_vocab", lambda f: (f / "vocab.json").unlink())
+    for folder, expected in (
+        (bert, "not a VITS model (its config.json says model_type 'bert')"),
+        (broken, "its config.json cannot be read (Expecting value"),
+        (no_vocab, "no vocab.json"),
+    ):
+        with pytest.raises(UserError, match=re.escape(expected)):
+            check_model_folder(folder, "--base_model")
+    check_model_folder(tiny_model_dir, "--base_model")  # a real one passes
+    one_error_line(train_feedback(tmp_path, tone_corpus, bert), "--base_model", "not a VITS model")
     assert not (tmp_path / "fb").exists()
 
 

@@ -8,6 +8,7 @@ a model folder until something reads its (differently named) weights or tokenize
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 from ..errors import UserError
@@ -49,3 +50,13 @@ def check_model_folder(folder: Path, flag: str) -> None:
                 f"{flag} {folder}: {weights.name} is damaged or incomplete ({err}); copy the model folder "
                 f"again (or export it again)"
             ) from None
+    # another architecture's folder, or a broken config, failed inside transformers' tokenizer
+    try:
+        config = json.loads((folder / "config.json").read_text(encoding="utf-8"))
+    except (OSError, ValueError) as err:
+        raise UserError(f"{flag} {folder}: its config.json cannot be read ({err})") from None
+    kind = config.get("model_type") if isinstance(config, dict) else None
+    if kind != "vits":
+        raise UserError(f"{flag} {folder}: not a VITS model (its config.json says model_type {kind!r})")
+    if not (folder / "vocab.json").is_file():
+        raise UserError(f"{flag} {folder}: no vocab.json (the tokenizer every VITS model folder carries)")

@@ -354,10 +354,7 @@ def _describe_start(accelerator, precision: str, model, model_source: str, ckpt,
             log(note)
     log(f"model: {model_source} ({sum(p.numel() for p in model.parameters()) / 1e6:.1f} M parameters)")
     if ckpt is not None:
-        log(
-            f"resuming from {ckpt.path.name} (step {ckpt.step}): the weights are the checkpoint's; "
-            "--model_name names the base model the run started from"
-        )
+        log(f"resuming from {ckpt.path.name} (step {ckpt.step}): the weights are the checkpoint's")
 
 
 def _make_optimizers(
