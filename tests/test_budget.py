@@ -718,10 +718,16 @@ def test_the_warmup_cap_is_reported_again_only_when_the_cap_changes():
     lr.warmup_message = lambda: (
         f"warmup capped: {lr.planned} planned steps; using {lr.effective_warmup_steps}"
     )
-    trainer = SimpleNamespace(s=SimpleNamespace(budget_lr=lr, log=lines.append), warmup_reported=None)
+    trainer = SimpleNamespace(
+        s=SimpleNamespace(budget_lr=lr, log=lines.append), warmup_reported=None, resumed_from_step=None
+    )
     Trainer.report_warmup_cap(trainer)
     lr.planned = 22  # a re-plan: another step count, the same cap
     Trainer.report_warmup_cap(trainer)
     lr.planned, lr.effective_warmup_steps = 50, 5
     Trainer.report_warmup_cap(trainer)
     assert lines == ["warmup capped: 23 planned steps; using 2", "warmup capped: 50 planned steps; using 5"]
+    # a session resumed after the warmup ended: the first session's cap is no news
+    trainer.warmup_reported, trainer.resumed_from_step = None, 57
+    Trainer.report_warmup_cap(trainer)
+    assert len(lines) == 2 and trainer.warmup_reported == 5

@@ -19,6 +19,7 @@ def make_cases(tmp: Path, corpus: Path, model: Path) -> dict[str, tuple[list[str
     (junk / "wavs").mkdir(parents=True)
     (junk / "metadata.csv").write_text("only-one-field\n\n||\n", encoding="utf-8")
     ok = ["--data_dir", str(corpus), "--model_name", str(model)]
+    (tmp / "a_run" / "step_00000003").mkdir(parents=True)  # a run's checkpoint folder, given as --resume
     return {
         "zero budget": ([*ok, "--target_hours", "0"], "--target_hours must be positive"),
         "negative budget": ([*ok, "--target_hours", "-2"], "--target_hours must be positive"),
@@ -39,6 +40,10 @@ def make_cases(tmp: Path, corpus: Path, model: Path) -> dict[str, tuple[list[str
             "could not be fetched from the Hugging Face hub",
         ),
         "unknown resume path": ([*ok, "--resume", str(tmp / "no_ckpt")], "no such checkpoint folder"),
+        "resume names the run's folder": (
+            [*ok, "--resume", str(tmp / "a_run")],
+            f"holds checkpoints, it is not one; pass its newest, --resume {tmp / 'a_run' / 'step_00000003'}",
+        ),
         # a prefix is no longer taken for the flag it begins (it named another setting than meant)
         "a flag's prefix": (
             [*ok, "--target_hour", "1"],

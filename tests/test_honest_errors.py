@@ -308,3 +308,17 @@ def test_a_best_model_a_users_file_kept_out_is_named_as_not_exported(tmp_path, t
         words.startswith("no best model (the best weights, step 3, were not exported: ")
         and "notes.txt" in words
     )
+
+
+def test_a_resumed_run_already_at_max_steps_says_why_it_trains_nothing(
+    tmp_path, tiny_model_dir, tone_corpus, capsys
+):
+    """A resumed run keeps the --max_steps its run was given: one already reached trains no step, and the
+    log says so instead of a silent zero-step session."""
+    run = dict(max_steps=2, val_fraction=0.0)
+    _, first = train_tiny(tmp_path, tone_corpus, tiny_model_dir, **run)
+    capsys.readouterr()
+    _, second = train_tiny(tmp_path, tone_corpus, tiny_model_dir, **run)
+    assert first["steps"] == second["steps"] == 2 and second["stopped_reason"] == "max_steps"
+    out = capsys.readouterr().out
+    assert "max_steps: step 2 is --max_steps 2 already: no training step (--max_steps 0 lets" in out

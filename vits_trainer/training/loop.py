@@ -332,6 +332,11 @@ class Trainer:
                 f"~{weighed['next_step_seconds']:.0f} s with its headroom, the final evaluation, save and "
                 f"export ~{weighed['final_reserve_seconds']:.0f} s)"
             )
+        elif stop_reason == "max_steps":  # a resumed run keeps the --max_steps its run was given
+            s.log(
+                f"max_steps: step {budget.global_step} is --max_steps {s.cfg.max_steps} already: no training "
+                "step (--max_steps 0 lets the budget decide)"
+            )
         return stop_reason
 
     def write_session_record(self, started: float) -> None:
@@ -450,7 +455,9 @@ class Trainer:
         message = self.s.budget_lr.warmup_message()
         cap = self.s.budget_lr.effective_warmup_steps
         if message and cap != self.warmup_reported:
-            self.s.log(message)
+            resumed_after_warmup = self.resumed_from_step is not None and self.resumed_from_step >= cap
+            if not resumed_after_warmup:  # an earlier session's warmup is no news
+                self.s.log(message)
             self.warmup_reported = cap
 
     def make_plan(self, progress: Progress) -> None:

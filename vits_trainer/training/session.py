@@ -117,6 +117,11 @@ def find_checkpoint(cfg: TrainConfig, checkpoint_dir: Path, log) -> LoadedCheckp
             )
         return LoadedCheckpoint(path, manifest) if path is not None else None
     path = check_resume_path(cfg.resume)
+    inside = list_checkpoints(path)
+    if inside:  # the folder of a run's checkpoints, not one of them
+        raise UserError(
+            f"--resume {cfg.resume}: holds checkpoints, it is not one; pass its newest, --resume {inside[0]}"
+        )
     try:
         manifest = verify_checkpoint(path)
     except Exception as err:
