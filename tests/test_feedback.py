@@ -527,6 +527,29 @@ def test_a_rerecorded_validation_sentence_is_evaluated_never_trained(tmp_path, l
     assert any("say sentences of the original validation split" in line for line in lines)
 
 
+def test_feedback_clips_left_out_are_in_the_report_and_warned_about_once(tmp_path, light_base, feedback_dir):
+    """A metadata.csv line naming no clip, and a clip whose audio cannot be read: each warned about once,
+    and recorded for feedback_report.json (unusable_feedback_lines, dropped_feedback_clips)."""
+    import shutil
+
+    feedback = tmp_path / "feedback"
+    shutil.copytree(feedback_dir, feedback, ignore=shutil.ignore_patterns("cache"))
+    (feedback / "wavs" / "fbbroken.wav").write_bytes(b"not audio")
+    with open(feedback / "metadata.csv", "a") as f:
+        f.write("fbempty||0\nfbbroken|abc def|0\n")
+    cfg = feedback_cfg(tmp_path / "out", light_base, feedback)
+    lines: list[str] = []
+    run = FeedbackRun(cfg, time.time(), lines.append)
+    run.inputs = check_feedback_inputs(cfg, lines.append)
+    store, _ = load_clip_store(light_base["data"], 16000, log=lines.append, progress=False)
+    run.data_fn(cfg, store, run.inputs.text, {"0": 0}, 256, None, lines.append)
+    assert [line for line in lines if "unusable line" in line] == [
+        f"warning: {feedback / 'metadata.csv'}: 1 unusable line(s) ignored (line 13: empty id or text)"
+    ]
+    assert run.info["unusable_feedback_lines"] == [[13, "empty id or text"]]
+    assert [d[0] for d in run.info["dropped_feedback_clips"]] == ["fbbroken"]
+
+
 def test_combined_items_and_replay_sampler_across_ranks(light_base, feedback_dir):
     from vits_trainer.data.items import CombinedItems, build_items
     from vits_trainer.data.sampler import BucketBatchSampler, ReplayBatchSampler

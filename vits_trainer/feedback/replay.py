@@ -76,12 +76,9 @@ def check_feedback_inputs(cfg: FeedbackConfig, log) -> Inputs:
                 f"--data_dir {prepared}, then --feedback_dir {prepared}"
             )
         raise UserError(f"--feedback_dir {feedback}: no {METADATA_NAME} ({how})")
-    rows, problems = read_metadata(feedback / METADATA_NAME)
+    rows, _ = read_metadata(feedback / METADATA_NAME)  # its unusable lines: warned about when it loads
     if not rows:
         raise UserError(f"--feedback_dir {feedback}: {METADATA_NAME} lists no clips")
-    if problems:
-        first = "; ".join(f"line {n}: {why}" for n, why in problems[:3])
-        log(f"warning: {feedback / METADATA_NAME}: {len(problems)} unusable line(s) ignored ({first})")
 
     from ..data.text import TextEncoder
 
@@ -274,7 +271,7 @@ class FeedbackData:
         orig_val, dropped_val = build_items(store, orig_val_idx, text.encode, speakers, hop, log=log)
 
         with _main_process_first():
-            fb_store, _ = load_clip_store(
+            fb_store, fb_report = load_clip_store(
                 Path(cfg.feedback_dir), store.sample_rate, max_ram_gb=cfg.max_ram_gb, log=log, progress=False
             )
         add_feedback_speakers(speakers, fb_store.speakers, self.inputs.num_speakers, log)
@@ -315,7 +312,10 @@ class FeedbackData:
             log(
                 "warning: no original validation clips: forgetting cannot be measured, the run cannot be promoted"
             )
-        self.info["dropped_feedback_clips"] = [list(d) for d in dropped_fb]
+        # every feedback clip given and not used, with why: unusable for training, or unreadable audio;
+        # and metadata.csv lines that name no clip (both were warned about as they were found)
+        self.info["dropped_feedback_clips"] = [list(d) for d in [*dropped_fb, *fb_report.skipped]]
+        self.info["unusable_feedback_lines"] = [list(p) for p in fb_report.metadata_problems]
         self.info["replay"] = {"ratio": cfg.replay_ratio, "per_epoch": replay_count, "pool": len(replay_pool)}
         self.info["original_validation_clips"] = len(orig_val)
         log(

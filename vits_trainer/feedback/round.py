@@ -396,6 +396,7 @@ class FeedbackRun(FeedbackData):
             "replay": self.info.get("replay"),
             "unknown_characters": self.info.get("unknown_characters", {}),
             "dropped_feedback_clips": self.info.get("dropped_feedback_clips", []),
+            "unusable_feedback_lines": self.info.get("unusable_feedback_lines", []),
             "samples": {
                 "before": str(self.version / "samples" / "before"),
                 "after": str(self.version / "samples" / "after"),
