@@ -9,7 +9,9 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
+import re
 import shlex
+import shutil
 import signal
 import subprocess
 import time
@@ -468,6 +470,44 @@ def test_bad_input_is_one_error_line_and_writes_nothing(tmp_path, tiny_model_dir
         "nothing_usable": "none of its 2 clip(s) is usable",
     }[case] in errors[0]
     assert not out.exists()
+
+
+def test_a_wrong_base_model_folder_names_the_one_to_pass(tmp_path, tiny_model_dir):
+    """The usual wrong guesses for --base_model, each one line, checked before the folders' overlaps
+    (the data folder as the base once said the output folder must not be inside it)."""
+    from types import SimpleNamespace
+
+    from vits_trainer.feedback.config import check_base_model_folder, check_feedback_paths
+
+    root = tmp_path / "feedback_models"
+    (root / "v1").mkdir(parents=True)
+    shutil.copytree(tiny_model_dir, root / "v1" / "model")
+    (root / "latest").symlink_to("v1/model")
+    (root / "latest.json").write_text("{}")
+    data = tmp_path / "training"
+    data.mkdir()
+    for value, expected in (
+        (
+            root,
+            f"not a model folder (no config.json); the current model of these feedback versions is {root / 'latest'}",
+        ),
+        (root / "v1", f"this version's model is {root / 'v1' / 'model'}"),
+        (root / "latest.json", f"is a file, not a model folder; pass {root / 'latest'}"),
+        (tmp_path / "nowhere", "no such folder"),
+    ):
+        with pytest.raises(UserError, match=re.escape(expected)):
+            check_base_model_folder(str(value))
+    assert check_base_model_folder(str(root / "latest")) == root / "latest"
+    cfg = SimpleNamespace(
+        base_model=str(data),
+        output_dir=str(data / "out"),
+        data_dir=str(tmp_path / "d"),
+        feedback_dir=str(tmp_path / "f"),
+    )
+    with pytest.raises(
+        UserError, match=re.escape(f"--base_model {data}: not a model folder (no config.json)")
+    ):
+        check_feedback_paths(cfg)
 
 
 def test_unprepared_recordings_as_feedback_dir_get_the_prepare_command(tmp_path, tiny_model_dir, tone_corpus):

@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import math
 from dataclasses import dataclass
+from pathlib import Path
 from typing import ClassVar
 
 from ..errors import UserError
@@ -93,9 +94,32 @@ class FeedbackConfig(TrainConfig):
             raise UserError(f"--feedback_val_fraction must be in [0, 0.5] (got {self.feedback_val_fraction})")
 
 
+def check_base_model_folder(value: str) -> Path:
+    """--base_model: an existing folder with a config.json; the usual wrong guesses (the versions' root,
+    a version folder, latest.json) get the folder to pass instead."""
+    base = Path(value).expanduser()
+    if base.is_file():
+        instead = f"; pass {base.with_name('latest')}" if base.name == "latest.json" else ""
+        raise UserError(f"--base_model {base}: is a file, not a model folder{instead}")
+    if not base.is_dir():
+        raise UserError(
+            f"--base_model {base}: no such folder (the model to improve, e.g. training/checkpoints/best_model)"
+        )
+    if not (base / "config.json").is_file():
+        if (base / "latest").exists() or (base / "latest.json").is_file():
+            instead = f"; the current model of these feedback versions is {base / 'latest'}"
+        elif (base / "model" / "config.json").is_file():
+            instead = f"; this version's model is {base / 'model'}"
+        else:
+            instead = ""
+        raise UserError(f"--base_model {base}: not a model folder (no config.json){instead}")
+    return base
+
+
 def check_feedback_paths(cfg) -> None:
     """train_feedback.py: --data_dir and --feedback_dir are read, --base_model is read, and the output
     root receives new version folders vN/ and the latest pointer."""
+    check_base_model_folder(cfg.base_model)  # first: a wrong folder is the message, not an overlap
     root = cfg.output_dir
     check_output_vs_data("--output_dir", root, "--data_dir", cfg.data_dir)
     check_output_vs_data("--output_dir", root, "--feedback_dir", cfg.feedback_dir)

@@ -19,7 +19,7 @@ import numpy as np
 from ..data.audio import AUDIO_EXTENSIONS
 from ..data.metadata import METADATA_NAME, SPLIT_FILE, WAVS_DIR, read_metadata
 from ..errors import UserError
-from .config import MIN_HELD_OUT_CLIPS
+from .config import MIN_HELD_OUT_CLIPS, check_base_model_folder
 from .judgement import MIN_JUDGED_CLIPS
 from .versions import REPORT_NAME
 
@@ -47,13 +47,7 @@ class Inputs:
 
 def check_feedback_inputs(cfg: FeedbackConfig, log) -> Inputs:
     """Every input a feedback run needs, checked before anything is written; one UserError line each."""
-    base = Path(cfg.base_model).expanduser()
-    if not base.is_dir():
-        raise UserError(
-            f"--base_model {base}: no such folder (the model to improve, e.g. training/checkpoints/best_model)"
-        )
-    if not (base / "config.json").is_file():
-        raise UserError(f"--base_model {base}: not a model folder (no config.json)")
+    base = check_base_model_folder(cfg.base_model)
     from ..training.modelfolder import check_model_folder
 
     check_model_folder(base, "--base_model")
