@@ -160,6 +160,22 @@ def test_promotion_rule():
     assert not ok and "not enough held-out clips" in why
 
 
+def test_a_round_whose_spoken_sentences_drift_from_their_recordings_is_warned_about():
+    """The mel improved (-4.2 %) while the sentences spoken from text alone moved 26 % further from
+    their recordings: the promotion rule does not weigh it, a warning line says it."""
+    from vits_trainer.feedback.promotion import spoken_warning
+
+    before = {"val_mel": 3.2010, "val_mel_dtw": 1.8933, "val_mcd": 68.76}
+    after = {"val_mel": 3.0665, "val_mel_dtw": 2.3828, "val_mcd": 80.91}
+    assert spoken_warning(before, after, "v2/samples/after") == (
+        "warning: the feedback sentences spoken from text alone moved away from their recordings: "
+        "val_mel_dtw 1.8933 -> 2.3828 (+25.9%), val_mcd 68.76 -> 80.91 dB; listen to v2/samples/after "
+        "before relying on this version"
+    )
+    assert spoken_warning(before, {**after, "val_mel_dtw": 2.05}, "x") is None  # +8.3 %: no warning
+    assert spoken_warning({"val_mel": 1.0}, {"val_mel": 0.9}, "x") is None  # free-running not scored
+
+
 def test_judgement_needs_an_improvement_beyond_the_noise_on_enough_clips():
     # the case seen: 1.2717911 -> 1.2717762 on one held-out clip
     one = paired_judgement({"a": 1.2717911}, {"a": 1.2717762})
@@ -311,6 +327,7 @@ def test_feedback_run_improves_feedback_and_is_promoted(promoted_run, base):
     fb, orig = report["feedback"], report["original_validation"]
     assert fb["after"]["val_mel"] < fb["before"]["val_mel"], report
     assert fb["held_out"] and fb["clips_evaluated"] == 3 and fb["clips_trained"] == 9
+    assert report["spoken_warning"] is None  # free-running scores are off here (--freerun_samples 0)
     judged = fb["judgement"]
     assert judged["improved"] and judged["clips"] == 3 and -judged["mean_diff"] > judged["threshold"] > 0
     assert sorted(judged["per_clip_after"]) == sorted(judged["per_clip_before"])

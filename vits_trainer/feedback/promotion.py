@@ -16,6 +16,29 @@ def loss_values(record: dict, prefix: str) -> dict[str, float]:
     return {k: float(record[prefix + k]) for k in keys if prefix + k in record}
 
 
+# a rise of the free-running distance this large is far beyond its measured noise (docs/feedback.md)
+SPOKEN_RISE_WARNING = 0.10
+
+
+def spoken_warning(fb_before: dict, fb_after: dict, samples: str) -> str | None:
+    """A warning line when the feedback sentences spoken from text alone moved clearly away from their
+    recordings (`val_mel_dtw` up by more than SPOKEN_RISE_WARNING), whatever the teacher-forced mel did:
+    a round that improves the mel while slurring words. The promotion rule does not weigh it; the user
+    is told to listen (`samples`: the after-samples' folder)."""
+    b, a = fb_before.get("val_mel_dtw"), fb_after.get("val_mel_dtw")
+    if b is None or a is None or not (math.isfinite(a) and math.isfinite(b)) or b <= 0:
+        return None
+    if a / b - 1.0 <= SPOKEN_RISE_WARNING:
+        return None
+    mcd_b, mcd_a = fb_before.get("val_mcd"), fb_after.get("val_mcd")
+    mcd = f", val_mcd {mcd_b:.2f} -> {mcd_a:.2f} dB" if mcd_b is not None and mcd_a is not None else ""
+    return (
+        f"warning: the feedback sentences spoken from text alone moved away from their recordings: "
+        f"val_mel_dtw {b:.4f} -> {a:.4f} ({a / b - 1.0:+.1%}){mcd}; listen to {samples} before relying "
+        "on this version"
+    )
+
+
 def mel_change(before: dict, after: dict) -> float | None:
     """Relative change of the mel loss (negative = better)."""
     b, a = before.get("val_mel"), after.get("val_mel")

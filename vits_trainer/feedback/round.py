@@ -47,7 +47,7 @@ from ..runlock import RunLock, is_main_process
 from ..training.resume_settings import resume_command
 from .config import HIDDEN_FLAGS, FeedbackConfig, check_feedback_paths
 from .judgement import SEED_AFTER, SEED_BEFORE, paired_judgement
-from .promotion import loss_values, mel_change, promotion
+from .promotion import loss_values, mel_change, promotion, spoken_warning
 from .replay import FeedbackData, Inputs, check_feedback_inputs, subset
 from .versions import REPORT_NAME, RUN_NAME, choose_version, read_latest, write_latest
 
@@ -304,6 +304,8 @@ class FeedbackRun(FeedbackData):
         report = self.report(session, summary, per_clip_after)
         write_json_atomic(self.version / REPORT_NAME, report)
         self.log(f"report: {self.version / REPORT_NAME}")
+        if report["spoken_warning"]:
+            self.log(report["spoken_warning"])
         self.log(report["message"])
         return report
 
@@ -368,6 +370,9 @@ class FeedbackRun(FeedbackData):
             "promoted": promoted,
             "reason": reason,
             "message": message,
+            "spoken_warning": spoken_warning(fb_before, fb_after, str(self.version / "samples" / "after"))
+            if measured
+            else None,
             "base_model": self.info.get("base_model"),
             "model": str(self.version / "model"),
             "exported": bool(summary.get("final_model")),
