@@ -287,17 +287,23 @@ def test_replay_mix_per_epoch_and_no_validation_clip_replayed(tmp_path, light_ba
     assert sorted(i for batch in sampler for i in batch if i >= n_fb) == draws[1]  # ...repeatable on resume
 
 
-@pytest.mark.parametrize("clips, judged", [(6, 1), (3, 0)])
-def test_too_few_feedback_clips_to_judge_are_said_before_training(tmp_path, light_base, clips, judged):
-    """6 clips hold 1 out, 3 are all trained on: neither round can be promoted, which is said at the
-    start rather than only in the verdict at the end."""
-    feedback = make_feedback(tmp_path / "fb", num_clips=clips)
+def data_of_a_round(tmp_path, light_base, feedback):
+    """A round's data set-up as train_feedback.py runs it, without training: (run, split, log lines)."""
     cfg = feedback_cfg(tmp_path / "out", light_base, feedback)
     lines: list[str] = []
     run = FeedbackRun(cfg, time.time(), lines.append)
     run.inputs = check_feedback_inputs(cfg, lines.append)
     store, _ = load_clip_store(light_base["data"], 16000, log=lines.append, progress=False)
-    run.data_fn(cfg, store, run.inputs.text, {"0": 0}, 256, None, lines.append)
+    split = run.data_fn(cfg, store, run.inputs.text, {"0": 0}, 256, None, lines.append)
+    return run, split, lines
+
+
+@pytest.mark.parametrize("clips, judged", [(6, 1), (3, 0)])
+def test_too_few_feedback_clips_to_judge_are_said_before_training(tmp_path, light_base, clips, judged):
+    """6 clips hold 1 out, 3 are all trained on: neither round can be promoted, which is said at the
+    start rather than only in the verdict at the end."""
+    feedback = make_feedback(tmp_path / "fb", num_clips=clips)
+    run, _, lines = data_of_a_round(tmp_path, light_base, feedback)
     warning = (
         f"warning: {judged} feedback clip(s) held out and never trained on: this round cannot be promoted"
     )
@@ -573,12 +579,7 @@ def test_a_rerecorded_validation_sentence_is_evaluated_never_trained(tmp_path, l
     shutil.copy(light_base["data"] / "wavs" / f"{val_id}.wav", feedback / "wavs" / "fbval.wav")
     with open(feedback / "metadata.csv", "a") as f:
         f.write(with_text("fbval|x|0", row.split("|")[1].upper()) + "\n")  # case does not hide it
-    cfg = feedback_cfg(tmp_path / "out", light_base, feedback)
-    lines: list[str] = []
-    run = FeedbackRun(cfg, time.time(), lines.append)
-    run.inputs = check_feedback_inputs(cfg, lines.append)
-    store, _ = load_clip_store(light_base["data"], 16000, log=lines.append, progress=False)
-    split = run.data_fn(cfg, store, run.inputs.text, {"0": 0}, 256, None, lines.append)
+    run, split, lines = data_of_a_round(tmp_path, light_base, feedback)
     assert "fbval" in split.val_sets["feedback"].ids()
     assert "fbval" not in run.feedback_train.ids()
     assert any("say sentences of the original validation split" in line for line in lines)
@@ -594,12 +595,7 @@ def test_feedback_clips_left_out_are_in_the_report_and_warned_about_once(tmp_pat
     (feedback / "wavs" / "fbbroken.wav").write_bytes(b"not audio")
     with open(feedback / "metadata.csv", "a") as f:
         f.write("fbempty||0\nfbbroken|abc def|0\n")
-    cfg = feedback_cfg(tmp_path / "out", light_base, feedback)
-    lines: list[str] = []
-    run = FeedbackRun(cfg, time.time(), lines.append)
-    run.inputs = check_feedback_inputs(cfg, lines.append)
-    store, _ = load_clip_store(light_base["data"], 16000, log=lines.append, progress=False)
-    run.data_fn(cfg, store, run.inputs.text, {"0": 0}, 256, None, lines.append)
+    run, _, lines = data_of_a_round(tmp_path, light_base, feedback)
     assert [line for line in lines if "unusable line" in line] == [
         f"warning: {feedback / 'metadata.csv'}: 1 unusable line(s) ignored (line 13: empty id or text)"
     ]
