@@ -119,7 +119,10 @@ def check_base_model_folder(value: str) -> Path:
 def check_feedback_paths(cfg) -> None:
     """train_feedback.py: --data_dir and --feedback_dir are read, --base_model is read, and the output
     root receives new version folders vN/ and the latest pointer."""
-    check_base_model_folder(cfg.base_model)  # first: a wrong folder is the message, not an overlap
+    if getattr(cfg, "explicit", None) is None or "base_model" in cfg.explicit:
+        # first: a wrong folder is the message, not an overlap. One a resumed version takes from its
+        # checkpoint (the printed resume command gives none) is checked once its settings are read
+        check_base_model_folder(cfg.base_model)
     root = cfg.output_dir
     check_output_vs_data("--output_dir", root, "--data_dir", cfg.data_dir)
     check_output_vs_data("--output_dir", root, "--feedback_dir", cfg.feedback_dir)
