@@ -434,9 +434,7 @@ class Budget:
     def time_for_final_eval(self) -> float:
         """Seconds left for the final evaluation once the rest of the final reserve is kept: the
         checkpoint, the export, the work after it (an upload, a feedback round's samples), the margin."""
-        return self.remaining() - (
-            self.save_seconds() + self.export_seconds() + self.safety_seconds() + self.after_loop_seconds()
-        )
+        return self.remaining() - (self.final_reserve() - self.eval_seconds())
 
     # ---- decisions --------------------------------------------------------------------------------
 
