@@ -215,13 +215,22 @@ def union_us(intervals: list[tuple[float, float]]) -> float:
     return total
 
 
+def device_work(events, cpu) -> list:
+    """The device's own events: kernels, copies and fills. The profiler also puts each labelled region
+    (`record_function`, and the optimiser's own) on the GPU's timeline as a span from its first kernel to
+    its last, gaps included; counted as work, those spans made a step whose kernels ran 27 % of it read
+    86 % busy (H100, MMS size). They carry the name of the CPU-side region they mirror."""
+    regions = {e.name for e in cpu}
+    return [e for e in events if e.device_type == DeviceType.CUDA and e.name not in regions]
+
+
 def count_kernels(events) -> dict:
     """The device's side of one profiled step: its busy time, and the kernels (copies and fills
     included) each region launched with their GPU time, each kernel counted at the CPU event that
     launched it."""
     events = list(events)
-    device = [e for e in events if e.device_type == DeviceType.CUDA]
     cpu = [e for e in events if e.device_type == DeviceType.CPU]
+    device = device_work(events, cpu)
     forward_region = forward_regions([e for e in cpu if e.name.startswith("aten::")])
     launches: collections.Counter = collections.Counter()
     gpu_us: collections.Counter = collections.Counter()
