@@ -367,6 +367,26 @@ def test_compile_stays_off_where_it_cannot_pay_or_run(
     assert choice.observe(1.0, 8, True) is True  # every later step measures the run
 
 
+def test_auto_counts_the_training_time_max_steps_leaves(
+    tmp_path, tiny_model_dir, tone_corpus, monkeypatch, capsys
+):
+    """A run that --max_steps ends in seconds is too short to earn back a compilation, whatever its
+    budget (on an H100 `auto` spent 309 s compiling; a 40-step run of the tiny model stalled in it).
+    The device is taken for CUDA's so that `auto` gets to the time test (nothing compiles either way)."""
+    why_not = CompileChoice.why_not
+
+    def as_on_cuda(choice, *args, **kwargs):
+        choice.device_type = "cuda"
+        return why_not(choice, *args, **kwargs)
+
+    monkeypatch.setattr(CompileChoice, "why_not", as_on_cuda)
+    _, summary = train_tiny(tmp_path, tone_corpus, tiny_model_dir, max_steps=6, compile="auto")
+    assert summary["steps"] == 6 and not summary["compile"]["compiled"]
+    reason = summary["compile"]["reason"]
+    assert reason.startswith("auto: 0 min of training left before --max_steps 6, too short"), reason
+    assert f"compile: off ({reason})" in capsys.readouterr().out
+
+
 def _steps(choice, seconds_per_step: list[float], samples: int = 8) -> list[bool]:
     return [choice.observe(sec, samples, True) for sec in seconds_per_step]
 
@@ -392,7 +412,7 @@ def test_auto_keeps_the_fastest_scope_and_the_budget_skips_the_compiling_steps()
     assert lines[-1].startswith(
         "compile: on, the text encoder, posterior encoder, flow, duration predictor, decoder and "
         "discriminator passes: compiled in 63 s; a step 0.50 s against 1.00 s eager (2.00x), "
-        "earned back after ~126 steps; compiling the decoder and discriminator passes: 0.80 s"
+        "earned back after ~126 steps; with the decoder and discriminator passes compiled a step took 0.80 s"
     )
 
 

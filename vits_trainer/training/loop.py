@@ -364,7 +364,13 @@ class Trainer:
         if self.micro.trial_steps and state.micro_batch_trial:
             rows = [r for r in state.micro_batch_trial if r["micro_batch_size"] == state.micro_batch_size]
             eager = rows[0]["seconds_per_sample"] if rows else None
-        self.compiler.begin(budget.training_end() - budget.clock(), eager)
+        left, until = budget.training_end() - budget.clock(), ""
+        step_seconds = budget.typical_step_seconds()
+        if self.s.cfg.max_steps and step_seconds > 0:  # --max_steps may end training long before the budget
+            by_steps = max(0, self.s.cfg.max_steps - budget.global_step) * step_seconds
+            if by_steps < left:
+                left, until = by_steps, f" before --max_steps {self.s.cfg.max_steps}"
+        self.compiler.begin(left, eager, until)
 
     def end_epoch(self, signals: SignalStop) -> str | None:
         """An epoch ended: count it, re-plan, evaluate/save if due; the stop reason after that."""
