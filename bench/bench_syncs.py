@@ -97,17 +97,23 @@ def synced_places(step, batch, device: torch.device) -> collections.Counter:
             mode.places[f"copy from the host: {copy}"] += 1
         return mode.places
     places = collections.Counter()
-    with warnings.catch_warnings(record=True) as caught:
+
+    def note(message, category, filename, lineno, file=None, line=None) -> None:
+        # the warning's own place can be a library's (`__init__.py:1270` on an H100): the caller in
+        # this project or transformers beside the library's path says which operator synchronised
+        if "synchroniz" in str(message).lower():
+            library = filename.replace("\\", "/").split("site-packages/")[-1]
+            places[f"{where(traceback.extract_stack())} ({library}:{lineno})"] += 1
+
+    with warnings.catch_warnings():
         warnings.simplefilter("always")
+        warnings.showwarning = note  # catch_warnings puts the original back
         torch.cuda.set_sync_debug_mode("warn")
         try:
             step(batch, 0, 1)
             torch.cuda.synchronize(device)
         finally:
             torch.cuda.set_sync_debug_mode("default")
-    for w in caught:
-        if "synchroniz" in str(w.message).lower():
-            places[f"{Path(w.filename).name}:{w.lineno}"] += 1
     return places
 
 
