@@ -6,7 +6,9 @@
 # probe    each import and the first CUDA work, timed (bench/gpu_probe.py); always first: if it fails,
 #          nothing else runs
 # tests    the CUDA tests: tests/test_gpu.py and the CUDA alignment backends (tests/test_alignment.py)
-# compile  the compiled step (three scopes) against the eager one, MMS size, bf16 (bench_compile.py)
+# compile  the compiled step ("segments" and "graphs"; the run itself measured "fused" on an H100)
+#          against the eager one, MMS size, micro-batch 32 (what the trial chose there), bf16
+#          (bench_compile.py)
 # step     where an MMS-size step goes, eager, fp32 and bf16 (bench_step.py)
 # syncs    where an MMS-size step waits for the GPU (bench_syncs.py)
 # ops      an MMS-size micro-step's operators, kernels and GPU time by part, and the share of the step
@@ -86,8 +88,8 @@ for stage in "${stages[@]}"; do
     ops) run ops python bench/bench_ops.py --device cuda --models mms --batch_size 16 --precision bf16 \
       --label gpu --top 30 --out "$out/ops.json" ;;
     defaults) run defaults python bench/bench_train.py defaults --models mms --steps 60 --clips 640 ;;
-    compile) run compile python bench/bench_compile.py --device cuda --models mms --batch_sizes 16,32 \
-      --scopes segments,fused,graphs --precision bf16 --steps 6 --out "$out/compile.json" ;;
+    compile) run compile python bench/bench_compile.py --device cuda --models mms --batch_sizes 32 \
+      --scopes segments,graphs --precision bf16 --steps 6 --out "$out/compile.json" ;;
     step) run step python bench/bench_step.py --device cuda --models mms --precisions no,bf16 \
       --mms_batch_sizes 8,16,32 --steps 4 --warmup 2 --out "$out/step.json" ;;
     naive) run naive python bench/bench_train.py baseline --models mms --batch_sizes 16 --steps 10 ;;
