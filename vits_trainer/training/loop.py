@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 import torch
 
 from .agreement import Agreement
-from .compile_choice import CompileChoice
+from .compile_choice import CompileChoice, training_seconds_left
 from .cpushare import cpu_share
 from .evaluate import move_batch
 from .microbatch import micro_batches
@@ -364,12 +364,7 @@ class Trainer:
         if self.micro.trial_steps and state.micro_batch_trial:
             rows = [r for r in state.micro_batch_trial if r["micro_batch_size"] == state.micro_batch_size]
             eager = rows[0]["seconds_per_sample"] if rows else None
-        left, until = budget.training_end() - budget.clock(), ""
-        step_seconds = budget.typical_step_seconds()
-        if self.s.cfg.max_steps and step_seconds > 0:  # --max_steps may end training long before the budget
-            by_steps = max(0, self.s.cfg.max_steps - budget.global_step) * step_seconds
-            if by_steps < left:
-                left, until = by_steps, f" before --max_steps {self.s.cfg.max_steps}"
+        left, until = training_seconds_left(budget, self.s.cfg.max_steps)
         self.compiler.begin(left, eager, until)
 
     def end_epoch(self, signals: SignalStop) -> str | None:
