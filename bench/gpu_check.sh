@@ -13,6 +13,8 @@
 # syncs    where an MMS-size step waits for the GPU (bench_syncs.py)
 # ops      an MMS-size micro-step's operators, kernels and GPU time by part, and the share of the step
 #          the GPU is busy (bench_ops.py --device cuda)
+# nhwc     as ops, with the discriminator's 2-D convolutions in NHWC (bench_ops.py --channels_last):
+#          on an H100 cuDNN's NCHW<->NHWC conversions took 21 % of the micro-step's kernel time
 # eager    the runner at default flags but --compile off, MMS size, against the naive loop (minutes
 #          sooner than defaults: no compilation)
 # defaults the runner at train_vits.py's default flags, MMS size, against the naive loop (bench_train.py defaults)
@@ -36,7 +38,7 @@ out=${1:?usage: bash bench/gpu_check.sh LOG_DIR [STAGE ...]}
 shift
 mkdir -p "$out"
 stages=("$@")
-[ ${#stages[@]} -eq 0 ] && stages=(probe tests eager syncs ops defaults compile step naive demo budget)
+[ ${#stages[@]} -eq 0 ] && stages=(probe tests eager syncs ops nhwc defaults compile step naive demo budget)
 [ "${stages[0]}" = probe ] || stages=(probe "${stages[@]}")
 export PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1 PYTHONFAULTHANDLER=1
 timeout -k 5 30 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv >"$out/gpu.txt" 2>&1
@@ -87,6 +89,8 @@ for stage in "${stages[@]}"; do
       --out "$out/syncs.json" ;;
     ops) run ops python bench/bench_ops.py --device cuda --models mms --batch_size 16 --precision bf16 \
       --label gpu --top 30 --out "$out/ops.json" ;;
+    nhwc) run nhwc python bench/bench_ops.py --device cuda --models mms --batch_size 16 --precision bf16 \
+      --channels_last --label gpu_nhwc --top 30 --out "$out/ops.json" ;;
     defaults) run defaults python bench/bench_train.py defaults --models mms --steps 60 --clips 640 ;;
     compile) run compile python bench/bench_compile.py --device cuda --models mms --batch_sizes 32 \
       --scopes segments,graphs --precision bf16 --steps 6 --out "$out/compile.json" ;;

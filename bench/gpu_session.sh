@@ -9,8 +9,8 @@
 # STAGE     gpu_check.sh's stages; none: probe tests ops compile, ordered for a 15-minute lease (one
 #           ~10-minute call) after the runner at default flags was measured (docs/performance.md): the
 #           CUDA tests first, whose log names each test as it ends, so a stage cut at the limit still
-#           reports the ones that ran; how much of a micro-step the GPU is busy, and with which kernels
-#           (about a minute); then each compile scope against the eager step on the same batches, with
+#           reports the ones that ran; how much of a micro-step the GPU is busy, and with which kernels,
+#           with the discriminator in NCHW, then in NHWC (about a minute each); then each compile scope against the eager step on the same batches, with
 #           its compilation time.
 #
 # Here, first: `bash bench/gpu_wheels.sh`; then the device's run with carry [".whl"] and
@@ -20,7 +20,7 @@ cd "$(dirname "$0")/.."
 out=${1:?usage: bash bench/gpu_session.sh OUT_DIR SECONDS [STAGE ...]}
 limit=${2:?usage: bash bench/gpu_session.sh OUT_DIR SECONDS [STAGE ...]}
 shift 2
-[ $# -gt 0 ] || set -- probe tests ops compile
+[ $# -gt 0 ] || set -- probe tests ops nhwc compile
 mkdir -p "$out"
 if compgen -G ".whl/*.whl" >/dev/null; then
   python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site \
