@@ -10,6 +10,7 @@ Examples:
 from __future__ import annotations
 
 import argparse
+import signal
 import sys
 from pathlib import Path
 
@@ -131,5 +132,11 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
+def stop_as_ctrl_c(signum, frame) -> None:
+    """SIGTERM (a job manager, `kill PID`) stops as Ctrl-C does: the WAVs converted so far are recorded."""
+    raise KeyboardInterrupt
+
+
 if __name__ == "__main__":
+    signal.signal(signal.SIGTERM, stop_as_ctrl_c)
     sys.exit(run_cli(main))

@@ -386,6 +386,53 @@ def test_other_sources_files_are_kept_and_never_replaced(tmp_path, pairs_corpus)
     assert not (out / "metadata.csv.bak2").exists()  # same source as last time: no new backup
 
 
+@pytest.mark.parametrize("state_saved", [True, False], ids=["interrupted", "killed"])
+def test_wavs_an_interrupted_run_wrote_stay_its_own(tmp_path, pairs_corpus, monkeypatch, state_saved):
+    """A converter writes its WAVs before the main process collects them: a Ctrl-C between the two
+    (or a kill before the state is saved) left WAVs the next run refused as someone else's."""
+    from vits_trainer.data import prepare_convert
+
+    original = prepare_convert.convert_chunk
+
+    def written_then_interrupted(jobs, target):
+        original(jobs, target)  # the WAVs are on disk, their outcomes never reach the main process
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(prepare_convert, "convert_chunk", written_then_interrupted)
+    if not state_saved:  # killed: the state save at the end never runs
+        monkeypatch.setattr(prepare_convert, "save_state", lambda *args: None)
+    out = tmp_path / "out"
+    with pytest.raises(KeyboardInterrupt):
+        run_prepare(pairs_corpus, out)
+    assert sorted(p.stem for p in (out / "wavs").glob("*.wav")) == ["c0", "c1"]  # the first chunk's
+    monkeypatch.undo()
+
+    result, _ = run_prepare(pairs_corpus, out)  # no "c0.wav would be replaced, but prepare_data.py ..."
+    assert result.report["counts"]["converted"] == 6 and len(output_rows(out)) == 6
+    state = json.loads((out / STATE_NAME).read_text(encoding="utf-8"))
+    assert set(state["clips"]) == {f"c{i}" for i in range(6)} and "claimed" not in state
+    assert not (out / ".prepare_claims").exists()
+
+
+def test_another_sources_metadata_is_backed_up_after_a_failed_run(tmp_path, pairs_corpus, monkeypatch):
+    """The state's source changes with every run, failed ones too; metadata.csv's own source decides
+    its backup, and a source path counts resolved, not as typed."""
+    out = tmp_path / "out"
+    run_prepare(pairs_corpus, out)
+    first = (out / "metadata.csv").read_text(encoding="utf-8")
+    other = tmp_path / "other"
+    for i in range(2):
+        write_audio(other / f"o{i}.wav", speech("abc", RATE), RATE)
+        (other / f"o{i}.txt").write_text(f"other {i}", encoding="utf-8")
+    with pytest.raises(UserError, match="no usable clips"):
+        run_prepare(other, out, min_seconds=19.0)
+    run_prepare(other, out)
+    assert (out / "metadata.csv.bak").read_text(encoding="utf-8") == first
+    monkeypatch.chdir(tmp_path)
+    run_prepare("other", out)  # the same folder typed another way: no second backup
+    assert not (out / "metadata.csv.bak2").exists()
+
+
 def test_prepare_default_settings_use_all_cores():
     settings = PrepareSettings(source="x")
     assert settings.num_workers == (os.cpu_count() or 1)

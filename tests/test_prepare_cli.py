@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import os
+import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -96,3 +98,51 @@ def test_help_shows_defaults():
         "(default: 0)",
     ]:
         assert default in text
+
+
+def _children(pid: int) -> set[int]:
+    found: set[int] = set()
+    for task in Path(f"/proc/{pid}/task").glob("*"):
+        try:
+            found |= {int(c) for c in (task / "children").read_text().split()}
+        except OSError:
+            pass
+    return found
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc")
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGKILL], ids=["sigterm", "sigkill"])
+def test_a_run_stopped_alone_leaves_no_worker_and_a_rerun_goes_on(tmp_path, sig):
+    """A job manager or `kill PID` signals the main process alone. Its conversion workers converted on,
+    kept the folder's lock (inherited at fork), and the re-run was refused twice: the lock, then the
+    WAVs written but never recorded."""
+    src, out = tmp_path / "pairs", tmp_path / "out"
+    for i in range(80):
+        write_audio(src / f"p{i:02d}.wav", speech("abc def gh", 44100, seconds=4.0), 44100)
+        (src / f"p{i:02d}.txt").write_text(f"clip {i}", encoding="utf-8")
+    env = dict(os.environ, HF_HUB_OFFLINE="1", PYTHONPATH=str(ROOT))
+    args = ["--source", str(src), "--data_dir", str(out), "--no_progress"]
+    proc = subprocess.Popen(
+        [sys.executable, str(ROOT / "prepare_data.py"), *args, "--num_workers", "2"],
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    deadline = time.monotonic() + 120
+    while proc.poll() is None and not any((out / "wavs").glob("p*.wav")) and time.monotonic() < deadline:
+        time.sleep(0.01)
+    workers = _children(proc.pid)
+    proc.send_signal(sig)
+    _, err = proc.communicate(timeout=120)
+    assert "Traceback" not in err, err
+    if sig == signal.SIGTERM and proc.returncode != 0:  # 0: it had finished before the signal
+        assert proc.returncode == 130 and err.strip().splitlines()[-1] == "interrupted", err
+    deadline = time.monotonic() + 30
+    while any(Path(f"/proc/{w}").exists() for w in workers) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert not [w for w in workers if Path(f"/proc/{w}").exists()], "a worker outlived the main process"
+
+    rerun = cli(*args)
+    assert rerun.returncode == 0, rerun.stderr
+    assert len(output_rows(out)) == 80

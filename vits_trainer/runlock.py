@@ -16,6 +16,7 @@ import os
 import socket
 import sys
 import time
+import weakref
 from collections.abc import Callable
 from pathlib import Path
 
@@ -51,10 +52,33 @@ def describe_holder(holder: dict) -> str:
     return f"pid {holder['pid']} on host {holder.get('host', '?')}, started {holder.get('started', '?')}"
 
 
+_HELD: weakref.WeakSet = weakref.WeakSet()  # this process's locks, for _drop_in_child
+
+
+def _drop_in_child() -> None:
+    """A forked child (a DataLoader or conversion worker) gets a copy of each lock's descriptor, and a
+    flock lasts while any copy is open: a worker left running by a parent killed alone (`kill PID`)
+    kept the folder locked, and every later run was refused. The child closes its copies; the lock
+    stays the parent's."""
+    for lock in list(_HELD):
+        if lock.fd is not None:
+            try:
+                os.close(lock.fd)
+            except OSError:
+                pass
+            lock.fd = None  # the child never releases (nor removes) the parent's lock
+            atexit.unregister(lock.release)
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_drop_in_child)
+
+
 class RunLock:
     def __init__(self, folder: Path, path: Path, fd: int, created: list[Path]):
         self.folder, self.path, self.fd, self.created = folder, path, fd, created
         atexit.register(self.release)
+        _HELD.add(self)
 
     @classmethod
     def acquire(

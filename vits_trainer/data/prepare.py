@@ -40,7 +40,7 @@ from .prepare_checks import (
 )
 from .prepare_convert import CLIP_FRACTION, AudioTarget, convert_all
 from .prepare_settings import PrepareSettings
-from .prepare_state import STATE_NAME, load_state
+from .prepare_state import CLAIMS_NAME, STATE_NAME, load_state, save_state, source_key
 
 REPORT_NAME = "prepare_report.json"
 
@@ -90,7 +90,7 @@ def _prepare(settings: PrepareSettings, data_dir: Path, log: Callable[[str], Non
     check_prepare_files(
         ((c.origin, c.audio_path) for c in source.rows if getattr(c, "audio_path", None) is not None),
         data_dir,
-        (METADATA_NAME, REPORT_NAME, STATE_NAME),
+        (METADATA_NAME, REPORT_NAME, STATE_NAME, CLAIMS_NAME),
     )
     for note in source.notes + model_notes:
         log(f"note: {note}")
@@ -110,7 +110,11 @@ def _prepare(settings: PrepareSettings, data_dir: Path, log: Callable[[str], Non
         f"{source.location} read as {source.format}: {len(source.rows)} source rows; {len(planned)} pass the "
         f"text checks -> {wavs_dir} at {sample_rate} Hz"
     )
-    run = convert_all(planned, source, target, wavs_dir, old_state, settings)
+    # which source the metadata.csv in place came from (a state from before this was kept: its run's)
+    metadata_from = None
+    if (data_dir / METADATA_NAME).is_file():
+        metadata_from = old_state.get("metadata_source", old_state.get("source"))
+    run = convert_all(planned, source, target, wavs_dir, old_state, settings, metadata_from)
 
     rows: list[MetaRow] = []
     warnings: list[dict] = []
@@ -130,7 +134,7 @@ def _prepare(settings: PrepareSettings, data_dir: Path, log: Callable[[str], Non
 
     kept_ids = {r.id for r in rows}
     unlisted = sorted(p for p in wavs_dir.glob("*.wav") if p.stem not in kept_ids)
-    backup = metadata_backup_name(data_dir, old_state, source) if rows else None
+    backup = metadata_backup_name(data_dir, metadata_from, source) if rows else None
     report = build_report(
         settings, source, sample_rate, vocab, rows, skipped, filtered, warnings, durations, unknown_chars
     )
@@ -154,7 +158,8 @@ def _prepare(settings: PrepareSettings, data_dir: Path, log: Callable[[str], Non
         os.replace(data_dir / METADATA_NAME, backup)
     # replaced only when the state says this tool wrote it from this same source (else backed up above)
     write_metadata(data_dir / METADATA_NAME, rows)  # last: it lists only WAVs already in place
-    finish_wavs(wavs_dir, unlisted, settings.clean, log, owned | set(run.state))
+    save_state(data_dir, source, run.state, run.begun, source_key(source.location))
+    finish_wavs(wavs_dir, unlisted, settings.clean, log, owned | set(run.state) | run.begun)
     log(format_summary(report, data_dir))
     return PrepareResult(data_dir, rows, report, report_path)
 
@@ -162,10 +167,12 @@ def _prepare(settings: PrepareSettings, data_dir: Path, log: Callable[[str], Non
 # --- report, output folder ---------------------------------------------------------------------------
 
 
-def metadata_backup_name(data_dir: Path, old_state: dict, source: Source) -> Path | None:
-    """Where to move an existing metadata.csv that this tool did not write from this same source."""
+def metadata_backup_name(data_dir: Path, metadata_from: str | None, source: Source) -> Path | None:
+    """Where to move an existing metadata.csv that this tool did not write from this same source
+    (`metadata_from`: the source the state says it was written from)."""
     meta = data_dir / METADATA_NAME
-    if not meta.is_file() or old_state.get("source") == source.location:
+    # a state from before paths were resolved recorded --source as typed
+    if not meta.is_file() or metadata_from in (source_key(source.location), source.location):
         return None
     for n in range(1, 1000):
         backup = data_dir / f"{METADATA_NAME}.bak{'' if n == 1 else n}"

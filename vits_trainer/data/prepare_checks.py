@@ -24,7 +24,7 @@ from ..hub import read_model_config, resolve_model_dir
 from ..safety import DATA_PARTS, inside, refuse, resolved
 from .corpus_rows import Candidate, Problem, Source
 from .metadata import WAVS_DIR
-from .prepare_state import STATE_NAME
+from .prepare_state import STATE_NAME, owned_ids
 
 if TYPE_CHECKING:
     from .prepare_settings import PrepareSettings
@@ -226,7 +226,7 @@ def plan_rows(
 def check_prepare_wavs(wavs_dir: Path, ids: list[str], old_state: dict, clean: bool) -> set[str]:
     """The ids of the WAVs this tool wrote into `wavs_dir` (listed in `.prepare_state.json`). Refuses,
     before anything is written, when a WAV it did not write would be replaced (same id) or deleted (--clean)."""
-    owned = set(old_state.get("clips", {}))
+    owned = owned_ids(old_state)
     if not wavs_dir.is_dir():
         return owned
     foreign = {p.stem for p in wavs_dir.glob("*.wav")} - owned

@@ -9,10 +9,11 @@ from __future__ import annotations
 
 import hashlib
 import math
+import signal
 import sys
 from concurrent.futures import FIRST_COMPLETED, Future, ProcessPoolExecutor, wait
 from concurrent.futures.process import BrokenProcessPool
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from multiprocessing import get_context
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -22,7 +23,7 @@ import numpy as np
 from ..errors import UserError
 from .audio import AudioReadError, audio_duration, read_audio, resample, write_wav
 from .corpus_rows import Source
-from .prepare_state import save_state
+from .prepare_state import claim, save_state
 
 if TYPE_CHECKING:
     from .prepare_checks import Planned
@@ -166,6 +167,7 @@ class RunResult:
     converted: int = 0
     reused: int = 0
     replaced: int = 0
+    begun: set[str] = field(default_factory=set)  # WAVs begun, never collected (interrupted): still ours
 
 
 def convert_all(
@@ -175,9 +177,11 @@ def convert_all(
     wavs_dir: Path,
     old_state: dict,
     settings: PrepareSettings,
+    metadata_source: str | None = None,
 ) -> RunResult:
     """Convert every planned row (reusing WAVs whose source and settings are unchanged); keep order-free results.
 
+    `metadata_source`: the source the metadata.csv in place was written from, kept in the state.
     Rows go out in chunks, with at most two chunks per worker in flight, so audio held as bytes in a
     dataset is fetched a chunk at a time instead of all at once.
     """
@@ -186,12 +190,14 @@ def convert_all(
     old_clips = old_state.get("clips", {})
     state = {k: v for k, v in old_clips.items() if (wavs_dir / f"{k}.wav").is_file()}
     run = RunResult({}, state)
+    # WAVs an earlier run began: this tool's until converted again (or left, still listed as begun)
+    claimed = {k for k in old_state.get("claimed") or [] if (wavs_dir / f"{k}.wav").is_file()}
     workers = max(1, settings.num_workers)
     chunk = max(1, min(32, math.ceil(len(planned) / (workers * 4))))
     pending_fingerprints: dict[str, dict] = {}
     # The pool starts before the progress bar: tqdm's monitor thread should not exist when workers fork.
     pool = (
-        ProcessPoolExecutor(max_workers=workers, mp_context=_pool_context())
+        ProcessPoolExecutor(max_workers=workers, mp_context=_pool_context(), initializer=_worker_start)
         if workers > 1 and len(planned) > chunk
         else None
     )
@@ -227,6 +233,9 @@ def convert_all(
             bar.update(len(block) - len(jobs))
             if not jobs:
                 continue
+            ids = [job.clip_id for job in jobs]
+            claim(wavs_dir.parent, ids)  # before a WAV is written: a killed run leaves them named
+            claimed.update(ids)
             if pool is None:
                 collect(convert_chunk(jobs, target))
             else:
@@ -244,9 +253,28 @@ def convert_all(
         bar.close()
         if pool is not None:
             pool.shutdown(wait=True, cancel_futures=True)
-        # Saved even when interrupted: the WAVs finished so far are reused by the next run.
-        save_state(wavs_dir.parent, source, run.state)
+        # Saved even when interrupted: the WAVs finished so far are reused by the next run, and those
+        # begun but never collected stay known as this tool's (claimed)
+        run.begun = {k for k in claimed - set(run.state) if (wavs_dir / f"{k}.wav").is_file()}
+        save_state(wavs_dir.parent, source, run.state, run.begun, metadata_source)
     return run
+
+
+def _worker_start() -> None:
+    """A conversion worker leaves stopping to the main process: Ctrl-C (sent to the whole process
+    group) is ignored, so the main process saves its state and stops the pool, and SIGTERM ends the
+    worker as by default. It also ends when the main process dies (Linux), instead of converting on
+    alone after a `kill PID` of the main process."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    if sys.platform.startswith("linux"):
+        try:
+            import ctypes
+
+            pr_set_pdeathsig = 1
+            ctypes.CDLL(None, use_errno=True).prctl(pr_set_pdeathsig, signal.SIGTERM)
+        except (OSError, AttributeError):  # pragma: no cover - no prctl: the worker ends with its chunk
+            pass
 
 
 def _pool_context():

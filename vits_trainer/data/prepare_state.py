@@ -2,29 +2,76 @@
 
 prepare_convert.py writes it, so a re-run with the same source and settings reuses a WAV instead of
 converting it again; prepare_checks.py reads which WAVs this tool wrote (only those may be replaced or
-deleted by --clean).
+deleted by --clean). The state is saved at the end of a run, interrupted or not; a run killed before
+that (SIGKILL, a lost session) leaves `.prepare_claims`, the ids handed to a converter before their
+WAVs were written, so the next run still knows those WAVs for its own.
 """
 
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 
 from ..jsonfile import write_json_atomic
 from .corpus_rows import Source
 
 STATE_NAME = ".prepare_state.json"
+CLAIMS_NAME = ".prepare_claims"  # one clip id per line, appended before a converter writes its WAV
+
+
+def source_key(location: str) -> str:
+    """A source as the state records it: a path resolved (the same folder typed two ways, or one
+    relative path from two working directories, is told apart), a hub id as given."""
+    path = Path(location).expanduser()
+    return str(path.resolve()) if path.exists() else location
 
 
 def load_state(data_dir: Path) -> dict:
+    """The saved state ({} when none or damaged), its "claimed" ids joined by those of `.prepare_claims`."""
     try:
         state = json.loads((data_dir / STATE_NAME).read_text(encoding="utf-8"))
     except (OSError, ValueError):
-        return {}  # no state (first run) or a damaged one: everything is simply converted again
-    return state if isinstance(state, dict) and isinstance(state.get("clips"), dict) else {}
+        state = {}  # no state (first run) or a damaged one: everything is simply converted again
+    if not (isinstance(state, dict) and isinstance(state.get("clips"), dict)):
+        state = {}
+    claimed = set(state.get("claimed") or []) | read_claims(data_dir)
+    if claimed:
+        state = {"clips": {}, **state, "claimed": sorted(claimed)}
+    return state
 
 
-def save_state(data_dir: Path, source: Source, clips: dict[str, dict]) -> None:
-    write_json_atomic(
-        data_dir / STATE_NAME, {"version": 1, "source": source.location, "clips": clips}, indent=None
-    )
+def owned_ids(state: dict) -> set[str]:
+    """The clip ids whose WAVs this tool wrote, or began writing."""
+    return set(state.get("clips", {})) | set(state.get("claimed") or [])
+
+
+def read_claims(data_dir: Path) -> set[str]:
+    try:
+        text = (data_dir / CLAIMS_NAME).read_text(encoding="utf-8")
+    except (OSError, ValueError):
+        return set()
+    return {line for line in text.split("\n") if line}
+
+
+def claim(data_dir: Path, ids: list[str]) -> None:
+    """Record `ids` as this tool's before their WAVs are written (flushed: a killed run keeps them)."""
+    with open(data_dir / CLAIMS_NAME, "a", encoding="utf-8") as f:
+        f.write("".join(f"{i}\n" for i in ids))
+        f.flush()
+        os.fsync(f.fileno())
+
+
+def save_state(
+    data_dir: Path, source: Source, clips: dict[str, dict], claimed: set[str], metadata_source: str | None
+) -> None:
+    """Write the state, then drop `.prepare_claims`: `claimed` carries the ids whose WAVs may exist
+    without being in `clips` (handed to a converter, never collected); `metadata_source`: the source
+    metadata.csv was written from (None: none yet)."""
+    state = {"version": 1, "source": source_key(source.location), "clips": clips}
+    if claimed - set(clips):
+        state["claimed"] = sorted(claimed - set(clips))
+    if metadata_source is not None:
+        state["metadata_source"] = metadata_source
+    write_json_atomic(data_dir / STATE_NAME, state, indent=None)
+    (data_dir / CLAIMS_NAME).unlink(missing_ok=True)
