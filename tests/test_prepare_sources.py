@@ -32,6 +32,20 @@ def test_ljspeech_uses_normalized_column_when_present(tmp_path):
     assert result.report["counts"]["kept"] == 3
 
 
+def test_a_pipe_inside_an_ljspeech_text_is_reported_not_taken_for_a_column(tmp_path):
+    """One id|text|x row among id|text ones is a '|' in the text: it used to cut the text, and a
+    one-word rest became a speaker id."""
+    src = tmp_path / "lj"
+    for i in range(3):
+        write_audio(src / "wavs" / f"a{i}.wav", speech("abc de", 22050), 22050)
+    (src / "metadata.csv").write_text(
+        "a0|silav tu çawa yî\na1|ez baş im | spas.\na2|roja me xweş e\n", encoding="utf-8"
+    )
+    run_prepare(src, tmp_path / "out")
+    assert output_rows(tmp_path / "out") == {"a0": ("silav tu çawa yî", "0"), "a2": ("roja me xweş e", "0")}
+    assert skipped_reasons(tmp_path / "out")["a1"] == "text_has_pipe"
+
+
 def test_ljspeech_clips_beside_metadata_without_wavs_folder(tmp_path):
     # a common home-made layout: metadata.csv next to the WAVs; once read as .txt pairs, all "missing_text"
     src = tmp_path / "corpus"
@@ -127,6 +141,8 @@ def test_common_voice_mp3_clips_and_split(tmp_path):
     assert wav_info(tmp_path / "out" / "wavs" / "common_voice_xx_0.wav") == (22050, 1, "PCM_16")
     run_prepare(src, tmp_path / "out_train", split="train", format="commonvoice")
     assert output_rows(tmp_path / "out_train") == {"common_voice_xx_3": ("from train", "ccc333")}
+    run_prepare(src / "train.tsv", tmp_path / "out_file")  # that TSV, not the folder's validated.tsv
+    assert output_rows(tmp_path / "out_file") == {"common_voice_xx_3": ("from train", "ccc333")}
 
 
 @pytest.mark.parametrize(
@@ -299,15 +315,16 @@ def test_audiofolder_with_metadata(tmp_path):
     write_audio(src / "train" / "a.wav", speech("abc", 16000), 16000)
     write_audio(src / "train" / "sub" / "b.flac", speech("de", 16000), 16000)
     (src / "train" / "metadata.csv").write_text(
-        "file_name,transcription\na.wav,first\nsub/b.flac,second\n", encoding="utf-8"
+        "file_name,transcription,speaker_id\na.wav,first,x\nsub/b.flac,second,y\n", encoding="utf-8"
     )
     write_audio(src / "test" / "c.wav", speech("abc", 16000), 16000)
     (src / "test" / "metadata.jsonl").write_text(
         json.dumps({"file_name": "c.wav", "transcription": "third"}) + "\n", encoding="utf-8"
     )
     assert detect_format(str(src))[0] == "audiofolder"
-    run_prepare(src, tmp_path / "out")
+    _, lines = run_prepare(src, tmp_path / "out")
     assert output_rows(tmp_path / "out") == {"a": ("first", "0"), "sub_b": ("second", "0")}
+    assert any("column 'speaker_id' is not used" in line for line in lines), lines
     run_prepare(src, tmp_path / "out_test", split="test")
     assert output_rows(tmp_path / "out_test") == {"c": ("third", "0")}
 
@@ -326,13 +343,15 @@ def test_pairs_folder_all_formats(tmp_path):
     for stem in ["w16", "w24", "wfl", "f", "o", "m"]:
         (src / f"{stem}.txt").write_text(f"text of {stem}\n", encoding="utf-8")
     (src / "nested" / "st.lab").write_text("text of nested/st\n", encoding="utf-8")  # an aligner corpus's
+    write_audio(src / "UP.WAV", x, rate)
+    (src / "UP.TXT").write_text("text of up\n", encoding="utf-8")  # names in capitals (old recorders)
     write_audio(src / "notext.wav", x, rate)
     (src / "orphan.txt").write_text("no audio", encoding="utf-8")
     (src / "orphan_lab.lab").write_text("no audio", encoding="utf-8")
     assert detect_format(str(src))[0] == "pairs"
     result, _ = run_prepare(src, tmp_path / "out")
     rows = output_rows(tmp_path / "out")
-    assert set(rows) == {"w16", "w24", "wfl", "f", "o", "m", "nested_st"}
+    assert set(rows) == {"w16", "w24", "wfl", "f", "o", "m", "nested_st", "UP"}
     assert rows["nested_st"] == ("text of nested/st", "0")
     for clip_id in rows:
         assert wav_info(tmp_path / "out" / "wavs" / f"{clip_id}.wav") == (16000, 1, "PCM_16")

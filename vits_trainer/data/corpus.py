@@ -83,7 +83,7 @@ def detect_format(source: str) -> tuple[str, Path]:
         if path.name == "metadata.csv" and _is_ljspeech(folder):
             return "ljspeech", folder
         if path.suffix == ".tsv" and (folder / "clips").is_dir() and "client_id" in _first_line(path):
-            return "commonvoice", folder
+            return "commonvoice", path  # that TSV (read_commonvoice), not the folder's validated.tsv
         if path.suffix.lower() in (".csv", ".tsv", ".txt"):
             return "csv", path
         if path.suffix.lower() in HF_DATA_SUFFIXES:
@@ -133,6 +133,16 @@ def read_ljspeech(root: Path) -> Source:
             rows.append(Problem(origin, "malformed_row", "not valid UTF-8", ""))
         else:
             parsed.append((number, fields))
+    twos = sum(1 for _, fields in parsed if len(fields) == 2)
+    if twos > len(parsed) - twos > 0:
+        # a few id|x|y rows among id|text ones: a '|' inside the text, and where the text ends a guess
+        detail = f"3 fields where {twos} of the file's rows have 2 (id|text): a '|' inside the text?"
+        rows += [
+            Problem(f"{meta.name}:{number}", "text_has_pipe", detail, fields[0].strip())
+            for number, fields in parsed
+            if len(fields) == 3
+        ]
+        parsed = [(number, fields) for number, fields in parsed if len(fields) == 2]
     third_is_speaker = _third_column_is_speaker([f for _, f in parsed])
     clips = _ljspeech_clips(root)
     notes = [] if clips != root else ["no wavs/ folder: the clips are read from beside metadata.csv"]
@@ -366,7 +376,14 @@ def read_audiofolder(
         if meta.suffix == ".csv":
             delimiter = sniff_delimiter(meta)
             rows += _table_rows(
-                meta, delimiter, audio_column, text_column, speaker_column, id_column, meta.parent, notes
+                meta,
+                delimiter,
+                audio_column,
+                text_column,
+                speaker_column,
+                id_column,
+                meta.parent,
+                notes=notes,
             )
         else:
             records = _read_records(meta)
@@ -448,7 +465,8 @@ def read_pairs(root: Path, exclude: Path | None = None) -> Source:
     for wav in audio:
         # x.wav and x.flac both give id "x": the duplicate check reports the second one.
         clip_id = _path_id(str(wav.relative_to(root)))
-        txt = next((t for t in map(wav.with_suffix, TRANSCRIPT_SUFFIXES) if t.is_file()), None)
+        suffixes = [x for suffix in TRANSCRIPT_SUFFIXES for x in (suffix, suffix.upper())]  # A.WAV + A.TXT
+        txt = next((t for t in map(wav.with_suffix, suffixes) if t.is_file()), None)
         if txt is None:
             rows.append(Problem(str(wav), "missing_text", "audio has no .txt or .lab transcript", clip_id))
             continue
