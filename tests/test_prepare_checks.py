@@ -188,6 +188,19 @@ def test_speaker_and_max_samples_filters_are_counted_not_errors(tmp_path):
     assert counts["skipped"] == 0 and result.report["skipped_rows"] == []
     assert any("filtered 3" in line for line in lines)
 
+    with pytest.raises(UserError) as err:  # a --speaker that names none of them says so, with theirs
+        run_prepare(table, tmp_path / "none", speaker_column="speaker", speakers=["zzz"])
+    assert "filtered_speaker 6" in str(err.value)
+    assert "--speaker kept no row: the source's speakers are s0, s1, s2" in str(err.value)
+
+
+def test_a_rejected_row_leaves_its_id_to_a_later_usable_one(tmp_path):
+    src = tmp_path / "lj"
+    write_audio(src / "wavs" / "a.wav", speech(rate=16000), 16000)
+    (src / "metadata.csv").write_text("a|\na|the text\n", encoding="utf-8")
+    run_prepare(src, tmp_path / "out")
+    assert output_rows(tmp_path / "out") == {"a": ("the text", "0")}
+
 
 def _model_dir(tmp_path, rate=22050):
     from vits_trainer.model.tiny import make_tokenizer

@@ -25,7 +25,7 @@ from ..jsonfile import write_json_atomic
 from ..runlock import RunLock
 from .audio import is_temp_wav
 from .corpus import open_source, transcript_tables_hint
-from .corpus_rows import Source
+from .corpus_rows import Problem, Source
 from .metadata import METADATA_NAME, WAVS_DIR, MetaRow, write_metadata
 from .prepare_checks import (
     Skip,
@@ -34,6 +34,7 @@ from .prepare_checks import (
     check_prepare_files,
     check_prepare_sources,
     check_prepare_wavs,
+    clean_speaker,
     plan_rows,
     resolve_target,
     validate_settings,
@@ -149,9 +150,11 @@ def _prepare(settings: PrepareSettings, data_dir: Path, log: Callable[[str], Non
     if not rows:
         log(format_summary(report, data_dir))
         reasons_by = report["counts"]["skipped_by_reason"]
-        reasons = ", ".join(f"{k} {v}" for k, v in reasons_by.items()) or "none"
+        reasons = ", ".join(f"{k} {v}" for k, v in {**reasons_by, **filtered}.items()) or "none"
         no_text = "missing_text" in reasons_by and set(reasons_by) <= {"missing_text", "missing_audio"}
         hint = transcript_tables_hint(source) if no_text else ""
+        if filtered["filtered_speaker"] and not planned:
+            hint += f"; --speaker kept no row: {speakers_hint(source)}"
         raise UserError(f"no usable clips ({reasons}); see {report_path}{hint}")
 
     if backup is not None:  # another source's metadata.csv: moved to a fresh name, never overwritten
@@ -165,6 +168,14 @@ def _prepare(settings: PrepareSettings, data_dir: Path, log: Callable[[str], Non
 
 
 # --- report, output folder ---------------------------------------------------------------------------
+
+
+def speakers_hint(source: Source, shown: int = 10) -> str:
+    """The source's speakers, for a --speaker that matched none of them."""
+    counts = Counter(clean_speaker(row.speaker) for row in source.rows if not isinstance(row, Problem))
+    names = [name for name, _ in counts.most_common(shown)]
+    more = f" and {len(counts) - shown} more" if len(counts) > shown else ""
+    return f"the source's speakers are {', '.join(names)}{more}" if names else "the source names no speaker"
 
 
 def metadata_backup_name(data_dir: Path, metadata_from: str | None, source: Source) -> Path | None:

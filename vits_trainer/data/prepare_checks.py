@@ -195,11 +195,11 @@ def plan_rows(
             detail = f"id {clip_id!r} (source id {row.source_id!r}) already used at {first_origin[clip_id]}"
             skipped.append(Skip(clip_id, row.origin, "duplicate_id", detail))
             continue
-        first_origin[clip_id] = row.origin
         text, reason, detail = clean_text(row.text, settings.lowercase)
         if reason is not None:
             skipped.append(Skip(clip_id, row.origin, reason, detail))
             continue
+        first_origin[clip_id] = row.origin  # a rejected row leaves its id to a later, usable one
         speaker = clean_speaker(row.speaker)
         if wanted_speakers is not None and speaker not in wanted_speakers:
             filtered["filtered_speaker"] += 1
