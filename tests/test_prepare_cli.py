@@ -64,6 +64,10 @@ def test_successful_run(tmp_path, small_pairs):
         (["--source", "{src}", "--data_dir", "{tmp}/blocker/training"], "cannot be created"),
         (["--source", "someone/not-cached-dataset"], "hub"),
         (["--data_dir", "{tmp}/out"], "--source"),
+        (
+            ["--source", "{src}", "--text_column", "t", "--split", "dev"],
+            "--text_column, --split: not used by the pairs layout",
+        ),
     ],
 )
 def test_bad_input_is_one_error_line_and_writes_nothing(tmp_path, small_pairs, args, contains):

@@ -37,6 +37,17 @@ HF_DATA_SUFFIXES = (".parquet", ".arrow")
 TRANSCRIPT_SUFFIXES = (".txt", ".lab")  # pairs: x.wav + x.txt, or x.lab (Montreal Forced Aligner corpora)
 
 
+_COLUMNS = ("--audio_column", "--text_column", "--speaker_column", "--id_column")
+FLAGS_READ = {  # the source flags each layout reads
+    "ljspeech": (),
+    "commonvoice": ("--split",),
+    "csv": _COLUMNS,
+    "hf": (*_COLUMNS, "--split"),
+    "audiofolder": (*_COLUMNS, "--split"),
+    "pairs": (),
+}
+
+
 def open_source(
     source: str,
     fmt: str = "auto",
@@ -54,6 +65,16 @@ def open_source(
     if fmt == "auto":
         fmt, path = detect_format(source)
     columns = dict(audio_column=audio_column, text_column=text_column, speaker_column=speaker_column)
+    given = {
+        f"--{name}": value for name, value in {**columns, "id_column": id_column, "split": split}.items()
+    }
+    unused = [flag for flag, value in given.items() if value is not None and flag not in FLAGS_READ[fmt]]
+    if unused:  # a flag that would change nothing: the user expects it to
+        reads = ", ".join(FLAGS_READ[fmt]) or "none of these flags"
+        raise UserError(
+            f"{', '.join(unused)}: not used by the {fmt} layout of --source {source} (it reads {reads}); "
+            "drop it, or pass --format csv to read a table's columns"
+        )
     if fmt == "hf":
         from .corpus_hf import read_hf  # imports `datasets` only when it is needed
 
