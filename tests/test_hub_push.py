@@ -249,12 +249,13 @@ def test_a_failed_upload_keeps_the_model_and_says_how_to_push_it(monkeypatch, tm
     before = digest(exported)
 
     def upload(self, **kw):
-        raise ConnectionError("connection reset by peer")
+        raise ConnectionError("connection reset by peer\nwhile sending README.md")  # the why on line 2
 
     monkeypatch.setattr(HfApi, "upload_folder", upload)
     lines = []
     record, _ = run_end_push(tmp_path, exported, lines)
-    assert record["pushed"] is False and "connection reset" in record["error"]
+    assert record["pushed"] is False
+    assert record["error"] == "ConnectionError: connection reset by peer while sending README.md"
     assert digest(exported) == before
     [warning] = [line for line in lines if line.startswith("warning:")]
     assert str(exported) in warning

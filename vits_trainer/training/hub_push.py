@@ -239,7 +239,10 @@ def upload_folder(target: PushTarget, folder: Path, path_in_repo: str | None, me
             ignore_patterns=list(NOT_UPLOADED),
         )
     except Exception as err:  # the network, the token, the hub: a warning, never the run
-        record["error"] = f"{type(err).__name__}: {err}".splitlines()[0][:300]
+        # every line, joined: the hub's reason is often on the second ("Invalid metadata in README.md."
+        # then which field)
+        lines = [line.strip() for line in f"{type(err).__name__}: {err}".splitlines() if line.strip()]
+        record["error"] = " ".join(lines)[:600]
         return record
     record["pushed"] = True
     record["url"] = str(getattr(info, "commit_url", None) or getattr(info, "oid", None) or info)

@@ -30,6 +30,9 @@ SCORES = ("val_mel", "val_mel_dtw", "val_mcd", "val_duration_ratio")  # the colu
 SCORE_HEADERS = {"val_mcd": "val_mcd (dB)"}
 
 
+HUB_ID = re.compile(r"[\w.-]+/[\w.-]+")  # owner/name
+
+
 @dataclass(frozen=True)
 class BaseModel:
     """The model a run started from, as far as it is known."""
@@ -221,7 +224,9 @@ def _front_matter(facts: CardFacts) -> str:
     if base.language:
         lines += ["language:", *(f"- {_yaml_scalar(code)}" for code in base.language)]
     lines.append(f"license: {_yaml_scalar(base.license or 'other')}")
-    if base.card_id:
+    if base.card_id and HUB_ID.fullmatch(base.card_id):
+        # the hub refuses a card whose base_model is no model id (a local folder's name): the upload
+        # at the end of a run would fail
         lines.append(f"base_model: {_yaml_scalar(base.card_id)}")
     lines += ["pipeline_tag: text-to-speech", "library_name: transformers", "tags:"]
     tags = ["text-to-speech", "vits", *(["mms"] if _is_mms(base) else []), "vits-trainer"]
@@ -243,7 +248,7 @@ def _is_mms(base: BaseModel) -> bool:
 
 
 def _base_ref(base: BaseModel) -> str:
-    if base.card_id and "/" in base.card_id:  # a hub id (a local folder is named without its path)
+    if base.card_id and HUB_ID.fullmatch(base.card_id):  # a local folder is named without its path
         return f"[{base.card_id}](https://huggingface.co/{base.card_id})"
     return f"`{base.card_id}`"
 
