@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import shutil
 import subprocess
 from pathlib import Path
 
@@ -20,6 +21,7 @@ import soundfile as sf
 from tests.helpers import PYTHON, ROOT
 from vits_trainer.errors import run_cli
 from vits_trainer.speak import main
+from vits_trainer.training.checkpoint import MANIFEST
 
 FILE_LINE = re.compile(r"^.+\.wav +\d+\.\d\d s audio +\d+\.\d\d s taken +RTF \d+\.\d{3}$", re.M)
 TOTAL_LINE = re.compile(
@@ -100,7 +102,20 @@ def test_bad_input_is_one_error_line(tmp_path, capsys, tiny_model_dir, multi_mod
     existing = tmp_path / "existing.wav"
     existing.write_bytes(b"mine")
     wav = tmp_path / "new.wav"
+    no_vocab = shutil.copytree(tiny_model_dir, tmp_path / "no_vocab")
+    (no_vocab / "vocab.json").unlink()
+    truncated = shutil.copytree(tiny_model_dir, tmp_path / "truncated")
+    (truncated / "model.safetensors").write_bytes((tiny_model_dir / "model.safetensors").read_bytes()[:100])
+    step = shutil.copytree(tiny_model_dir, tmp_path / "checkpoints" / "step_00000010")
+    (step / MANIFEST).write_text("{}", encoding="utf-8")
     cases = {
+        "no vocab.json": (["--model", no_vocab, "--text", "abc", "--out", wav], "no vocab.json"),
+        "damaged weights": (["--model", truncated, "--text", "abc", "--out", wav], "damaged or incomplete"),
+        "a checkpoint": (["--model", step, "--text", "abc", "--out", wav], "is a training checkpoint"),
+        "out under a file": (
+            ["--model", tiny_model_dir, "--text", "abc", "--out", blank / "x.wav"],
+            "cannot be written",
+        ),
         "missing folder": (["--model", tmp_path / "nope", "--text", "abc", "--out", wav], "no such folder"),
         "single speaker, id 1": (
             ["--model", tiny_model_dir, "--text", "abc", "--out", wav, "--speaker_id", "1"],

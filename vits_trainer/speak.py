@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 import time
 from dataclasses import dataclass
@@ -127,6 +128,14 @@ def check_not_overwriting(sentences: list[Sentence], overwrite: bool) -> None:
         )
 
 
+def check_writable(sentences: list[Sentence], out: str) -> None:
+    """Before the model loads: every WAV's folder, or its nearest existing parent, can be written."""
+    for folder in sorted({s.path.parent for s in sentences}):
+        existing = next(p for p in (folder, *folder.parents) if p.exists())
+        if not existing.is_dir() or not os.access(existing, os.W_OK | os.X_OK):
+            raise UserError(f"--out {out}: {existing} cannot be written (read-only, or no permission)")
+
+
 def choose_speaker(args: argparse.Namespace, model_dir: Path) -> tuple[int, str]:
     """(speaker id, how the report names it), checked against the model's config and speakers.json."""
     try:
@@ -174,6 +183,10 @@ def main(argv: list[str] | None = None) -> int:
     check_not_overwriting(sentences, args.overwrite)
     model_dir = resolve_model_dir(args.model, "--model")
     speaker_id, speaker = choose_speaker(args, model_dir)
+    from .training.modelfolder import check_model_folder
+
+    check_model_folder(model_dir, "--model")  # a checkpoint folder, no vocab.json, damaged weights
+    check_writable(sentences, args.out)
 
     from .data.audio import write_wav
     from .model import synthesis  # torch and transformers: only once the command line is known good
@@ -204,7 +217,10 @@ def main(argv: list[str] | None = None) -> int:
                 flush=True,
             )
         take = synthesis.speak(voice, token_ids, speaker_id, args.seed, args.speaking_rate)
-        write_wav(sentence.path, take.waveform, take.sampling_rate)  # a new file, or --overwrite
+        try:
+            write_wav(sentence.path, take.waveform, take.sampling_rate)  # a new file, or --overwrite
+        except OSError as err:
+            raise UserError(f"--out {sentence.path}: cannot write it ({err.strerror or err})") from None
         total_audio += take.seconds_of_audio
         total_taken += take.seconds_taken
         print(_line(str(sentence.path).ljust(width), take.seconds_of_audio, take.seconds_taken), flush=True)

@@ -81,7 +81,8 @@ def write_wav(path: str | Path, audio: np.ndarray, sample_rate: int) -> int:
     tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
     try:
         # The stdlib writer: a plain 44-byte header + samples, much faster than libsndfile for short clips.
-        with wave.open(str(tmp), "wb") as w:
+        # the file opened first: wave's own open, failing, left a half-made writer that complained at exit
+        with open(tmp, "wb") as f, wave.open(f, "wb") as w:
             w.setnchannels(1)
             w.setsampwidth(2)
             w.setframerate(int(sample_rate))

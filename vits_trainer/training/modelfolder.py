@@ -30,14 +30,13 @@ def check_model_folder(folder: Path, flag: str) -> None:
     """
     folder = Path(folder)
     if is_training_checkpoint(folder):
-        hint = (
-            f"to continue that run, pass --resume {folder}"
-            if flag == "--model_name"
-            else "a feedback round starts from an exported model"
-        )
+        hint = {
+            "--model_name": f"; to continue that run, pass --resume {folder}",
+            "--base_model": "; a feedback round starts from an exported model",
+        }.get(flag, "")
         raise UserError(
             f"{flag} {folder}: is a training checkpoint, not a model folder: use {folder.parent / 'best_model'} "
-            f"or the final model folder (train_vits.py --output_dir); {hint}"
+            f"or the final model folder (train_vits.py --output_dir){hint}"
         )
     from safetensors import SafetensorError, safe_open
 
