@@ -52,6 +52,19 @@ def test_saved_settings_win_unless_a_flag_is_given():
     assert restore_settings(built_in_code, saved, lines.append, source="x") is built_in_code
 
 
+def test_a_resumed_run_keeps_the_model_it_was_trained_from():
+    """The weights are the checkpoint's: another --model_name would only have named the wrong base in
+    the model card (and its license and language)."""
+    saved = TrainConfig(model_name="facebook/mms-tts-kmr-script_latin").to_dict()
+    lines = []
+    merged = restore_settings(parse(["--model_name", "nosuch"]), saved, lines.append, source="step_00000156")
+    assert merged.model_name == "facebook/mms-tts-kmr-script_latin"
+    assert lines == [
+        "resume: --model_name nosuch is not used: this run continues its checkpoint, trained from "
+        "facebook/mms-tts-kmr-script_latin; to train nosuch from the start, give another --checkpoint_dir"
+    ]
+
+
 def test_a_resumed_run_keeps_the_precision_a_recovery_moved_it_to():
     """bf16 on this CPU; an earlier session's recovery moved the run to fp32 ("no"): kept, and said."""
     from vits_trainer.training.session import _resumed_state

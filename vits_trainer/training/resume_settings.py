@@ -3,7 +3,8 @@
 Every checkpoint stores the run's settings (trainer_state.json "config"). On resume they replace this
 command line's values, except:
 - flags given explicitly on this command line (TrainConfig.explicit): they win, and each one that
-  differs from the saved value is printed;
+  differs from the saved value is printed; but not --model_name (RUN_BASE): the checkpoint's weights
+  came from the saved one, which the model card names, and a different one is said to be unused;
 - NOT_RESTORED: what belongs to this session or this machine, not to the run:
     --target_hours      this process's budget (--total_hours, the whole run's horizon, is restored)
     --resume            how this session finds the checkpoint
@@ -40,6 +41,10 @@ SHARING = ("push_to_hub", "hub_public", "push_best")
 NOT_RESTORED = frozenset({"target_hours", "resume", "checkpoint_dir", "explicit", *MACHINE, *SHARING})
 
 
+# what the run's weights started from: a resumed run's checkpoint decides it, whatever is given
+RUN_BASE = frozenset({"model_name"})
+
+
 def restore_settings(cfg, saved: dict | None, log, source: str, keep: frozenset[str] = frozenset()):
     """`cfg` with the saved settings of a resumed run (see the module docstring); `keep` adds fields
     not to restore (feedback: its --output_dir root and the settings it derives per version)."""
@@ -55,7 +60,13 @@ def restore_settings(cfg, saved: dict | None, log, source: str, keep: frozenset[
         value, old = getattr(cfg, name), saved[name]
         if value == old:
             continue
-        if name in cfg.explicit:
+        if name in cfg.explicit and name in RUN_BASE:
+            changes[name] = old  # the checkpoint's weights came from it: the card must name it
+            log(
+                f"resume: --{name} {_show(value)} is not used: this run continues its checkpoint, trained "
+                f"from {_show(old)}; to train {_show(value)} from the start, give another --checkpoint_dir"
+            )
+        elif name in cfg.explicit:
             if name not in hidden:
                 overridden.append(f"--{name} {_show(value)} (the checkpoint's run used {_show(old)})")
         else:
