@@ -153,6 +153,7 @@ def fake_run(folder: Path, ended: bool = True) -> Path:
                 "training_end": t0 + 100,
                 "stopped_reason": "budget",
                 "final_eval_skipped": None,
+                "samples_per_second": 1.5,  # the session's, warm-up steps included
             }
         )
         summary = {
@@ -206,6 +207,9 @@ def test_report_shows_every_section_marks_the_best_and_escapes(tmp_path):
     )  # not just "checkpoints"
     assert "--resume auto --checkpoint_dir &#x27;a b&#x27;" in page
     assert page.count("<svg") >= 4 and "planned training end" in page and "deadline" in page
+    # plan against what happened: the session's own samples/s (train_summary.json's), epochs done
+    assert "<td>samples per second</td><td>2</td><td>1.5</td>" in page
+    assert "<td>epochs</td><td>3</td><td>2.57</td>" in page
     best_row = re.search(r'<tr class="best"><td>(\d+) <span class="best">best', page)
     assert best_row and best_row.group(1) == "2"
     players = re.findall(r'<h3 id="eval-(\d+)">', page)

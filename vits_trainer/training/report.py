@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import json
 import math
+import statistics
 import time
 from dataclasses import dataclass, field
 from html import escape
@@ -382,17 +383,17 @@ def plan_rows(sitting: Sitting, plan: dict | None, t0: float, ended: bool) -> li
     last_step = (end or {}).get("step", steps[-1]["step"] if steps else start.get("step"))
     done = (last_step or 0) - (start.get("step") or 0)
     rate = [r["samples_per_second"] for r in steps if isinstance(r.get("samples_per_second"), int | float)]
+    # the session's own figure (train_summary.json's) once it ended; while it runs, the median step
+    # line (a mean took in the slow warm-up lines)
+    measured = (end or {}).get("samples_per_second") or (statistics.median(rate) if rate else None)
     p = plan or {}
+    per_epoch = p["optimizer_steps"] / p["epochs"] if p.get("optimizer_steps") and p.get("epochs") else None
     finished = (end["time"] - t0) if end else None
     unknown = "no end record (killed?)" if ended else "running"
     return [
         ["optimizer steps", _fmt(p.get("optimizer_steps")), _fmt(done)],
-        ["epochs", _fmt(p.get("epochs"), 3), "–"],
-        [
-            "samples per second",
-            _fmt(p.get("samples_per_second"), 3),
-            _fmt(sum(rate) / len(rate), 3) if rate else "–",
-        ],
+        ["epochs", _fmt(p.get("epochs"), 3), _fmt(done / per_epoch, 3) if per_epoch else "–"],
+        ["samples per second", _fmt(p.get("samples_per_second"), 3), _fmt(measured, 3)],
         [
             "training ends",
             _offset(p.get("train_end_wall"), t0),

@@ -112,6 +112,7 @@ class RunEnd:
                     "training_end": training_end,
                     "stopped_reason": summary["stopped_reason"],
                     "final_eval_skipped": summary["final_eval_skipped"],
+                    "samples_per_second": summary["samples_per_second"],  # this session's
                 }
             )
             try:
