@@ -446,6 +446,17 @@ def test_another_sources_metadata_is_backed_up_after_a_failed_run(tmp_path, pair
     assert not (out / "metadata.csv.bak2").exists()
 
 
+def test_a_backup_whose_clips_were_replaced_says_so(tmp_path, pairs_corpus):
+    out, other = tmp_path / "out", tmp_path / "other"
+    run_prepare(pairs_corpus, out)
+    write_audio(other / "c0.wav", speech("mno", RATE), RATE)  # the same id from another source
+    (other / "c0.txt").write_text("another clip", encoding="utf-8")
+    _, lines = run_prepare(other, out)
+    assert (out / "metadata.csv.bak").read_text(encoding="utf-8").startswith("c0|clip 0")
+    [warning] = [line for line in lines if line.startswith("warning: metadata.csv.bak")]
+    assert "lists 1 clip(s) whose WAVs now hold this source's audio (c0)" in warning
+
+
 def test_prepare_default_settings_use_all_cores():
     settings = PrepareSettings(source="x")
     assert settings.num_workers == (os.cpu_count() or 1)

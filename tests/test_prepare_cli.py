@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import shlex
 import signal
 import subprocess
 import sys
@@ -79,6 +80,18 @@ def test_bad_input_is_one_error_line_and_writes_nothing(tmp_path, small_pairs, a
     proc = cli(*args)
     assert_one_error_line(proc, contains)
     assert not (tmp_path / "out").exists()
+
+
+def test_output_piped_into_head_ends_without_a_traceback(tmp_path, small_pairs):
+    script = (
+        f"{shlex.quote(sys.executable)} {shlex.quote(str(ROOT / 'prepare_data.py'))} --source "
+        f"{shlex.quote(str(small_pairs))} --data_dir {shlex.quote(str(tmp_path / 'out'))} --no_progress "
+        "| head -1; echo rc=${PIPESTATUS[0]}"
+    )
+    env = dict(os.environ, HF_HUB_OFFLINE="1", PYTHONPATH=str(ROOT))
+    proc = subprocess.run(["bash", "-c", script], capture_output=True, text=True, env=env, timeout=120)
+    assert "Traceback" not in proc.stderr and "BrokenPipeError" not in proc.stderr, proc.stderr
+    assert proc.stdout.splitlines()[-1] in ("rc=141", "rc=0"), proc.stdout  # 0: all written before head left
 
 
 def test_no_surviving_row_fails_but_writes_the_report(tmp_path, small_pairs):

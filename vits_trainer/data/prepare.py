@@ -26,7 +26,7 @@ from ..runlock import RunLock
 from .audio import is_temp_wav
 from .corpus import open_source, transcript_tables_hint
 from .corpus_rows import Problem, Source
-from .metadata import METADATA_NAME, WAVS_DIR, MetaRow, write_metadata
+from .metadata import METADATA_NAME, WAVS_DIR, MetaRow, read_metadata, write_metadata
 from .prepare_checks import (
     Skip,
     Vocabulary,
@@ -159,6 +159,14 @@ def _prepare(settings: PrepareSettings, data_dir: Path, log: Callable[[str], Non
 
     if backup is not None:  # another source's metadata.csv: moved to a fresh name, never overwritten
         os.replace(data_dir / METADATA_NAME, backup)
+        old_rows, _ = read_metadata(backup)
+        replaced = sorted({r.id for r in old_rows} & run.written)
+        if replaced:  # this tool's WAVs, so replaceable; but the backup no longer matches its audio
+            more = f" and {len(replaced) - 3} more" if len(replaced) > 3 else ""
+            log(
+                f"warning: {backup.name} lists {len(replaced)} clip(s) whose WAVs now hold this source's audio "
+                f"({', '.join(replaced[:3])}{more}): same ids; prepare the other source into its own --data_dir"
+            )
     # replaced only when the state says this tool wrote it from this same source (else backed up above)
     write_metadata(data_dir / METADATA_NAME, rows)  # last: it lists only WAVs already in place
     save_state(data_dir, source, run.state, run.begun, source_key(source.location))

@@ -168,6 +168,7 @@ class RunResult:
     reused: int = 0
     replaced: int = 0
     begun: set[str] = field(default_factory=set)  # WAVs begun, never collected (interrupted): still ours
+    written: set[str] = field(default_factory=set)  # the clips whose WAVs this run wrote
 
 
 def convert_all(
@@ -210,6 +211,7 @@ def convert_all(
             fingerprint = pending_fingerprints.pop(outcome.clip_id)
             if outcome.reason is None:
                 run.converted += 1
+                run.written.add(outcome.clip_id)
                 run.state[outcome.clip_id] = {
                     "source": fingerprint,
                     "target": target.key(),
