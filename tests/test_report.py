@@ -166,6 +166,11 @@ def fake_run(folder: Path, ended: bool = True) -> Path:
             "micro_batch_size": 4,
             "gradient_accumulation_steps": 2,
             "skipped_steps": 1,
+            "hub": {
+                "repo": "me/voice",
+                "pushed": False,
+                "error": "ValueError: Invalid metadata <base_model>",
+            },
         }
         (folder / "train_summary.json").write_text(json.dumps(summary))
     (folder / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records) + '{"half')
@@ -207,6 +212,7 @@ def test_report_shows_every_section_marks_the_best_and_escapes(tmp_path):
     )  # not just "checkpoints"
     assert "--resume auto --checkpoint_dir &#x27;a b&#x27;" in page
     assert page.count("<svg") >= 4 and "planned training end" in page and "deadline" in page
+    assert "me/voice: <b>not uploaded</b> (ValueError: Invalid metadata &lt;base_model&gt;)" in page
     # plan against what happened: the session's own samples/s (train_summary.json's), epochs done
     assert "<td>samples per second</td><td>2</td><td>1.5</td>" in page
     assert "<td>epochs</td><td>3</td><td>2.57</td>" in page

@@ -298,6 +298,13 @@ def status_section(run: RunFiles, best: dict | None, best_metric: str, now: floa
             ),
             ("final evaluation", _final_evaluation(summary)),
         ]
+        hub = summary.get("hub")
+        if isinstance(hub, dict):  # --push_to_hub: where the model went, or why it did not
+            repo = escape(str(hub.get("repo")))
+            if hub.get("pushed"):
+                facts.append(("hub", f'<a href="https://huggingface.co/{repo}">{repo}</a>: uploaded'))
+            else:
+                facts.append(("hub", f"{repo}: <b>not uploaded</b> ({escape(str(hub.get('error')))})"))
     links = [
         name
         for name in ("metrics.jsonl", "train_summary.json", "loss_curve.png")
