@@ -78,6 +78,7 @@ def test_a_local_base_folder_is_known_by_its_own_card(tmp_path):
     assert "base_model" not in meta  # a folder's name is no hub id: the hub would refuse the card
     assert "language" not in meta  # not known: left out, never guessed
     assert "a fine-tune of `my voice: v2` and inherits its license, apache-2.0." in text
+    assert "Trained from the local folder `my voice: v2`." in text  # named here, not in the front matter
 
 
 def test_an_unknown_license_is_other_and_the_card_says_to_set_it(tmp_path):

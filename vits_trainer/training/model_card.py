@@ -186,10 +186,10 @@ def model_card(facts: CardFacts) -> str:
     """The README.md text of an exported model folder."""
     base = facts.base
     parts = [_front_matter(facts), f"# {_title(base)}", _license_paragraph(base)]
-    if base.folder and base.folder != base.card_id and not base.fresh:
-        parts.append(
-            f"Trained from the local folder `{base.folder}`, whose own card names {base.card_id} as its base."
-        )
+    if base.folder and not base.fresh:
+        # the front matter names no local folder (the hub would refuse it): the text does
+        whose = f", whose own card names {base.card_id} as its base" if base.card_id != base.folder else ""
+        parts.append(f"Trained from the local folder `{base.folder}`{whose}.")
     if base.language:
         script = f" ({base.script.capitalize()} script)" if base.script else ""
         parts.append(f"Language: {', '.join(base.language)}{script}.")
