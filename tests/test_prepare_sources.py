@@ -299,6 +299,32 @@ def test_hf_single_data_file_and_its_unused_speaker_column(tmp_path):
         detect_format(str(tmp_path / "notes.json"))
 
 
+def test_a_table_saved_in_windows_1252_gets_one_note_saying_so(tmp_path):
+    for i in range(3):
+        write_audio(tmp_path / "clips" / f"c{i}.wav", speech("abc", 16000), 16000)
+    (tmp_path / "clips.csv").write_bytes(
+        "path,text\nclips/c0.wav,çawa yî\nclips/c1.wav,plain\nclips/c2.wav,êvarê baş\n".encode(
+            "cp1252", "replace"
+        )
+    )
+    _, lines = run_prepare(tmp_path / "clips.csv", tmp_path / "out")
+    assert output_rows(tmp_path / "out") == {"clips_c1": ("plain", "0")}
+    [note] = [line for line in lines if "not valid UTF-8" in line]
+    assert (
+        note.startswith("note: 2 row(s) are not valid UTF-8 (the first at clips.csv:2)")
+        and "Windows-1252" in note
+    )
+
+
+def test_an_ljspeech_row_not_in_utf8_keeps_its_id_in_the_report(tmp_path):
+    src = tmp_path / "lj"
+    for i in range(2):
+        write_audio(src / "wavs" / f"a{i}.wav", speech("abc", 16000), 16000)
+    (src / "metadata.csv").write_bytes("a0|plain\na1|çawa\n".encode("latin-1"))
+    run_prepare(src, tmp_path / "out")
+    assert skipped_reasons(tmp_path / "out") == {"a1": "malformed_row"}
+
+
 def test_table_names_an_unused_speaker_column(tmp_path):
     for i in range(2):
         write_audio(tmp_path / "clips" / f"c{i}.wav", speech("abc", 16000), 16000)

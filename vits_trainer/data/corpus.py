@@ -151,7 +151,8 @@ def read_ljspeech(root: Path) -> Source:
             detail = f"expected id|text or id|text|normalized_text, got {len(fields)} field(s)"
             rows.append(Problem(origin, "malformed_row", detail, fields[0].strip()))
         elif _has_bad_utf8(line):
-            rows.append(Problem(origin, "malformed_row", "not valid UTF-8", ""))
+            clip_id = "" if _has_bad_utf8(fields[0]) else fields[0].strip()
+            rows.append(Problem(origin, "malformed_row", "not valid UTF-8", clip_id))
         else:
             parsed.append((number, fields))
     twos = sum(1 for _, fields in parsed if len(fields) == 2)

@@ -93,7 +93,7 @@ def _prepare(settings: PrepareSettings, data_dir: Path, log: Callable[[str], Non
         data_dir,
         (METADATA_NAME, REPORT_NAME, STATE_NAME, CLAIMS_NAME),
     )
-    for note in source.notes + model_notes:
+    for note in source.notes + model_notes + encoding_notes(source):
         log(f"note: {note}")
 
     planned, skipped, filtered, unknown_chars = plan_rows(source, settings, vocab)
@@ -176,6 +176,17 @@ def _prepare(settings: PrepareSettings, data_dir: Path, log: Callable[[str], Non
 
 
 # --- report, output folder ---------------------------------------------------------------------------
+
+
+def encoding_notes(source: Source) -> list[str]:
+    """Rows skipped as not UTF-8 are most often a whole file saved in another encoding: say so once."""
+    bad = [r for r in source.rows if isinstance(r, Problem) and "not valid UTF-8" in r.detail]
+    if not bad:
+        return []
+    return [
+        f"{len(bad)} row(s) are not valid UTF-8 (the first at {bad[0].origin}) and are skipped: a file saved "
+        "by Excel or an older editor is often Windows-1252 or Latin-1; save it as UTF-8 and run again"
+    ]
 
 
 def speakers_hint(source: Source, shown: int = 10) -> str:
