@@ -43,6 +43,17 @@ def go_offline_if_unreachable() -> str | None:
     return why
 
 
+def is_repo_id(name: str) -> bool:
+    """`name` is a model repo id the hub accepts: USER/NAME or ORG/NAME, by huggingface_hub's own rules."""
+    from huggingface_hub.utils import validate_repo_id
+
+    try:
+        validate_repo_id(name)
+    except Exception:
+        return False
+    return name.count("/") == 1
+
+
 def download_hint(name: str, what: str = "model") -> str:
     kind = "" if what == "model" else f" --repo-type {what}"
     return f"hf download {name}{kind} --local-dir DIR"

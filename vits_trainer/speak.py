@@ -137,15 +137,9 @@ def check_writable(sentences: list[Sentence], out: str) -> None:
 
 
 def choose_speaker(args: argparse.Namespace, model_dir: Path) -> tuple[int, str]:
-    """(speaker id, how the report names it), checked against the model's config and speakers.json."""
-    try:
-        config = read_model_config(model_dir)
-    except (ValueError, UnicodeDecodeError) as err:
-        raise UserError(f"--model {args.model}: config.json is not valid JSON ({err})") from None
-    if config.get("model_type") != "vits":
-        raise UserError(
-            f"--model {args.model}: config.json describes a {config.get('model_type')!r} model, not VITS"
-        )
+    """(speaker id, how the report names it), checked against the model's config and speakers.json
+    (the folder passed check_model_folder: its config.json is a VITS model's)."""
+    config = read_model_config(model_dir)
     count = int(config.get("num_speakers") or 1)
     if args.speaker is not None:
         path = model_dir / SPEAKERS_FILE
@@ -182,10 +176,11 @@ def main(argv: list[str] | None = None) -> int:
     sentences = read_sentences(args)
     check_not_overwriting(sentences, args.overwrite)
     model_dir = resolve_model_dir(args.model, "--model")
-    speaker_id, speaker = choose_speaker(args, model_dir)
     from .training.modelfolder import check_model_folder
 
-    check_model_folder(model_dir, "--model")  # a checkpoint folder, no vocab.json, damaged weights
+    # a checkpoint folder, config.json unreadable or not VITS, no vocab.json, damaged weights
+    check_model_folder(model_dir, "--model")
+    speaker_id, speaker = choose_speaker(args, model_dir)
     check_writable(sentences, args.out)
 
     from .data.audio import write_wav

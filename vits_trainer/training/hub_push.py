@@ -28,7 +28,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from ..errors import UserError
-from ..hub import hub_unreachable
+from ..hub import hub_unreachable, is_repo_id
 from ..safety import EXPORT_MARKER, remove_dead_writers_temp
 
 CALL_SECONDS = 10.0  # each start-up call to the hub (whoami, repo info, create) gets at most this
@@ -108,14 +108,7 @@ def check_push_target(
 
 
 def _check_name(repo_id: str, where: str) -> None:
-    from huggingface_hub.utils import validate_repo_id
-
-    try:
-        validate_repo_id(repo_id)
-        ok = repo_id.count("/") == 1
-    except Exception:
-        ok = False
-    if not ok:
+    if not is_repo_id(repo_id):
         raise UserError(
             f"{where}: not a model repo id; give it as USER/NAME or ORG/NAME (letters, digits, '-', '_', '.')"
         )

@@ -22,15 +22,14 @@ import re
 from dataclasses import dataclass, replace
 from pathlib import Path
 
+from ..hub import is_repo_id
+
 CARD_FILE = "README.md"
 MMS_PREFIX = "facebook/mms-tts-"
 MMS_LICENSE = "cc-by-nc-4.0"
 LICENSE_NAMES = {MMS_LICENSE: "CC-BY-NC 4.0"}
 SCORES = ("val_mel", "val_mel_dtw", "val_mcd", "val_duration_ratio")  # the columns of the score table
 SCORE_HEADERS = {"val_mcd": "val_mcd (dB)"}
-
-
-HUB_ID = re.compile(r"[\w.-]+/[\w.-]+")  # owner/name
 
 
 @dataclass(frozen=True)
@@ -224,7 +223,7 @@ def _front_matter(facts: CardFacts) -> str:
     if base.language:
         lines += ["language:", *(f"- {_yaml_scalar(code)}" for code in base.language)]
     lines.append(f"license: {_yaml_scalar(base.license or 'other')}")
-    if base.card_id and HUB_ID.fullmatch(base.card_id):
+    if base.card_id and is_repo_id(base.card_id):
         # the hub refuses a card whose base_model is no model id (a local folder's name): the upload
         # at the end of a run would fail
         lines.append(f"base_model: {_yaml_scalar(base.card_id)}")
@@ -248,7 +247,7 @@ def _is_mms(base: BaseModel) -> bool:
 
 
 def _base_ref(base: BaseModel) -> str:
-    if base.card_id and HUB_ID.fullmatch(base.card_id):  # a local folder is named without its path
+    if base.card_id and is_repo_id(base.card_id):  # a local folder is named without its path
         return f"[{base.card_id}](https://huggingface.co/{base.card_id})"
     return f"`{base.card_id}`"
 
