@@ -6,12 +6,12 @@
 #
 # OUT_DIR   where gpu_logs.tar.gz and summary.txt go (a lent machine returns few files: one archive)
 # SECONDS   the call's limit: gpu_check.sh ends 30 s before it (CALL_SECONDS), so the archive is made
-# STAGE     gpu_check.sh's stages; none: probe tests ops compile, ordered for a 15-minute lease (one
-#           ~10-minute call) after the runner at default flags was measured (docs/performance.md): the
-#           CUDA tests first, whose log names each test as it ends, so a stage cut at the limit still
-#           reports the ones that ran; how much of a micro-step the GPU is busy, and with which kernels,
-#           with the discriminator in NCHW, then in NHWC (about a minute each); then each compile scope against the eager step on the same batches, with
-#           its compilation time.
+# STAGE     gpu_check.sh's stages; none: probe tests ops nhwc compile, ordered for a 15-minute lease
+#           (one ~10-minute call) after the runner at default flags was measured (docs/performance.md):
+#           the CUDA tests first, whose log names each test as it ends, so a stage cut at the limit
+#           still reports the ones that ran; how much of a micro-step the GPU is busy, and with which
+#           kernels, with the discriminator in NCHW, then in NHWC (about a minute each); then each
+#           compile scope against the eager step on the same batches, with its compilation time.
 #
 # Here, first: `bash bench/gpu_wheels.sh`; then the device's run with carry [".whl"] and
 # `bash bench/gpu_session.sh $OUT 570`, timeout_s 600.
