@@ -165,13 +165,17 @@ def main(argv: list[str] | None = None) -> int:
                         flush=True,
                     )
                     runs[mode] = run_session(cfg, scope, args.backend, args.steps, warmup)
-                eager = runs["eager"]
-                for scope in scopes:
-                    rows.append(compare(kind, b, scope, eager, runs[scope], args))
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps({"device": args.device, "gpu": gpu, "rows": rows}, indent=2) + "\n")
+                    if scope is not None:  # each row as soon as it is measured: a run cut short keeps it
+                        rows.append(compare(kind, b, scope, runs["eager"], runs[scope], args))
+                        write_rows(args.out, args.device, gpu, rows)
+    write_rows(args.out, args.device, gpu, rows)
     print(f"wrote {args.out}")
     return 0
+
+
+def write_rows(out: Path, device: str, gpu: str | None, rows: list[dict]) -> None:
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps({"device": device, "gpu": gpu, "rows": rows}, indent=2) + "\n")
 
 
 def compare(kind: str, b: int, scope: str, eager: dict, comp: dict, args) -> dict:

@@ -93,7 +93,7 @@ for stage in "${stages[@]}"; do
       --channels_last --label gpu_nhwc --top 30 --out "$out/ops.json" ;;
     defaults) run defaults python bench/bench_train.py defaults --models mms --steps 60 --clips 640 ;;
     compile) run compile python bench/bench_compile.py --device cuda --models mms --batch_sizes 32 \
-      --scopes segments,graphs --precision bf16 --steps 6 --out "$out/compile.json" ;;
+      --scopes segments,graphs --precision bf16 --steps 9 --out "$out/compile.json" ;;
     step) run step python bench/bench_step.py --device cuda --models mms --precisions no,bf16 \
       --mms_batch_sizes 8,16,32 --steps 4 --warmup 2 --out "$out/step.json" ;;
     naive) run naive python bench/bench_train.py baseline --models mms --batch_sizes 16 --steps 10 ;;
