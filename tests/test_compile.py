@@ -19,6 +19,7 @@ import torch
 from tests.helpers import tiny_config, train_tiny
 from tests.test_vits_training import one_batch
 from vits_trainer.model import compiled as compiled_module
+from vits_trainer.training import compile_choice
 from vits_trainer.training.compile_choice import CompileChoice
 from vits_trainer.training.session import build_session
 from vits_trainer.training.step import GanStep
@@ -552,3 +553,22 @@ def test_the_log_says_how_many_graphs_came_from_the_cache():
     choice.begin(2 * HOUR, 1.0 / 8)
     _steps(choice, [20.0, 5.0, 1.5, 1.5, 1.5, 1.5, 1.5, 1.5])  # slower: back to eager, nothing cached
     assert choice.phase == "off" and lines[-1].endswith("compiling cost 23 s")
+
+
+def test_a_step_that_compiles_again_after_the_decision_is_not_taken_as_the_runs_speed():
+    """Kept compiled, a step on a new micro-batch size (an epoch's short last step, an out-of-memory
+    retry) compiles again: seconds to minutes on a GPU that the budget must not plan every later step
+    by. It did so only before the decision."""
+    graphs = [0]
+    choice, _, _ = _choice("on", compilations=lambda: graphs[0])
+    choice.begin(2 * HOUR, 1.0 / 8)
+    graphs[0] = 10
+    assert _steps(choice, [60.0, 5.0, 0.5, 0.5, 0.5, 0.5, 0.5, 0.5]) == [False, False] + [True] * 6
+    assert choice.phase == "on"
+    graphs[0] = 11  # the next step compiled a graph for a new shape
+    assert _steps(choice, [40.0, 0.5]) == [False, True]
+    for _ in range(compile_choice.LATE_COMPILE_STEPS):  # at most so many: then every step counts again
+        graphs[0] += 1
+        choice.observe(40.0, 8, True)
+    graphs[0] += 1
+    assert choice.observe(40.0, 8, True) is True

@@ -159,7 +159,7 @@ class CompileChoice:
                 self._start_compiling()
             return True
         compiled_again = False
-        if self.phase in ("compiling", "measuring"):
+        if self.active:
             graphs = self.compilations()
             compiled_again, self.graphs_seen = graphs != self.graphs_seen, graphs
         if self.phase == "compiling":
@@ -167,10 +167,11 @@ class CompileChoice:
             if len(self.compile_steps) >= COMPILE_STEPS:
                 self.phase = "measuring"
             return False
+        # a step that compiled again (a new micro-batch size, new lengths), measured or kept compiled
+        if compiled_again and len(self.compile_steps) < COMPILE_STEPS + LATE_COMPILE_STEPS:
+            self.compile_steps.append(seconds)
+            return False
         if self.phase == "measuring":
-            if compiled_again and len(self.compile_steps) < COMPILE_STEPS + LATE_COMPILE_STEPS:
-                self.compile_steps.append(seconds)
-                return False
             if clean and per_sample is not None:
                 self.measured.setdefault(self.scope, []).append(per_sample)
             if len(self.measured.get(self.scope, [])) >= MEASURE_STEPS:
