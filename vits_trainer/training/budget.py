@@ -365,8 +365,9 @@ class Budget:
         return max(_OVERRUN_FRACTION * self.target_seconds, _OVERRUN_MIN_SECONDS)
 
     def _provisional_horizon(self) -> None:
-        """Planned steps from the first step-time estimate, until the benchmark's plan: caps the warmup
-        from the first step on, so a run shorter than the benchmark still leaves warmup and decays."""
+        """Planned steps from the first measured steps (after the warm-up ones), until the benchmark's
+        plan: caps the warmup from then on, so a run shorter than the benchmark still leaves warmup and
+        decays."""
         if not self._recent_steps or self.training_start is None:
             return  # the warm-up steps (compilation) would make the horizon, and the warmup, far too short
         typical = self.typical_step_seconds()
@@ -424,7 +425,7 @@ class Budget:
 
     @property
     def horizon_estimated(self) -> bool:
-        """planned_horizon_steps is the first estimate's (from the start evaluation), not yet a plan's."""
+        """planned_horizon_steps is the first measured steps' estimate, not yet a plan's."""
         return self._horizon_provisional
 
     def after_loop_seconds(self) -> float:

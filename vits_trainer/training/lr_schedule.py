@@ -74,7 +74,7 @@ class BudgetLR:
         """The line to print when the warmup was capped (a flag is never silently ignored)."""
         if not self.warmup_capped:
             return None
-        # before the plan, the step count is the start evaluation's rough estimate
+        # before the plan, the step count is the first measured steps' rough estimate
         steps = (
             "optimizer steps estimated before the plan"
             if self.budget.horizon_estimated
@@ -204,7 +204,7 @@ def make_scheduler(
 ) -> torch.optim.lr_scheduler.LambdaLR:
     """A LambdaLR driven by `BudgetLR`. Peak LR = the param groups' ``initial_lr`` (their lr at first use).
 
-    Resume: restoring the Budget is enough for the right LR; the scheduler's own state_dict round-trips too.
+    Resume: restoring the Budget is enough for the right LR; checkpoints keep no scheduler state.
     """
     from torch.optim.lr_scheduler import LambdaLR
 

@@ -211,8 +211,6 @@ class RunOutputs:
                 s.discriminator_raw,
                 s.g_optimizer,
                 s.d_optimizer,
-                s.g_scheduler,
-                s.d_scheduler,
                 s.accelerator.scaler,
                 self.trainer_state(),
             )

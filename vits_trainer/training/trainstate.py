@@ -1,9 +1,10 @@
 """What a checkpoint holds and how it is turned back into a running session.
 
 A checkpoint carries the complete training state: generator and discriminator weights (safetensors),
-the model's config and tokenizer files (so an extended vocabulary survives), both optimisers and
-schedulers, the fp16 scaler, every RNG, and a JSON `trainer_state.json` (position in the data,
-budget spent, best validation loss, the validation ids, the speaker map, the resolved settings).
+the model's config and tokenizer files (so an extended vocabulary survives), both optimisers, the
+fp16 scaler, every RNG, and a JSON `trainer_state.json` (position in the data, budget spent, best
+validation loss, the validation ids, the speaker map, the resolved settings). No LR scheduler state:
+the learning rate follows from the budget's state (lr_schedule.py).
 """
 
 from __future__ import annotations
@@ -103,8 +104,6 @@ def checkpoint_files(
     discriminator,
     g_optimizer,
     d_optimizer,
-    g_scheduler,
-    d_scheduler,
     scaler,
     trainer_state: dict,
 ) -> dict[str, bytes]:
@@ -115,8 +114,6 @@ def checkpoint_files(
         "discriminator_config.json": json_bytes(discriminator.config.to_dict()),
         "optimizer_g.pt": object_to_bytes(g_optimizer.state_dict()),
         "optimizer_d.pt": object_to_bytes(d_optimizer.state_dict()),
-        "scheduler_g.pt": object_to_bytes(g_scheduler.state_dict()),
-        "scheduler_d.pt": object_to_bytes(d_scheduler.state_dict()),
         "rng.pt": object_to_bytes(rng_state()),
         "trainer_state.json": json_bytes(trainer_state),
     }
