@@ -211,6 +211,22 @@ def test_out_of_memory_halves_the_micro_batch_and_retries(
     for line, norm_d, norm_g in zip(lines, norms[::2], norms[1::2], strict=True):
         assert line["grad_norm_d"] == pytest.approx(norm_d, rel=1e-5)
         assert line["grad_norm_g"] == pytest.approx(norm_g, rel=1e-5)
+    # resumed with the same size: the split holds, and the one line saying so gives the size it runs
+    monkeypatch.setattr(GanStep, "micro_step", real)
+    session, _ = train_tiny(
+        tmp_path,
+        tone_corpus,
+        tiny_model_dir,
+        max_steps=9,
+        gradient_accumulation_steps=2,
+        micro_batch_size="8",
+    )
+    out = capsys.readouterr().out
+    assert session.state.split == 2 and "divided by 2" in out
+    assert (
+        "micro-batch: 4 clips x 4 (gradient accumulation) = 16 clips per optimiser step (--micro_batch_size 8, "
+        in out
+    )
 
 
 def test_out_of_memory_at_batch_one_is_a_clear_error(tmp_path, tiny_model_dir, tone_corpus, monkeypatch):

@@ -65,7 +65,9 @@ class MicroBatchPolicy:
                 # nor does a trial's table, which chose another size: a later `auto` session trials again
                 state.micro_batch_trial = None
             state.micro_batch_size, state.micro_batch_hardware = forced, here
-            s.log(f"micro-batch: {self.describe(forced)} (--micro_batch_size {forced})")
+            s.log(
+                f"micro-batch: {self.describe(self.size())} (--micro_batch_size {forced}{self._split_note()})"
+            )
             return
         options = candidates(cfg)
         chosen = state.micro_batch_size
@@ -74,7 +76,9 @@ class MicroBatchPolicy:
         # afford the trial, and the default size can be several times slower than the best on a GPU
         keep = same and state.micro_batch_trial is not None
         if self.agreement.flag(keep):  # rank 0's view: every rank must trial, or not, together
-            s.log(f"micro-batch: {self.describe(self.size())} (chosen earlier on this hardware)")
+            s.log(
+                f"micro-batch: {self.describe(self.size())} (chosen earlier on this hardware{self._split_note()})"
+            )
             return
         if chosen is not None:  # (a checkpoint of an older version chose nothing: its split stays)
             if not same:
@@ -112,6 +116,10 @@ class MicroBatchPolicy:
                 f"micro-batch trial: {', '.join(map(str, options))} clips per pass, {steps} training steps each "
                 f"(the first a warm-up){' (' + why + ')' if why else ''}; the fastest is kept"
             )
+
+    def _split_note(self) -> str:
+        split = self.s.state.split
+        return f", divided by {split} after an out-of-memory error" if split > 1 else ""
 
     def trial_length(self, sizes: int) -> tuple[int, str]:
         """Steps per size the trial can afford (rank 0's clock), and why it is short or skipped."""

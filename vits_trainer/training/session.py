@@ -297,8 +297,6 @@ def _build_session(
     )
     # the peak is always this session's --learning_rate (x recoveries' scale)
     set_peak_lr(session.lr_pairs(), cfg.learning_rate * state.lr_scale, budget_lr)
-    if state.split > 1:
-        log(f"micro-batch: divided by {state.split} (an earlier out-of-memory retry)")
     return session
 
 
