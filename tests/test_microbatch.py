@@ -88,7 +88,7 @@ def test_the_choice_keeps_every_steps_clips(tmp_path, tiny_model_dir, tone_corpu
     assert summary["steps"] == 10 and len(steps) == 10
     assert [s["micro"] for s in steps[:8]] == [8] * 4 + [16] * 4  # the trial's steps train
     chosen = summary["micro_batch_size"]
-    assert chosen in (8, 16) and summary["gradient_accumulation_steps"] == 16 // chosen
+    assert chosen in (8, 16) and summary["micro_batches_per_step"] == 16 // chosen
     assert {s["micro"] for s in steps[8:]} == {chosen}
     assert [row["micro_batch_size"] for row in summary["micro_batch_trial"]] == [8, 16]
     # every step trained on exactly the clips of its two loader batches, in the sampler's order: the
@@ -106,7 +106,7 @@ def test_the_choice_keeps_every_steps_clips(tmp_path, tiny_model_dir, tone_corpu
     for s in steps:
         assert sum(s["parts"]) == len(s["indices"]) and max(s["parts"]) <= s["micro"]
     state = json.loads((tmp_path / "checkpoints" / "step_00000010" / "trainer_state.json").read_text())
-    assert state["micro_batch_size"] == chosen and state["gradient_accumulation_steps"] == 16 // chosen
+    assert state["micro_batch_size"] == chosen and state["micro_batches_per_step"] == 16 // chosen
     assert state["train_state"]["micro_batch_size"] == chosen
 
 
@@ -120,9 +120,9 @@ def test_a_run_ending_on_the_trials_last_step_reports_the_chosen_size():
         state=SimpleNamespace(micro_batch_size=16, split=1), cfg=SimpleNamespace(batch_size=8)
     )
     policy.trial, policy.last_micro, policy.step_clips = None, 32, 32
-    assert policy.used() == {"micro_batch_size": 16, "gradient_accumulation_steps": 2}
+    assert policy.used() == {"micro_batch_size": 16, "micro_batches_per_step": 2}
     policy.s.state.split = 2  # after an out-of-memory split, the halved size
-    assert policy.used() == {"micro_batch_size": 8, "gradient_accumulation_steps": 4}
+    assert policy.used() == {"micro_batch_size": 8, "micro_batches_per_step": 4}
     policy.trial = MicroBatchTrial([8, 16, 32], 4)  # while the trial runs: the last step's size
     assert policy.used()["micro_batch_size"] == 32
 
@@ -144,7 +144,7 @@ def test_simulated_out_of_memory_rules_a_size_out(tmp_path, tiny_model_dir, tone
     assert "micro-batch trial: 16 clips ran out of memory at step 5: ruled out" in out
     assert "16 clips: out of memory" in out
     assert summary["steps"] == 10 and summary["skipped_steps"] == 0  # training went on
-    assert summary["micro_batch_size"] == 8 and summary["gradient_accumulation_steps"] == 2
+    assert summary["micro_batch_size"] == 8 and summary["micro_batches_per_step"] == 2
     assert session.state.split == 1  # the trial's OOM did not halve the chosen size
     rows = {r["micro_batch_size"]: r for r in summary["micro_batch_trial"]}
     assert rows[16]["out_of_memory"] and not rows[8]["out_of_memory"]

@@ -164,7 +164,7 @@ def fake_run(folder: Path, ended: bool = True) -> Path:
             "target_seconds": 120,
             "threads": {"torch_threads": 2, "adaptive": True},
             "micro_batch_size": 4,
-            "gradient_accumulation_steps": 2,
+            "micro_batches_per_step": 2,
             "skipped_steps": 1,
             "hub": {
                 "repo": "me/voice",

@@ -174,13 +174,14 @@ class MicroBatchPolicy:
             self.finish_trial()
 
     def used(self) -> dict:
-        """The micro-batch size and gradient accumulation the run trains with: the chosen size (after
+        """The micro-batch size and the micro-batches per optimiser step the run trains with (named apart
+        from --gradient_accumulation_steps, which counts loader batches): the chosen size (after
         any out-of-memory split), or the last step's while the trial runs. A run that ends on the
         trial's last step reports the size it chose, not the last one tried."""
         micro = self.size() if self.trial is None else (self.last_micro or self.size())
         return {
             "micro_batch_size": micro,
-            "gradient_accumulation_steps": accumulation_for(self.step_clips, micro),
+            "micro_batches_per_step": accumulation_for(self.step_clips, micro),
         }
 
     def smaller_after_oom(self, failed: int) -> int:

@@ -673,7 +673,8 @@ def microbatch_section(run: RunFiles) -> str:
     if s.get("micro_batch_size") is not None:
         parts.append(
             f"<p>Trained with {_fmt(s['micro_batch_size'])} clips per pass x "
-            f"{_fmt(s.get('gradient_accumulation_steps'))} (gradient accumulation).</p>"
+            f"{_fmt(s.get('micro_batches_per_step', s.get('gradient_accumulation_steps')))} "
+            "(gradient accumulation).</p>"
         )
     compiled = s.get("compile")
     if isinstance(compiled, dict):

@@ -185,7 +185,7 @@ class RunEnd:
             "skipped_steps": state.skipped_steps,
             "plan": first.to_dict() if first else None,
             "micro_batch_size": loop_figures["micro_batch_size"],
-            "gradient_accumulation_steps": loop_figures["gradient_accumulation_steps"],
+            "micro_batches_per_step": loop_figures["micro_batches_per_step"],
             "micro_batch_trial": state.micro_batch_trial,
             "length_buckets": s.pad is not None,
             "compile": loop_figures["compile"],
