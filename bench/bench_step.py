@@ -50,14 +50,17 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")  # the model folders are local: nev
 import numpy as np  # noqa: E402
 import torch  # noqa: E402
 
-from vits_trainer.data.loader import ClipDataset, collate_batch  # noqa: E402
+from vits_trainer.data.loader import (  # noqa: E402
+    ClipDataset,
+    collate_batch,
+    move_batch,  # noqa: E402
+)
 from vits_trainer.data.synthetic import make_corpus  # noqa: E402
 from vits_trainer.model.fresh_init import init_like_vits  # noqa: E402
 from vits_trainer.model.spectrogram import SpectrogramFrontEnd  # noqa: E402
 from vits_trainer.model.tiny import make_tiny_model, make_tokenizer  # noqa: E402
 from vits_trainer.profiling import NO_TIMER, SectionTimer  # noqa: E402
 from vits_trainer.training.config import TrainConfig  # noqa: E402
-from vits_trainer.training.evaluate import move_batch  # noqa: E402
 from vits_trainer.training.loop import gan_step  # noqa: E402
 from vits_trainer.training.runtime import quiet_transformers  # noqa: E402
 from vits_trainer.training.session import Session, build_session  # noqa: E402

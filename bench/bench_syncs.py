@@ -43,10 +43,13 @@ from bench.bench_step import (  # noqa: E402
     quiet_session,
     train_config,
 )
-from vits_trainer.data.loader import ClipDataset, collate_batch  # noqa: E402
+from vits_trainer.data.loader import (  # noqa: E402
+    ClipDataset,
+    collate_batch,
+    move_batch,  # noqa: E402
+)
 from vits_trainer.data.synthetic import make_corpus  # noqa: E402
 from vits_trainer.profiling import DeviceReads  # noqa: E402
-from vits_trainer.training.evaluate import move_batch  # noqa: E402
 from vits_trainer.training.loop import gan_step  # noqa: E402
 from vits_trainer.training.runtime import quiet_transformers  # noqa: E402
 

@@ -83,8 +83,7 @@ def child(args: argparse.Namespace) -> int:
     # a killed benchmark must not leave its competitors spinning: SIGTERM runs the finally below
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(1))
     from bench.bench_step import batches_of, quiet_session, train_config
-    from vits_trainer.data.loader import ClipDataset, collate_batch
-    from vits_trainer.training.evaluate import move_batch
+    from vits_trainer.data.loader import ClipDataset, collate_batch, move_batch
     from vits_trainer.training.loop import gan_step
 
     tmp = Path(tempfile.mkdtemp(prefix="bench_threads-"))

@@ -108,7 +108,7 @@ def test_compiled_step_with_cuda_graphs_gives_the_eager_losses(
     from tests.helpers import tiny_config
     from tests.test_compile import _run_steps
     from tests.test_vits_training import one_batch
-    from vits_trainer.training.evaluate import move_batch
+    from vits_trainer.data.loader import move_batch
     from vits_trainer.training.session import build_session
     from vits_trainer.training.step import GanStep
 
@@ -143,7 +143,7 @@ def test_a_micro_step_on_the_gpu_never_waits_for_it(tmp_path, tiny_model_dir, to
     reads once by design) must queue all its work. tests/test_host_reads.py checks the same on a CPU."""
     from tests.helpers import tiny_config
     from tests.test_vits_training import one_batch
-    from vits_trainer.training.evaluate import move_batch
+    from vits_trainer.data.loader import move_batch
     from vits_trainer.training.session import build_session
     from vits_trainer.training.step import GanStep
 

@@ -63,7 +63,7 @@ def test_micro_batches_go_to_a_gpu_from_pinned_memory(monkeypatch):
     their non-blocking copy, and copies pinned ones as they are. There is no GPU here, so pinning and
     the copy are stand-ins (is_pinned, pin_memory and .to patched); what is checked is what each copy
     starts from."""
-    from vits_trainer.training.evaluate import move_batch
+    from vits_trainer.data.loader import move_batch
     from vits_trainer.training.microbatch import micro_batches
 
     pinned, pins, copies = set(), [], []

@@ -1,4 +1,5 @@
-"""From items to padded batches: the Dataset, `collate_batch` and the DataLoader that joins them.
+"""From items to padded batches: the Dataset, `collate_batch` and the DataLoader that joins them, and
+`move_batch`, which puts a batch on the device.
 
 Items are small dicts of numpy views (cheap to pickle into workers); `collate_batch` pads them into
 preallocated arrays (to the longest item, or to the bucket edge above it: shapes.py) and turns the
@@ -20,6 +21,18 @@ from torch.utils.data import DataLoader, Dataset
 from .items import TrainingItems
 from .sampler import BucketBatchSampler
 from .shapes import PadLengths, padded_widths
+
+
+def move_batch(batch: dict[str, torch.Tensor], device: torch.device) -> dict[str, torch.Tensor]:
+    """`batch` on `device` without making the host wait. To a GPU every tensor is copied from pinned
+    memory: the loader pins its batches, but micro-batches merged from several of them are new tensors,
+    and a copy from pageable memory may wait for every kernel queued before it (CUDA stages it through
+    pinned memory), leaving the GPU idle at each micro-batch. BatchEncoding.to() is avoided on purpose."""
+    pin = device.type == "cuda"
+    return {
+        k: (v.pin_memory() if pin and not v.is_pinned() else v).to(device, non_blocking=True)
+        for k, v in batch.items()
+    }
 
 
 class ClipDataset(Dataset):

@@ -154,7 +154,6 @@ class VitsGenerator(nn.Module):
         audio: torch.Tensor,
         audio_lengths: torch.Tensor,
         speaker_ids: torch.Tensor | None = None,
-        decode: bool = True,
         full_length: bool = False,
         spectrogram: torch.Tensor | None = None,
     ) -> GeneratorOutput:
@@ -200,19 +199,16 @@ class VitsGenerator(nn.Module):
             kl = kl_loss(z_p, logs_q, m_p_frames, logs_p_frames, y_mask)
 
             if full_length:  # evaluation: decode every frame, compare only the frames inside each clip
-                fake = self.model.decoder(z * y_mask, g) if decode else None
+                fake = self.model.decoder(z * y_mask, g)
                 real = audio[..., : spec.size(-1) * hop]
                 mel_mask = y_mask
             else:
                 starts = random_segment_starts(frame_lengths, seg)
-                fake = self._run(self.part("decoder"), slice_segments(z, starts, seg), g) if decode else None
+                fake = self._run(self.part("decoder"), slice_segments(z, starts, seg), g)
                 real = slice_segments(audio, starts * hop, seg * hop)
                 mel_mask = None
         with timer("spectrogram"):
-            if fake is not None:
-                mel = mel_reconstruction_loss(self.frontend.mel(fake), self.frontend.mel(real), mel_mask)
-            else:
-                mel = torch.zeros((), device=spec.device)
+            mel = mel_reconstruction_loss(self.frontend.mel(fake), self.frontend.mel(real), mel_mask)
         return GeneratorOutput(fake, real, mel, kl, duration, durations)
 
 

@@ -14,19 +14,8 @@ import numpy as np
 import torch
 
 from ..data.audio import write_wav as write_pcm16
+from ..data.loader import move_batch
 from ..model.losses import LossWeights
-
-
-def move_batch(batch: dict[str, torch.Tensor], device: torch.device) -> dict[str, torch.Tensor]:
-    """`batch` on `device` without making the host wait. To a GPU every tensor is copied from pinned
-    memory: the loader pins its batches, but micro-batches merged from several of them are new tensors,
-    and a copy from pageable memory may wait for every kernel queued before it (CUDA stages it through
-    pinned memory), leaving the GPU idle at each micro-batch. BatchEncoding.to() is avoided on purpose."""
-    pin = device.type == "cuda"
-    return {
-        k: (v.pin_memory() if pin and not v.is_pinned() else v).to(device, non_blocking=True)
-        for k, v in batch.items()
-    }
 
 
 def _teacher_forced(generator, batch: dict[str, torch.Tensor], autocast=None):

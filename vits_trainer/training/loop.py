@@ -21,10 +21,10 @@ from dataclasses import dataclass, field
 
 import torch
 
+from ..data.loader import move_batch
 from .agreement import Agreement
 from .compile_choice import CompileChoice, training_seconds_left
 from .cpushare import cpu_share
-from .evaluate import move_batch
 from .microbatch import micro_batches
 from .microbatch_choice import MicroBatchPolicy
 from .outputs import RunOutputs
@@ -372,7 +372,6 @@ class Trainer:
         budget, state = self.s.budget, self.s.state
         state.epoch += 1
         state.batch_in_epoch = 0
-        state.epochs_completed += 1
         if budget.current_plan is not None:
             budget.replan()
         self.outputs.epoch_end_housekeeping()

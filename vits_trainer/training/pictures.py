@@ -14,10 +14,9 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from ..data.loader import ClipDataset, collate_batch
+from ..data.loader import ClipDataset, collate_batch, move_batch
 from ..model.alignment import maximum_path
 from ..model.vits import prior_log_likelihood, sequence_mask
-from .evaluate import move_batch
 
 
 @torch.no_grad()

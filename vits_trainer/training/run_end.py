@@ -164,7 +164,7 @@ class RunEnd:
             "steps": budget.global_step,
             "session_steps": budget.session_steps,
             "epochs_planned": first.epochs if first else None,
-            "epochs_completed": state.epochs_completed,
+            "epochs_completed": state.epoch,
             "epochs_trained": state.samples_seen / max(1, s.data.samples_per_epoch),
             "samples_per_second": loop_figures["samples_per_second"],
             "threads": loop_figures["threads"],

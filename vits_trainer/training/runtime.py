@@ -65,11 +65,6 @@ def configure_threads() -> dict[str, str | int | None]:
     return dict(THREAD_SETTINGS)
 
 
-def share_cpus_between_processes() -> None:
-    """Kept for callers of the old name: `configure_threads` does this and more."""
-    configure_threads()
-
-
 def thread_report() -> dict[str, str | int | None]:
     """The thread settings in effect (after torch loaded): for the log line, summary and trainer_state."""
     import torch

@@ -35,9 +35,8 @@ TOKENIZER_FILES = ("vocab.json", "tokenizer_config.json", "special_tokens_map.js
 class TrainState:
     """Where the run is. Saved as JSON in every checkpoint."""
 
-    epoch: int = 0  # current epoch (0-based)
+    epoch: int = 0  # epochs completed: the 0-based index of the epoch being trained
     batch_in_epoch: int = 0  # batches of the current epoch already trained (always a cycle boundary)
-    epochs_completed: int = 0
     samples_seen: int = 0
     best_val: float | None = None  # lowest --best_metric value (on the first validation set) so far
     best_step: int | None = None
