@@ -50,11 +50,10 @@ import torch
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-import vits_trainer.training.loop as loop_module  # noqa: E402
 from vits_trainer.data.synthetic import make_corpus  # noqa: E402
 from vits_trainer.model.fresh_init import init_like_vits  # noqa: E402
 from vits_trainer.model.tiny import make_tiny_model, make_tokenizer  # noqa: E402
-from vits_trainer.training.compile_choice import training_seconds_left as budget_left  # noqa: E402
+from vits_trainer.training.budget import Budget  # noqa: E402
 from vits_trainer.training.config import TrainConfig  # noqa: E402
 
 RESULTS = ROOT / "bench" / "results"
@@ -200,7 +199,8 @@ def defaults_throughput(
         compile=compile_mode or defaults.compile,
     )
     # --max_steps only ends the measurement: `auto` decides for the 10-hour run it stands for
-    with mock.patch.object(loop_module, "training_seconds_left", lambda budget, _: budget_left(budget, 0)):
+    training_left = Budget.training_left
+    with mock.patch.object(Budget, "training_left", lambda budget, _: training_left(budget, 0)):
         session, summary, records = train_and_read_metrics(cfg)
     steps_logged = [r for r in records if "loss_g" in r]
     steady = steps_logged[len(steps_logged) // 2 :]

@@ -110,6 +110,24 @@ def test_the_choice_keeps_every_steps_clips(tmp_path, tiny_model_dir, tone_corpu
     assert state["train_state"]["micro_batch_size"] == chosen
 
 
+def test_the_compile_decision_gets_the_trials_eager_figure_for_the_chosen_size_only_from_this_session():
+    """The compile choice compares compiled steps with the trial's eager time at the chosen size; a
+    trial table kept from an earlier session measured another process (maybe another load) and is not
+    used: the choice then measures eager steps itself."""
+    from types import SimpleNamespace
+
+    table = [
+        {"micro_batch_size": 8, "seconds_per_sample": 0.3},
+        {"micro_batch_size": 16, "seconds_per_sample": 0.2},
+    ]
+    policy = object.__new__(choice_module.MicroBatchPolicy)
+    policy.s = SimpleNamespace(state=SimpleNamespace(micro_batch_size=16, micro_batch_trial=table))
+    policy.trial_steps = [(8, 2.4, 8, True), (16, 3.2, 16, True)]
+    assert policy.trial_seconds_per_sample() == 0.2
+    policy.trial_steps = []  # resumed: the table is an earlier session's
+    assert policy.trial_seconds_per_sample() is None
+
+
 def test_a_run_ending_on_the_trials_last_step_reports_the_chosen_size():
     """max_steps can end a run on the trial's last step, which ran the largest size tried; the summary
     and checkpoints report the size chosen (here 16 of 8 x 4 clips), not that one."""

@@ -233,6 +233,17 @@ class Budget:
         """Wall time by which the last optimizer step must end: deadline - final reserve."""
         return self.deadline() - self.final_reserve()
 
+    def training_left(self, max_steps: int = 0) -> tuple[float, str]:
+        """(training seconds left, what ends them when not the budget: " before --max_steps N"):
+        --max_steps may end training long before the budget does."""
+        left = self.training_end() - self.clock()
+        step_seconds = self.typical_step_seconds()
+        if max_steps and step_seconds > 0:
+            by_steps = max(0, max_steps - self.global_step) * step_seconds
+            if by_steps < left:
+                return by_steps, f" before --max_steps {max_steps}"
+        return left, ""
+
     # ---- measurements -----------------------------------------------------------------------------
 
     def start_training(self) -> None:

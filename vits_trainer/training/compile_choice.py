@@ -49,18 +49,6 @@ LATE_COMPILE_STEPS = 12  # steps after those that compiled again, taken as compi
 FASTER = 0.97  # kept when a compiled step takes less than this share of an eager one (per sample)
 
 
-def training_seconds_left(budget, max_steps: int) -> tuple[float, str]:
-    """(training seconds left, what ends them when not the budget: " before --max_steps N"), for the
-    decision: --max_steps may end training long before the budget does."""
-    left = budget.training_end() - budget.clock()
-    step_seconds = budget.typical_step_seconds()
-    if max_steps and step_seconds > 0:
-        by_steps = max(0, max_steps - budget.global_step) * step_seconds
-        if by_steps < left:
-            return by_steps, f" before --max_steps {max_steps}"
-    return left, ""
-
-
 class CompileChoice:
     """The compile decision of one run. `use(on)` switches the step (GanStep.use_compiled)."""
 

@@ -23,7 +23,7 @@ import torch
 
 from ..data.loader import move_batch
 from .agreement import Agreement
-from .compile_choice import CompileChoice, training_seconds_left
+from .compile_choice import CompileChoice
 from .cpushare import cpu_share
 from .microbatch import micro_batches
 from .microbatch_choice import MicroBatchPolicy
@@ -241,14 +241,13 @@ class Trainer:
     ) -> None:
         """A step's time to the budget (which counts the step: `budget.global_step`), to the micro-batch
         trial while it runs, or to the compile decision; that decision begins once the size is known."""
-        s, budget = self.s, self.s.budget
+        budget = self.s.budget
         self.micro.last_micro = micro
         # a trial's steps count, but measure the run only once its size is chosen; compiling steps count,
         # but are not a step's time either
         measured = trial_size is None
         if measured and self.compiler.decided:
-            full = samples == self.micro.step_clips * s.accelerator.num_processes
-            measured = self.compiler.observe(seconds, samples, clean and full)
+            measured = self.compiler.observe(seconds, samples, clean and self.micro.is_full(samples))
         budget.observe_step(seconds, samples, measured=measured)
         if trial_size is not None and self.micro.trial is not None:
             self.micro.observe_trial_step(trial_size, seconds, samples, clean)
@@ -359,13 +358,8 @@ class Trainer:
     def begin_compile(self) -> None:
         """The micro-batch size is fixed: the compile decision, with the eager figure the trial of this
         session measured for that size (if it ran one)."""
-        budget, state = self.s.budget, self.s.state
-        eager = None
-        if self.micro.trial_steps and state.micro_batch_trial:
-            rows = [r for r in state.micro_batch_trial if r["micro_batch_size"] == state.micro_batch_size]
-            eager = rows[0]["seconds_per_sample"] if rows else None
-        left, until = training_seconds_left(budget, self.s.cfg.max_steps)
-        self.compiler.begin(left, eager, until)
+        left, until = self.s.budget.training_left(self.s.cfg.max_steps)
+        self.compiler.begin(left, self.micro.trial_seconds_per_sample(), until)
 
     def end_epoch(self, signals: SignalStop) -> str | None:
         """An epoch ended: count it, re-plan, evaluate/save if due; the stop reason after that."""

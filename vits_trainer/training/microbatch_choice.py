@@ -164,11 +164,22 @@ class MicroBatchPolicy:
             {"event": "micro_batch", "step": s.budget.global_step, "chosen": chosen, "trial": trial.table()}
         )
 
+    def is_full(self, samples: int) -> bool:
+        """Whether a step of `samples` clips (all processes) was a whole step, not an epoch's short last one."""
+        return samples == self.step_clips * self.s.accelerator.num_processes
+
+    def trial_seconds_per_sample(self) -> float | None:
+        """The eager time per sample this session's trial measured at the chosen size (None without one)."""
+        state = self.s.state
+        if not (self.trial_steps and state.micro_batch_trial):
+            return None
+        rows = [r for r in state.micro_batch_trial if r["micro_batch_size"] == state.micro_batch_size]
+        return rows[0]["seconds_per_sample"] if rows else None
+
     def observe_trial_step(self, size: int, seconds: float, samples: int, clean: bool) -> None:
         """A step of the trial at `size` clips per micro-batch ended; the trial ends after its last."""
         # an epoch's short last step (fewer clips) would skew the time per sample: not measured
-        full = samples == self.step_clips * self.s.accelerator.num_processes
-        self.trial.observe(size, seconds, samples, clean and full)
+        self.trial.observe(size, seconds, samples, clean and self.is_full(samples))
         self.trial_steps.append((size, seconds, samples, clean))
         if self.trial.done:
             self.finish_trial()
