@@ -30,7 +30,7 @@ class MicroBatchPolicy:
         self.metrics = metrics
         self.agreement = agreement
         self.step_clips = per_process_batch(session.cfg)  # clips per optimiser step, per process
-        # an epoch's training clips per process: fewer than a step's, and every step trains on all of them
+        # an epoch's training clips per process: when fewer than a step's, every step trains on all of them
         self.epoch_clips = session.data.samples_per_epoch // session.accelerator.num_processes
         self.trial: MicroBatchTrial | None = None  # the trial while it runs
         self.trial_steps: list[tuple[int, float, int, bool]] = []  # (size, seconds, samples, clean)
@@ -125,7 +125,7 @@ class MicroBatchPolicy:
         """Steps per size the trial can afford (rank 0's clock), and why it is short or skipped."""
         s, budget = self.s, self.s.budget
         step = budget.typical_step_seconds()  # an estimate before the first step (0 if none)
-        left = budget.training_end() - budget.clock()
+        left, _ = budget.training_left()
         steps_left = s.cfg.max_steps - budget.global_step if s.cfg.max_steps else None
         for steps in (TRIAL_STEPS, TRIAL_STEPS_SHORT):
             if sizes * steps * step > TRIAL_SHARE * left:
