@@ -402,3 +402,43 @@ def test_too_little_disk_space_is_refused_up_front(tmp_path, tiny_model_dir, ton
     cfg = tiny_config(tmp_path, tone_corpus, tiny_model_dir, max_steps=1)
     with pytest.raises(UserError, match="not enough disk space"):
         build_session(cfg, time.time())
+
+
+def test_resuming_an_older_checkpoint_sets_the_later_ones_aside_and_keeps_a_better_best_model(
+    tmp_path, tiny_model_dir, tone_corpus, capsys
+):
+    """Going back to an older checkpoint starts another future. The checkpoints of the one left move to
+    abandoned/ (kept): without that, keeping the newest pruned the resumed one, and the next plain
+    resume went back to the future the user left. Its best_model/, which scored better than anything the
+    older checkpoint knows, stays the best to beat: it was replaced by the resumed run's first, worse,
+    evaluation."""
+    from vits_trainer.safety import marker_step, read_marker
+    from vits_trainer.training.checkpoint import list_checkpoints
+
+    _, first = train_tiny(tmp_path, tone_corpus, tiny_model_dir, max_steps=8, save_minutes=1e-4)
+    ckpts = tmp_path / "checkpoints"
+    kept = list_checkpoints(ckpts)
+    assert len(kept) >= 2 and kept[0].name == "step_00000008", kept
+    best = ckpts / "best_model"
+    best_step = marker_step(read_marker(best))
+    assert best_step == 8, first  # the final evaluation beat the start's
+    # the left future's best scored far better than anything the older checkpoint knows
+    metrics = ckpts / "metrics.jsonl"
+    records = [json.loads(line) for line in metrics.read_text().splitlines()]
+    for r in records:
+        if r.get("event") == "eval" and r.get("step") == best_step:
+            r["val_mel"] = 1e-3
+    metrics.write_text("".join(json.dumps(r) + "\n" for r in records))
+    older = kept[-1]
+    capsys.readouterr()
+
+    session, summary = train_tiny(
+        tmp_path, tone_corpus, tiny_model_dir, max_steps=int(older.name[5:]) + 3, resume=str(older)
+    )
+    out = capsys.readouterr().out
+    left = [p.name for p in kept if p != older]
+    assert sorted(p.name for p in (ckpts / "abandoned").iterdir()) == sorted(left)
+    assert f"moved to {ckpts / 'abandoned'} (kept)" in out
+    assert list_checkpoints(ckpts)[0].name == f"step_{int(older.name[5:]) + 3:08d}"  # what auto resumes
+    assert "best_model: keeps the weights of step 8 (val_mel 0.0010)" in out
+    assert marker_step(read_marker(best)) == 8 and summary["best_step"] == 8

@@ -1,7 +1,14 @@
-"""What a run resumed from a checkpoint in another folder brings into its own: the history of the run
-up to that checkpoint (metrics.jsonl, samples) and its best model. The case it is for: an earlier
-session's output attached read-only to a new Kaggle session, resumed with --resume <copy>/step_N
---checkpoint_dir <writable>. The source is only read; nothing the new folder holds is replaced.
+"""What a resume brings along and sets aside.
+
+From a checkpoint in another folder: the history of the run up to that checkpoint (metrics.jsonl,
+samples) and its best model. The case it is for: an earlier session's output attached read-only to a
+new Kaggle session, resumed with --resume <copy>/step_N --checkpoint_dir <writable>. The source is only
+read; nothing the new folder holds is replaced.
+
+From an older checkpoint of the same folder: the later checkpoints, another future than the resumed
+one, are moved to abandoned/ (kept). And whatever the checkpoint, a best_model/ that scored better than
+anything the checkpoint knows (exported after it, by the future it left or a session killed before its
+next checkpoint) stays the best to beat.
 """
 
 from __future__ import annotations
@@ -10,7 +17,8 @@ import json
 import shutil
 from pathlib import Path
 
-from .checkpoint import step_of
+from ..safety import marker_step, read_marker
+from .checkpoint import list_checkpoints, step_of
 from .report import REFERENCE_FOLDER, read_metrics
 from .run_end import existing_best_model, install_best_model
 
@@ -63,3 +71,46 @@ def carry_best_model(source: Path, folder: Path, best_model_step: int | None, lo
         return
     install_best_model(best, folder, best_model_step)  # now this run's export: its later bests replace it
     log(f"history: best_model (step {best_model_step}) carried over from {best}")
+
+
+ABANDONED = "abandoned"  # in the checkpoint folder: checkpoints of a future a resume left
+
+
+def set_aside_later_checkpoints(folder: Path, resumed: Path, step: int, log) -> None:
+    """`resumed` (step `step`) is an older checkpoint of `folder`: its later checkpoints go to
+    `folder`/abandoned/, so that --resume auto continues the resumed run, not the one it left, and
+    pruning never keeps them in place of the resumed run's own. Moved, never deleted."""
+    if resumed.parent.resolve() != folder.resolve():
+        return
+    later = [p for p in list_checkpoints(folder) if step_of(p.name) > step]
+    if not later:
+        return
+    aside = folder / ABANDONED
+    aside.mkdir(exist_ok=True)
+    for path in later:
+        target, n = aside / path.name, 1
+        while target.exists():  # a future left twice at the same step
+            n += 1
+            target = aside / f"{path.name}-{n}"
+        path.rename(target)
+    names = ", ".join(p.name for p in reversed(later))
+    log(
+        f"resume: from step {step}, an older checkpoint: the later {names} moved to {aside} (kept); "
+        "--resume auto continues from here"
+    )
+
+
+def best_model_score(folder: Path, key: str) -> tuple[int, float] | None:
+    """(step, its `key` score) of the best_model/ in checkpoint folder `folder`: the step its marker
+    records and that step's evaluation in metrics.jsonl (the lowest, if it has several); None when the
+    folder, its step or the score is missing."""
+    best = folder / "best_model"
+    step = marker_step(read_marker(best)) if (best / "model.safetensors").is_file() else None
+    if step is None:
+        return None
+    scores = [
+        r[key]
+        for r in read_metrics(folder / "metrics.jsonl")
+        if r.get("event") == "eval" and r.get("step") == step and isinstance(r.get(key), (int, float))
+    ]
+    return (step, min(scores)) if scores else None

@@ -19,6 +19,7 @@ from ..model.alignment import maximum_path
 from ..model.discriminator import save_discriminator
 from ..model.vits import export_model
 from ..safety import UnsafeOverwrite
+from .carry import best_model_score
 from .checkpoint import checkpoint_name, prune_checkpoints, write_checkpoint
 from .evaluate import evaluate, synthesize
 from .freerun import dtw_scores, free_running_eval, write_wavs
@@ -58,6 +59,33 @@ class RunOutputs:
         self.best_model_refused: str | None = None  # why the latest best weights have no best_model/
         self.report: Path | None = None  # report.html, once written
         self.hub = self._hub_push() if session.cfg.push_to_hub and session.is_main else None
+        if session.resumed_from is not None:
+            self.keep_better_best_model()
+
+    def best_key(self) -> str:
+        """The result that decides the best model: --best_metric on the first validation set."""
+        primary = next(iter(self.s.val_loaders))
+        metric = self.s.cfg.best_metric
+        return metric if primary == "val" else f"{primary}_{metric}"
+
+    def keep_better_best_model(self) -> None:
+        """A resumed run's best_model/ may hold weights that scored better than anything its checkpoint
+        knows: exported after it, by the future an older checkpoint's resume leaves (chosen, or the
+        newest being damaged) or by a session killed before its next checkpoint. They stay the best to
+        beat: a worse evaluation never replaces them."""
+        s = self.s
+        if not s.val_loaders:
+            return
+        key = self.best_key()
+        found = best_model_score(s.checkpoint_dir, key)
+        if found is None or (s.state.best_val is not None and found[1] >= s.state.best_val):
+            return
+        step, score = found
+        s.state.best_val, s.state.best_step, s.state.best_model_step = score, step, step
+        s.log(
+            f"best_model: keeps the weights of step {step} ({key} {score:.4f}), better than any evaluation "
+            "this checkpoint knows; an evaluation replaces them only by beating that"
+        )
 
     def _hub_push(self):
         """--push_to_hub's uploads (hub_push.py, imported only then); their time is kept in the final
@@ -90,9 +118,7 @@ class RunOutputs:
         freerun, spoken = free_running_eval(s)  # spoken from text alone, scored against the recordings
         results.update(freerun)
         step = s.budget.global_step
-        primary = next(iter(s.val_loaders))
-        metric = s.cfg.best_metric
-        score = results.get(metric if primary == "val" else f"{primary}_{metric}")
+        score = results.get(self.best_key())
         improved = score is not None and (s.state.best_val is None or score < s.state.best_val)
         record = {
             "event": "eval",

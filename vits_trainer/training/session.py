@@ -28,7 +28,7 @@ from ..model.vits import VitsGenerator
 from ..runlock import RunLock, is_main_process
 from ..safety import remove_created_on_error
 from .budget import Budget
-from .carry import carry_best_model, carry_history
+from .carry import carry_best_model, carry_history, set_aside_later_checkpoints
 from .checkpoint import find_resumable, list_checkpoints, verify_checkpoint
 from .config import TrainConfig, check_data_dir, check_resume_path
 from .datasplit import DataSplit, check_vocabulary, describe_data, load_store, make_loaders, split_data
@@ -201,6 +201,8 @@ def build_session(
                 carry_history(ckpt.path.parent, checkpoint_dir, ckpt.step, ckpt.manifest["created"], log)
                 best_step = trainer_state["train_state"].get("best_model_step")
                 carry_best_model(ckpt.path.parent, checkpoint_dir, best_step, log)
+                if cfg.resume != "auto":  # chosen: an older one of this folder leaves the later ones' future
+                    set_aside_later_checkpoints(checkpoint_dir, ckpt.path, ckpt.step, log)
             session = _build_session(cfg, process_start, data_fn, ckpt)
         except BaseException:
             if lock is not None:
