@@ -25,6 +25,9 @@ def make_cases(tmp: Path, corpus: Path, model: Path) -> dict[str, tuple[list[str
         "negative budget": ([*ok, "--target_hours", "-2"], "--target_hours must be positive"),
         "batch 0": ([*ok, "--batch_size", "0"], "--batch_size must be positive"),
         "not a number": ([*ok, "--batch_size", "eight"], "invalid int value"),
+        "negative weight decay": ([*ok, "--weight_decay", "-1"], "--weight_decay must be 0 or more"),
+        # in frames, 32 would be the usual segment: it is samples, and shorter than the mel loss's window
+        "segment shorter than a window": ([*ok, "--segment_size", "32"], "--segment_size 32: at least "),
         "missing data_dir": (["--data_dir", str(tmp / "nope"), "--model_name", str(model)], "no such folder"),
         "empty data_dir": (
             ["--data_dir", str(empty), "--model_name", str(model)],

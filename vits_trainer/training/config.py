@@ -220,6 +220,7 @@ class TrainConfig:
             "num_workers",
             "eval_samples",
             "freerun_samples",
+            "weight_decay",
         ):
             if getattr(self, name) < 0:
                 raise UserError(f"--{name} must be 0 or more (got {getattr(self, name)})")

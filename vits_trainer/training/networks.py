@@ -84,6 +84,17 @@ def estimate_checkpoint_bytes(*modules: torch.nn.Module) -> int:
     return params * 4 * 3  # weights + two AdamW moments, fp32
 
 
+def check_segment_size(cfg: TrainConfig, model) -> None:
+    """--segment_size, in audio samples, holds at least one window of the spectrogram the mel loss takes
+    of each decoded segment (a shorter one failed in the first step, with a traceback)."""
+    window = (model.config.spectrogram_bins - 1) * 2  # the n_fft of SpectrogramFrontEnd.from_config
+    if cfg.segment_size < window:
+        raise UserError(
+            f"--segment_size {cfg.segment_size}: at least {window} samples for this model (its spectrogram's "
+            f"window; the unit is audio samples, {_hop(model)} per frame); VITS uses 8192"
+        )
+
+
 def make_generator(cfg: TrainConfig, model, log) -> VitsGenerator:
     """The training wrapper of the model, with --freeze and --gradient_checkpointing applied."""
     generator = VitsGenerator(

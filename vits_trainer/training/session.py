@@ -33,7 +33,13 @@ from .checkpoint import find_resumable, list_checkpoints, verify_checkpoint
 from .config import TrainConfig, check_data_dir, check_resume_path
 from .datasplit import DataSplit, check_vocabulary, describe_data, load_store, make_loaders, split_data
 from .lr_schedule import BudgetLR, make_scheduler, set_peak_lr
-from .networks import estimate_checkpoint_bytes, load_model, load_or_create_discriminator, make_generator
+from .networks import (
+    check_segment_size,
+    estimate_checkpoint_bytes,
+    load_model,
+    load_or_create_discriminator,
+    make_generator,
+)
 from .resume_settings import restore_settings
 from .runtime import Logger, idle_gpus_note, make_accelerator, quiet_transformers, resolve_precision
 from .step import make_optimizer
@@ -232,6 +238,7 @@ def _build_session(
     state, precision = _resumed_state(cfg, ckpt, trainer_state, log)
     torch.manual_seed(cfg.seed)
     model, text, model_dir, model_source = load_model(cfg, ckpt, log)  # a bad model path fails here
+    check_segment_size(cfg, model)
     discriminator = load_or_create_discriminator(cfg, ckpt, model_dir, log)
     ckpt_bytes = estimate_checkpoint_bytes(model, discriminator)
     if main:  # from here on files are written
