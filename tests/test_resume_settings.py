@@ -52,6 +52,19 @@ def test_saved_settings_win_unless_a_flag_is_given():
     assert restore_settings(built_in_code, saved, lines.append, source="x") is built_in_code
 
 
+def test_settings_fixed_for_the_run_are_kept_and_said_to_be_unused():
+    """--val_fraction and --seed given on resume were printed like a flag that takes effect, then saved as
+    the run's settings, while the checkpoint's validation clips and random state were used."""
+    saved = TrainConfig(val_fraction=0.02, seed=0).to_dict()
+    lines = []
+    cfg = parse(["--val_fraction", "0.2", "--seed", "7", "--learning_rate", "1e-4"])
+    merged = restore_settings(cfg, saved, lines.append, source="step_00000010")
+    assert merged.val_fraction == 0.02 and merged.seed == 0 and merged.learning_rate == 1e-4
+    assert "resume: --val_fraction 0.2 is not used: the validation clips are the checkpoint's" in lines[1]
+    assert "resume: --seed 7 is not used: the random state is the checkpoint's (0 in this run)" in lines
+    assert not any("--val_fraction 0.2 (the checkpoint" in line for line in lines)
+
+
 def test_a_resumed_run_keeps_the_model_it_was_trained_from():
     """The weights are the checkpoint's: another --model_name would only have named the wrong base in
     the model card (and its license and language)."""

@@ -5,6 +5,8 @@ command line's values, except:
 - flags given explicitly on this command line (TrainConfig.explicit): they win, and each one that
   differs from the saved value is printed; but not --model_name (RUN_BASE): the checkpoint's weights
   came from the saved one, which the model card names, and a different one is said to be unused;
+  nor RUN_FIXED (--val_fraction, --seed): the validation clips and the random state are the
+  checkpoint's, so a different value would change nothing but what the run's settings say;
 - NOT_RESTORED: what belongs to this session or this machine, not to the run:
     --target_hours      this process's budget (--total_hours, the whole run's horizon, is restored)
     --resume            how this session finds the checkpoint
@@ -43,6 +45,11 @@ NOT_RESTORED = frozenset({"target_hours", "resume", "checkpoint_dir", "explicit"
 
 # what the run's weights started from: a resumed run's checkpoint decides it, whatever is given
 RUN_BASE = frozenset({"model_name"})
+# fixed for the run's life: the checkpoint holds the validation ids and every random generator's state
+RUN_FIXED = {
+    "val_fraction": "the validation clips are the checkpoint's, the same in every session",
+    "seed": "the random state is the checkpoint's",
+}
 
 
 def restore_settings(cfg, saved: dict | None, log, source: str, keep: frozenset[str] = frozenset()):
@@ -66,6 +73,9 @@ def restore_settings(cfg, saved: dict | None, log, source: str, keep: frozenset[
                 f"resume: --{name} {_show(value)} is not used: this run continues its checkpoint, trained "
                 f"from {_show(old)}; to train {_show(value)} from the start, give another --checkpoint_dir"
             )
+        elif name in cfg.explicit and name in RUN_FIXED:
+            changes[name] = old
+            log(f"resume: --{name} {_show(value)} is not used: {RUN_FIXED[name]} ({_show(old)} in this run)")
         elif name in cfg.explicit:
             if name not in hidden:
                 overridden.append(f"--{name} {_show(value)} (the checkpoint's run used {_show(old)})")
