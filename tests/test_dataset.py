@@ -420,3 +420,14 @@ def test_a_small_corpus_keeps_most_of_its_clips_for_training():
     }
     assert sizes == {2: 1, 3: 1, 5: 1, 8: 2, 16: 4, 400: 8}  # at least 4, but never most of a small corpus
     assert held_out_positions([f"c{i}" for i in range(50)], 0.0, seed=0) == []
+
+
+def test_the_warning_about_unusable_metadata_lines_says_how_many_it_does_not_show(tmp_path: Path) -> None:
+    from vits_trainer.data.clipstore import _read_listing
+
+    (tmp_path / "metadata.csv").write_text("a|hello\n" + "|\n" * 5, encoding="utf-8")
+    lines: list[str] = []
+    _, rows, _ = _read_listing(tmp_path, lines.append)
+    assert len(rows) == 1
+    assert lines[0].startswith(f"warning: {tmp_path / 'metadata.csv'}: 5 unusable line(s) ignored (line 2")
+    assert lines[0].endswith("; and 2 more)")

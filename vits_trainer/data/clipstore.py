@@ -304,7 +304,8 @@ def _read_listing(data_dir: Path, log: Log) -> tuple[Path, list[MetaRow], LoadRe
     report = LoadReport(metadata_problems=problems)
     if problems:
         first = "; ".join(f"line {n}: {why}" for n, why in problems[:3])
-        log(f"warning: {meta_path}: {len(problems)} unusable line(s) ignored ({first})")
+        more = f"; and {len(problems) - 3} more" if len(problems) > 3 else ""
+        log(f"warning: {meta_path}: {len(problems)} unusable line(s) ignored ({first}{more})")
     if not rows:
         raise UserError(f"{meta_path}: no usable rows")
     return meta_path, rows, report
