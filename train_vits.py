@@ -92,6 +92,11 @@ def best_model_words(summary: dict) -> str:
         return f"best model: {summary['best_model']} (step {summary['best_model_step']})"
     if summary["best_step"] is None:
         return "no best model (no validation)"
+    if summary.get("steps") == 0:  # the start evaluation scored the weights the run started from
+        ended = " fitted in the budget" if summary.get("stopped_reason") == "budget" else ""
+        return (
+            f"no best model (no training step{ended}: the final model holds the weights the run started from)"
+        )
     if summary.get("best_model_not_exported"):
         return f"no best model (the best weights, step {summary['best_step']}, were not exported: {summary['best_model_not_exported']})"
     if summary.get("last_eval_step") == summary["best_step"]:  # e.g. stopped before an epoch ended

@@ -673,3 +673,21 @@ def test_skipped_final_evaluation_is_not_measured_and_not_promoted(
     assert report["feedback"]["judgement"]["per_clip_after"] is None
     assert read_latest(tmp_path / "models") is None
     assert lines[-1].startswith("not promoted: nothing was measured after training")
+
+
+def test_a_round_that_trains_no_step_says_so_instead_of_comparing_the_start_with_itself(
+    tmp_path, light_base, feedback_dir, monkeypatch
+):
+    """A budget that fits no step: "the feedback mel loss did not improve (x -> x)" compared the start
+    evaluation with itself and hid why."""
+    from vits_trainer.training.budget import Budget
+
+    monkeypatch.setattr(Budget, "should_stop", lambda self: True)  # no step fits
+    lines: list[str] = []
+    cfg = feedback_cfg(tmp_path / "models", light_base, feedback_dir, max_steps=3, sample_sentences=0)
+    torch.manual_seed(0)
+    report = run_feedback(cfg, time.time(), log=lines.append)
+    assert report["promoted"] is False and read_latest(tmp_path / "models") is None
+    assert lines[-1].startswith("not promoted: no training step fitted in the budget (--target_hours)"), (
+        lines[-1]
+    )

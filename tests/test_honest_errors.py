@@ -250,6 +250,12 @@ def test_three_clips_train_on_two_and_a_run_of_no_step_exports_no_best_model(
     _, summary = train_tiny(tmp_path / "b", data, tiny_model_dir, **run)
     out = capsys.readouterr().out
     assert summary["steps"] == 0 and summary["best_step"] == 0
+    from train_vits import best_model_words
+
+    assert best_model_words(summary) == (
+        "no best model (no training step fitted in the budget: the final model holds the weights the run "
+        "started from)"
+    )
     assert summary["best_model"] is None and not (tmp_path / "b" / "checkpoints" / "best_model").exists()
     assert "final evaluation skipped: no training step since the start evaluation" in out
     assert out.count("eval (") == 1 and summary["final_val"] is not None  # the start's, not run twice

@@ -156,6 +156,46 @@ def test_output_dir_with_user_files_is_refused_up_front(tmp_path, capsys, tone_c
     assert_unchanged(tmp_path, before)
 
 
+def test_a_checkpoint_folder_holding_results_or_user_files_but_no_checkpoint_is_refused(
+    tmp_path, capsys, tone_corpus, tiny_model_dir
+):
+    """Without a checkpoint to continue, a new run would write its files over what the folder holds: an
+    earlier run's best_model/ and summary (its step_* folders deleted to save space: the first
+    evaluation replaced that best model, and the two runs' metrics were mixed), or the user's own
+    report.html and metrics.jsonl (overwritten and appended to without a word)."""
+    from vits_trainer.training.session import check_fresh_folder
+
+    earlier = tmp_path / "earlier"
+    (earlier / "best_model").mkdir(parents=True)
+    (earlier / "train_summary.json").write_text("{}")
+    (earlier / "metrics.jsonl").write_text('{"event": "session", "step": 0}\n')
+    mine = tmp_path / "mine"
+    mine.mkdir()
+    (mine / "report.html").write_text("my page")
+    (mine / "metrics.jsonl").write_text('{"mine": 1}\n')
+    before = snapshot(tmp_path)
+    argv = [
+        "--data_dir",
+        str(tone_corpus),
+        "--model_name",
+        str(tiny_model_dir),
+        "--output_dir",
+        str(tmp_path / "out"),
+    ]
+    line = refused(
+        capsys, train_vits.main, [*argv, "--checkpoint_dir", str(earlier)], "no checkpoint to continue"
+    )
+    assert "best_model, train_summary.json, metrics.jsonl" in line
+    line = refused(capsys, train_vits.main, [*argv, "--checkpoint_dir", str(mine)], "report.html")
+    assert_unchanged(tmp_path, before)
+    # a run killed before its first checkpoint left its own metrics (and report): it starts again there
+    killed = tmp_path / "killed"
+    killed.mkdir()
+    (killed / "metrics.jsonl").write_text('{"event": "session", "step": 0}\n')
+    (killed / "report.html").write_text("<!doctype html>")
+    check_fresh_folder(killed)
+
+
 def test_export_replaces_only_a_readme_it_wrote(tmp_path, tiny_model_dir):
     """export_model's own check, as best_model's export during a run meets it: a user's README.md in
     a folder without the marker is refused and kept; the card of an earlier export is replaced."""

@@ -342,7 +342,12 @@ class FeedbackRun(FeedbackData):
         judgement["per_clip_before"] = self.info.get("per_clip_before")
         judgement["per_clip_after"] = per_clip_after
         not_measured = summary.get("final_eval_skipped") or "not run"
-        if not measured:
+        if summary.get("steps") == 0:  # "after" would be the start's figures again
+            ended = (
+                " fitted in the budget (--target_hours)" if summary.get("stopped_reason") == "budget" else ""
+            )
+            promoted, reason = False, f"no training step{ended}: nothing to promote"
+        elif not measured:
             promoted, reason = (
                 False,
                 f"nothing was measured after training (final evaluation skipped: {not_measured})",

@@ -8,6 +8,7 @@ line per set-up step, in order. The data steps are in datasplit.py, the model st
 from __future__ import annotations
 
 import functools
+import json
 import shutil
 import sys
 import tempfile
@@ -135,6 +136,42 @@ def find_checkpoint(cfg: TrainConfig, checkpoint_dir: Path, log) -> LoadedCheckp
     return LoadedCheckpoint(path, manifest)
 
 
+# a run's own files in its checkpoint folder, besides the checkpoints
+RUN_FILES = ("best_model", "train_summary.json", "metrics.jsonl", "report.html", "loss_curve.png", "samples")
+
+
+def check_fresh_folder(checkpoint_dir: Path) -> None:
+    """A run starting without a checkpoint writes its files into --checkpoint_dir: refused when the folder
+    holds an earlier run's results (best_model/, train_summary.json: checkpoints deleted to save space,
+    the new run's first evaluation replaced that best model and its metrics were appended to the old
+    ones) or files of those names that are not a run's (the user's report.html was overwritten). A run
+    killed before its first checkpoint leaves only its metrics.jsonl (and what it wrote from it): the
+    same command starts again there, as before."""
+    found = [name for name in RUN_FILES if (checkpoint_dir / name).exists()]
+    if not found:
+        return
+    metrics = checkpoint_dir / "metrics.jsonl"
+    unfinished = "metrics.jsonl" in found and not {"best_model", "train_summary.json"} & set(found)
+    if unfinished and _written_by_a_run(metrics):
+        return
+    raise UserError(
+        f"--checkpoint_dir {checkpoint_dir} holds {', '.join(found)} but no checkpoint to continue from (an "
+        "earlier run's, or files of yours): a new run would write over them; choose another --checkpoint_dir "
+        "(nothing is overwritten)"
+    )
+
+
+def _written_by_a_run(metrics: Path) -> bool:
+    """Whether metrics.jsonl's first line is one of a run's records."""
+    try:
+        with metrics.open(encoding="utf-8", errors="replace") as f:
+            first = f.readline()
+        record = json.loads(first)
+    except (OSError, ValueError):
+        return False
+    return isinstance(record, dict) and ("event" in record or "step" in record)
+
+
 # ---- the session --------------------------------------------------------------------------------
 
 
@@ -197,6 +234,8 @@ def build_session(
         lock = RunLock.acquire(checkpoint_dir, "--checkpoint_dir", log, hint) if main else None
         try:
             ckpt = find_checkpoint(cfg, checkpoint_dir, log)
+            if ckpt is None and main:
+                check_fresh_folder(checkpoint_dir)
             trainer_state = ckpt.json("trainer_state.json") if ckpt is not None else {}
             if ckpt is not None:
                 cfg = restore_settings(cfg, trainer_state.get("config"), log, source=ckpt.path.name)
