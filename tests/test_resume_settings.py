@@ -4,6 +4,7 @@ signal is complete (running exactly it continues the run with the first run's se
 from __future__ import annotations
 
 import json
+import os
 import shlex
 import signal
 import subprocess
@@ -50,6 +51,33 @@ def test_saved_settings_win_unless_a_flag_is_given():
     assert "--gradient_accumulation_steps 1" in lines[-1] and "--output_dir elsewhere/model" in lines[-1]
     built_in_code = TrainConfig(learning_rate=3e-4)
     assert restore_settings(built_in_code, saved, lines.append, source="x") is built_in_code
+
+
+def test_a_resume_from_another_folder_keeps_the_runs_relative_folders(tmp_path, monkeypatch):
+    """A run started in A with the default "training" data folder, resumed from B (which has a
+    "training" folder of its own): it trained on B's corpus and exported into B, saying nothing."""
+    saved = TrainConfig(data_dir="training", output_dir="training/final_model", learning_rate=2e-4).to_dict()
+    here = tmp_path / "B"
+    here.mkdir()
+    monkeypatch.chdir(here)
+    lines = []
+    merged = restore_settings(
+        parse([]), saved, lines.append, source="step_00000080", working_dir=str(tmp_path / "A")
+    )
+    assert merged.data_dir == str(tmp_path / "A" / "training")
+    assert merged.output_dir == str(tmp_path / "A" / "training" / "final_model")
+    assert f"--data_dir {tmp_path / 'A' / 'training'}" in lines[-1]
+    # from the folder it ran in, or a checkpoint that does not say where it ran: as saved
+    for working_dir in (str(here), None):
+        assert (
+            restore_settings(parse([]), saved, lines.append, "x", working_dir=working_dir).data_dir
+            == "training"
+        )
+    # a folder given on this command line wins
+    merged = restore_settings(
+        parse(["--data_dir", "mine"]), saved, lines.append, "x", working_dir=str(tmp_path)
+    )
+    assert merged.data_dir == "mine"
 
 
 def test_settings_fixed_for_the_run_are_kept_and_said_to_be_unused():
@@ -127,9 +155,9 @@ def test_printed_resume_command_continues_with_the_same_settings(tmp_path, tiny_
     argv = shlex.split(printed)
     assert argv[:2] == ["python", "train_vits.py"]
     stopped = json.loads((tmp_path / "checkpoints" / "train_summary.json").read_text())["steps"]
-    first = json.loads((tmp_path / "checkpoints" / f"step_{stopped:08d}" / "trainer_state.json").read_text())[
-        "config"
-    ]
+    state = json.loads((tmp_path / "checkpoints" / f"step_{stopped:08d}" / "trainer_state.json").read_text())
+    first = state["config"]
+    assert state["working_dir"] == os.getcwd()  # what a relative --data_dir is relative to
 
     argv = [a if a != "H" else str(60 / 3600) for a in argv[2:]]
     resumed = subprocess.run(

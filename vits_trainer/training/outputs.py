@@ -6,6 +6,7 @@ its model card), and when the epoch-end ones are due.
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import time
 from collections.abc import Callable
@@ -218,6 +219,7 @@ class RunOutputs:
             "val_ids": s.data.val_ids,
             "speakers": s.speakers,
             "config": s.cfg.to_dict(),
+            "working_dir": os.getcwd(),  # what the config's relative folders are relative to
             "model_source": s.model_source,
             "git_revision": git_revision(),
             "threads": self.threads,

@@ -19,12 +19,17 @@ command line's values, except:
                         machine's token)
 Everything else is restored: data_dir, output_dir, the optimisation (learning rate, accumulation,
 warmup, batch size, loss weights, segment size...), saving and evaluation, seed, freeze, max_steps.
+A relative data_dir or output_dir is the earlier run's, relative to the folder it ran in
+(trainer_state.json "working_dir"): resumed from another folder, it still names the run's data and
+model, not those of the folder the resume runs in.
 A config built in code (explicit is None) is used as it is: nothing is restored.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import os
+from pathlib import Path
 
 # this machine's settings: not restored, and repeated by the printed resume command
 MACHINE = (
@@ -52,11 +57,19 @@ RUN_FIXED = {
 }
 
 
-def restore_settings(cfg, saved: dict | None, log, source: str, keep: frozenset[str] = frozenset()):
+# the run's folders, saved as given: relative to the folder the run was started in
+RUN_FOLDERS = ("data_dir", "output_dir")
+
+
+def restore_settings(
+    cfg, saved: dict | None, log, source: str, keep: frozenset[str] = frozenset(), working_dir=None
+):
     """`cfg` with the saved settings of a resumed run (see the module docstring); `keep` adds fields
-    not to restore (feedback: its --output_dir root and the settings it derives per version)."""
+    not to restore (feedback: its --output_dir root and the settings it derives per version);
+    `working_dir`, the folder the saved run ran in (None: a checkpoint from before it was kept)."""
     if cfg.explicit is None or not isinstance(saved, dict):
         return cfg
+    saved = anchored(saved, working_dir)
     fields = {f.name for f in dataclasses.fields(cfg) if f.metadata.get("cli", True)}
     skip = NOT_RESTORED | keep
     hidden = set(cfg.hidden_flags)
@@ -90,6 +103,19 @@ def restore_settings(cfg, saved: dict | None, log, source: str, keep: frozenset[
             f"resume: the run's own settings from {source}: {', '.join(restored)} (give a flag to change one)"
         )
     return dataclasses.replace(cfg, **changes) if changes else cfg
+
+
+def anchored(saved: dict, working_dir) -> dict:
+    """`saved` with its relative RUN_FOLDERS joined to `working_dir`, when that is not this process's
+    working folder: resumed from elsewhere, "training" named another corpus (trained on it silently)."""
+    if not working_dir or Path(working_dir).resolve() == Path.cwd().resolve():
+        return saved
+    changed = dict(saved)
+    for name in RUN_FOLDERS:
+        value = saved.get(name)
+        if isinstance(value, str) and value and not os.path.isabs(os.path.expanduser(value)):
+            changed[name] = str(Path(working_dir) / value)
+    return changed
 
 
 def _show(value) -> str:

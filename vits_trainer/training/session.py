@@ -238,7 +238,13 @@ def build_session(
                 check_fresh_folder(checkpoint_dir)
             trainer_state = ckpt.json("trainer_state.json") if ckpt is not None else {}
             if ckpt is not None:
-                cfg = restore_settings(cfg, trainer_state.get("config"), log, source=ckpt.path.name)
+                cfg = restore_settings(
+                    cfg,
+                    trainer_state.get("config"),
+                    log,
+                    source=ckpt.path.name,
+                    working_dir=trainer_state.get("working_dir"),
+                )
             if check_paths is not None:
                 check_paths(cfg)
             check_inputs(cfg, resumed=ckpt is not None)
