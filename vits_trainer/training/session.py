@@ -254,7 +254,7 @@ def build_session(
                 carry_best_model(ckpt.path.parent, checkpoint_dir, best_step, log)
                 if cfg.resume != "auto":  # chosen: an older one of this folder leaves the later ones' future
                     set_aside_later_checkpoints(checkpoint_dir, ckpt.path, ckpt.step, log)
-            session = _build_session(cfg, process_start, data_fn, ckpt)
+            session = _build_session(cfg, process_start, data_fn, ckpt, trainer_state)
         except BaseException:
             if lock is not None:
                 lock.release()  # also removes the folder if this run created it and left it empty
@@ -273,13 +273,17 @@ def _read_only_hint(checkpoint_dir: Path) -> str:
 
 
 def _build_session(
-    cfg: TrainConfig, process_start: float, data_fn: Callable | None, ckpt: LoadedCheckpoint | None
+    cfg: TrainConfig,
+    process_start: float,
+    data_fn: Callable | None,
+    ckpt: LoadedCheckpoint | None,
+    trainer_state: dict,
 ) -> Session:
-    """The steps of a set-up, in order (the order matters: seeds, then what is written)."""
+    """The steps of a set-up, in order (the order matters: seeds, then what is written). `trainer_state`:
+    the checkpoint's trainer_state.json ({} without one)."""
     main = is_main_process()
     log = Logger(main)
     quiet_transformers()
-    trainer_state = ckpt.json("trainer_state.json") if ckpt is not None else {}
     state, precision = _resumed_state(cfg, ckpt, trainer_state, log)
     torch.manual_seed(cfg.seed)
     model, text, model_dir, model_source = load_model(cfg, ckpt, log)  # a bad model path fails here
