@@ -54,30 +54,42 @@ def test_saved_settings_win_unless_a_flag_is_given():
 
 
 def test_a_resume_from_another_folder_keeps_the_runs_relative_folders(tmp_path, monkeypatch):
-    """A run started in A with the default "training" data folder, resumed from B (which has a
-    "training" folder of its own): it trained on B's corpus and exported into B, saying nothing."""
-    saved = TrainConfig(data_dir="training", output_dir="training/final_model", learning_rate=2e-4).to_dict()
-    here = tmp_path / "B"
+    """A run started in A with the default "training" folders, resumed from B (which has a "training"
+    folder of its own) with --checkpoint_dir A/training/checkpoints: it trained on B's corpus and
+    exported into B, saying nothing. A project folder copied whole and resumed inside the copy keeps
+    using the copy's folders."""
+    saved = TrainConfig(
+        data_dir="training", output_dir="training/final_model", checkpoint_dir="training/checkpoints"
+    ).to_dict()
+    run_a, here = tmp_path / "A", tmp_path / "B"
     here.mkdir()
     monkeypatch.chdir(here)
     lines = []
-    merged = restore_settings(
-        parse([]), saved, lines.append, source="step_00000080", working_dir=str(tmp_path / "A")
-    )
-    assert merged.data_dir == str(tmp_path / "A" / "training")
-    assert merged.output_dir == str(tmp_path / "A" / "training" / "final_model")
-    assert f"--data_dir {tmp_path / 'A' / 'training'}" in lines[-1]
-    # from the folder it ran in, or a checkpoint that does not say where it ran: as saved
-    for working_dir in (str(here), None):
+    given = parse(["--checkpoint_dir", str(run_a / "training" / "checkpoints")])
+    merged = restore_settings(given, saved, lines.append, source="step_00000080", working_dir=str(run_a))
+    assert merged.data_dir == str(run_a / "training")
+    assert merged.output_dir == str(run_a / "training" / "final_model")
+    assert f"--data_dir {run_a / 'training'}" in lines[-1]
+    # found by where the checkpoints are, also in a checkpoint that does not say where its run ran
+    merged = restore_settings(given, saved, lines.append, "x", working_dir=None)
+    assert merged.data_dir == str(run_a / "training")
+    # the copy of the project, resumed inside it (default --checkpoint_dir), or in the folder it ran in
+    for working_dir in (str(run_a), str(here), None):
         assert (
             restore_settings(parse([]), saved, lines.append, "x", working_dir=working_dir).data_dir
             == "training"
         )
+    # a checkpoint folder not found where the run's relative one would be: the folder the run ran in
+    elsewhere = parse(["--checkpoint_dir", str(tmp_path / "moved")])
+    merged = restore_settings(elsewhere, saved, lines.append, "x", working_dir=str(run_a))
+    assert merged.data_dir == str(run_a / "training")
     # a folder given on this command line wins
-    merged = restore_settings(
-        parse(["--data_dir", "mine"]), saved, lines.append, "x", working_dir=str(tmp_path)
-    )
+    merged = restore_settings(parse(["--data_dir", "mine", *given_args(given)]), saved, lines.append, "x")
     assert merged.data_dir == "mine"
+
+
+def given_args(cfg) -> list[str]:
+    return ["--checkpoint_dir", cfg.checkpoint_dir]
 
 
 def test_settings_fixed_for_the_run_are_kept_and_said_to_be_unused():

@@ -19,9 +19,10 @@ command line's values, except:
                         machine's token)
 Everything else is restored: data_dir, output_dir, the optimisation (learning rate, accumulation,
 warmup, batch size, loss weights, segment size...), saving and evaluation, seed, freeze, max_steps.
-A relative data_dir or output_dir is the earlier run's, relative to the folder it ran in
-(trainer_state.json "working_dir"): resumed from another folder, it still names the run's data and
-model, not those of the folder the resume runs in.
+A relative data_dir or output_dir is relative to the run's folder: the one it was started in, as the
+checkpoint folder shows it now. Resumed from another folder with --checkpoint_dir pointing back into
+the run's, they still name the run's data and model, not those of the folder the resume runs in; a
+project folder copied or moved whole, resumed inside the copy, uses the copy's.
 A config built in code (explicit is None) is used as it is: nothing is restored.
 """
 
@@ -69,7 +70,7 @@ def restore_settings(
     `working_dir`, the folder the saved run ran in (None: a checkpoint from before it was kept)."""
     if cfg.explicit is None or not isinstance(saved, dict):
         return cfg
-    saved = anchored(saved, working_dir)
+    saved = anchored(saved, run_folder(saved.get("checkpoint_dir"), cfg.checkpoint_dir, working_dir))
     fields = {f.name for f in dataclasses.fields(cfg) if f.metadata.get("cli", True)}
     skip = NOT_RESTORED | keep
     hidden = set(cfg.hidden_flags)
@@ -105,16 +106,31 @@ def restore_settings(
     return dataclasses.replace(cfg, **changes) if changes else cfg
 
 
-def anchored(saved: dict, working_dir) -> dict:
-    """`saved` with its relative RUN_FOLDERS joined to `working_dir`, when that is not this process's
-    working folder: resumed from elsewhere, "training" named another corpus (trained on it silently)."""
-    if not working_dir or Path(working_dir).resolve() == Path.cwd().resolve():
+def run_folder(saved_checkpoint_dir, checkpoint_dir, working_dir) -> Path | None:
+    """The folder the run's relative folders are relative to, now: where this --checkpoint_dir is, less
+    the relative --checkpoint_dir the run was started with (training/checkpoints in /tmp/A: /tmp/A),
+    else the folder the run was started in (`working_dir`, None if not known)."""
+    if isinstance(saved_checkpoint_dir, str) and saved_checkpoint_dir and checkpoint_dir:
+        given = Path(saved_checkpoint_dir)
+        if not given.expanduser().is_absolute():
+            parts = [p for p in given.parts if p != "."]
+            now = Path(checkpoint_dir).expanduser().resolve()
+            if parts and ".." not in parts and list(now.parts[-len(parts) :]) == parts:
+                return Path(*now.parts[: -len(parts)])
+    return Path(working_dir) if working_dir else None
+
+
+def anchored(saved: dict, root: Path | None) -> dict:
+    """`saved` with its relative RUN_FOLDERS joined to the run's folder `root`, when that is not this
+    process's working folder: resumed from elsewhere, "training" named another corpus (trained on it
+    silently)."""
+    if root is None or root.resolve() == Path.cwd().resolve():
         return saved
     changed = dict(saved)
     for name in RUN_FOLDERS:
         value = saved.get(name)
         if isinstance(value, str) and value and not os.path.isabs(os.path.expanduser(value)):
-            changed[name] = str(Path(working_dir) / value)
+            changed[name] = str(root / value)
     return changed
 
 
