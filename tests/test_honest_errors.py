@@ -293,16 +293,26 @@ def test_an_epoch_evaluation_of_the_final_weights_stands_for_the_final_one(
     assert "the epoch 1 evaluation's (no training step since)</td>" in page
 
 
-def test_a_best_model_a_users_file_kept_out_is_named_as_not_exported(tmp_path, tiny_model_dir, capsys):
-    """A file of the user's in best_model/ is kept; the done line says the best weights were not
-    exported and why, never that no evaluation beat the start."""
+def test_a_best_model_a_users_file_kept_out_is_named_as_not_exported(
+    tmp_path, tiny_model_dir, capsys, monkeypatch
+):
+    """A file of the user's put into best_model/ while the run starts (one there before is refused up
+    front: test_safety.py) is kept; the done line says the best weights were not exported and why,
+    never that no evaluation beat the start."""
     from train_vits import best_model_words
+    from vits_trainer.training.outputs import RunOutputs
 
     data = tmp_path / "three"
     make_corpus(data, num_clips=3, sample_rate=16000, seed=0)
     best = tmp_path / "run" / "checkpoints" / "best_model"
-    best.mkdir(parents=True)
-    (best / "notes.txt").write_text("mine", encoding="utf-8")
+    warm_up = RunOutputs.warm_up_first_calls
+
+    def users_file_appears(self):
+        best.mkdir(parents=True)
+        (best / "notes.txt").write_text("mine", encoding="utf-8")
+        return warm_up(self)
+
+    monkeypatch.setattr(RunOutputs, "warm_up_first_calls", users_file_appears)
     run = dict(max_steps=3, val_fraction=0.02, learning_rate=1e-3)
     _, summary = train_tiny(tmp_path / "run", data, tiny_model_dir, **run)
     assert "warning: best model not " in capsys.readouterr().out  # exported (epoch eval) or updated (final)

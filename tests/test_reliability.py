@@ -442,3 +442,36 @@ def test_resuming_an_older_checkpoint_sets_the_later_ones_aside_and_keeps_a_bett
     assert list_checkpoints(ckpts)[0].name == f"step_{int(older.name[5:]) + 3:08d}"  # what auto resumes
     assert "best_model: keeps the weights of step 8 (val_mel 0.0010)" in out
     assert marker_step(read_marker(best)) == 8 and summary["best_step"] == 8
+
+
+def test_resuming_a_set_aside_checkpoint_sets_aside_the_later_ones_again(tmp_path):
+    """Going back to a checkpoint in abandoned/ is going back too: the later checkpoints of the folder
+    move aside (a name taken there gets a suffix), or --resume auto would take the newest of them."""
+    from vits_trainer.training.carry import set_aside_later_checkpoints
+    from vits_trainer.training.checkpoint import list_checkpoints
+
+    folder = tmp_path / "checkpoints"
+    for name in (
+        "step_00000054",
+        "step_00000100",
+        "step_00000109",
+        "abandoned/step_00000063",
+        "abandoned/step_00000100",
+    ):
+        (folder / name).mkdir(parents=True)
+    lines = []
+    set_aside_later_checkpoints(folder, folder / "abandoned" / "step_00000063", 63, lines.append)
+    assert [p.name for p in list_checkpoints(folder)] == ["step_00000054"]
+    assert sorted(p.name for p in (folder / "abandoned").iterdir()) == [
+        "step_00000063",
+        "step_00000100",
+        "step_00000100-2",
+        "step_00000109",
+    ]
+    assert lines == [
+        f"resume: from step 63, an older checkpoint: the later step_00000100, step_00000109 moved to "
+        f"{folder / 'abandoned'} (kept); --resume auto continues from here"
+    ]
+    # a checkpoint of another folder (carried over) sets nothing aside
+    set_aside_later_checkpoints(folder, tmp_path / "elsewhere" / "step_00000001", 1, lines.append)
+    assert [p.name for p in list_checkpoints(folder)] == ["step_00000054"] and len(lines) == 1

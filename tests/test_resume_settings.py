@@ -62,6 +62,7 @@ def test_a_resume_from_another_folder_keeps_the_runs_relative_folders(tmp_path, 
         data_dir="training", output_dir="training/final_model", checkpoint_dir="training/checkpoints"
     ).to_dict()
     run_a, here = tmp_path / "A", tmp_path / "B"
+    run_a.mkdir()
     here.mkdir()
     monkeypatch.chdir(here)
     lines = []
@@ -86,6 +87,9 @@ def test_a_resume_from_another_folder_keeps_the_runs_relative_folders(tmp_path, 
     # a folder given on this command line wins
     merged = restore_settings(parse(["--data_dir", "mine", *given_args(given)]), saved, lines.append, "x")
     assert merged.data_dir == "mine"
+    # a run's folder that is gone (moved, resumed from its old checkpoints' copy) names nothing
+    merged = restore_settings(elsewhere, saved, lines.append, "x", working_dir=str(tmp_path / "gone"))
+    assert merged.data_dir == "training"
 
 
 def given_args(cfg) -> list[str]:

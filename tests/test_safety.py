@@ -188,12 +188,18 @@ def test_a_checkpoint_folder_holding_results_or_user_files_but_no_checkpoint_is_
     assert "best_model, train_summary.json, metrics.jsonl" in line
     line = refused(capsys, train_vits.main, [*argv, "--checkpoint_dir", str(mine)], "report.html")
     assert_unchanged(tmp_path, before)
-    # a run killed before its first checkpoint left its own metrics (and report): it starts again there
+    # a run killed before its first checkpoint left its own metrics, report, and a best_model/ when an
+    # evaluation came first: the same command starts again there
     killed = tmp_path / "killed"
-    killed.mkdir()
-    (killed / "metrics.jsonl").write_text('{"event": "session", "step": 0}\n')
+    (killed / "best_model").mkdir(parents=True)
+    (killed / "metrics.jsonl").write_text('{"event": "session", "step": 0, "resumed_from": null}\n')
     (killed / "report.html").write_text("<!doctype html>")
     check_fresh_folder(killed)
+    # ... but not one whose metrics show a resumed session: it had checkpoints, deleted since
+    with (killed / "metrics.jsonl").open("a") as f:
+        f.write('{"event": "session", "step": 40, "resumed_from": 40}\n')
+    with pytest.raises(UserError, match="no checkpoint to continue from"):
+        check_fresh_folder(killed)
 
 
 def test_export_replaces_only_a_readme_it_wrote(tmp_path, tiny_model_dir):

@@ -77,10 +77,11 @@ ABANDONED = "abandoned"  # in the checkpoint folder: checkpoints of a future a r
 
 
 def set_aside_later_checkpoints(folder: Path, resumed: Path, step: int, log) -> None:
-    """`resumed` (step `step`) is an older checkpoint of `folder`: its later checkpoints go to
-    `folder`/abandoned/, so that --resume auto continues the resumed run, not the one it left, and
-    pruning never keeps them in place of the resumed run's own. Moved, never deleted."""
-    if resumed.parent.resolve() != folder.resolve():
+    """`resumed` (step `step`) is an older checkpoint of `folder`, or one set aside in its abandoned/: the
+    later checkpoints of `folder` go to `folder`/abandoned/, so that --resume auto continues the resumed
+    run, not the one it left, and pruning never keeps them in place of the resumed run's own. Moved,
+    never deleted."""
+    if resumed.parent.resolve() not in (folder.resolve(), (folder / ABANDONED).resolve()):
         return
     later = [p for p in list_checkpoints(folder) if step_of(p.name) > step]
     if not later:

@@ -124,8 +124,8 @@ def anchored(saved: dict, root: Path | None) -> dict:
     """`saved` with its relative RUN_FOLDERS joined to the run's folder `root`, when that is not this
     process's working folder: resumed from elsewhere, "training" named another corpus (trained on it
     silently)."""
-    if root is None or root.resolve() == Path.cwd().resolve():
-        return saved
+    if root is None or root.resolve() == Path.cwd().resolve() or not root.is_dir():
+        return saved  # (a run's folder that is gone names nothing: the folders as given, here)
     changed = dict(saved)
     for name in RUN_FOLDERS:
         value = saved.get(name)

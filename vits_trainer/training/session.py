@@ -142,17 +142,17 @@ RUN_FILES = ("best_model", "train_summary.json", "metrics.jsonl", "report.html",
 
 def check_fresh_folder(checkpoint_dir: Path) -> None:
     """A run starting without a checkpoint writes its files into --checkpoint_dir: refused when the folder
-    holds an earlier run's results (best_model/, train_summary.json: checkpoints deleted to save space,
-    the new run's first evaluation replaced that best model and its metrics were appended to the old
-    ones) or files of those names that are not a run's (the user's report.html was overwritten). A run
-    killed before its first checkpoint leaves only its metrics.jsonl (and what it wrote from it): the
-    same command starts again there, as before."""
+    holds the results of a run that had checkpoints (its train_summary.json, written at the end of every
+    session that saved one, or a resumed session in its metrics: checkpoints deleted to save space, the
+    new run's first evaluation replaced that best model and its metrics were appended to the old ones)
+    or files of those names that are not a run's (the user's report.html was overwritten). A run killed
+    before its first checkpoint leaves its metrics.jsonl and what it wrote from it, a best_model/ too
+    when an evaluation came first: the same command starts again there, as before."""
     found = [name for name in RUN_FILES if (checkpoint_dir / name).exists()]
     if not found:
         return
     metrics = checkpoint_dir / "metrics.jsonl"
-    unfinished = "metrics.jsonl" in found and not {"best_model", "train_summary.json"} & set(found)
-    if unfinished and _written_by_a_run(metrics):
+    if "train_summary.json" not in found and "metrics.jsonl" in found and _never_saved(metrics):
         return
     raise UserError(
         f"--checkpoint_dir {checkpoint_dir} holds {', '.join(found)} but no checkpoint to continue from (an "
@@ -161,15 +161,28 @@ def check_fresh_folder(checkpoint_dir: Path) -> None:
     )
 
 
-def _written_by_a_run(metrics: Path) -> bool:
-    """Whether metrics.jsonl's first line is one of a run's records."""
+def _never_saved(metrics: Path) -> bool:
+    """Whether metrics.jsonl is a run's (its first line one of a run's records) that never resumed from a
+    checkpoint (no session record of a resume)."""
     try:
-        with metrics.open(encoding="utf-8", errors="replace") as f:
-            first = f.readline()
-        record = json.loads(first)
+        lines = metrics.read_text(encoding="utf-8", errors="replace").splitlines()
+        first = json.loads(lines[0]) if lines else None
     except (OSError, ValueError):
         return False
-    return isinstance(record, dict) and ("event" in record or "step" in record)
+    if not (isinstance(first, dict) and ("event" in first or "step" in first)):
+        return False
+    for line in lines:
+        try:
+            record = json.loads(line)
+        except ValueError:  # a half line of a killed process
+            continue
+        if (
+            isinstance(record, dict)
+            and record.get("event") == "session"
+            and record.get("resumed_from") is not None
+        ):
+            return False
+    return True
 
 
 # ---- the session --------------------------------------------------------------------------------
