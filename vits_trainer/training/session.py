@@ -265,9 +265,10 @@ def build_session(
                 carry_history(ckpt.path.parent, checkpoint_dir, ckpt.step, ckpt.manifest["created"], log)
                 best_step = trainer_state["train_state"].get("best_model_step")
                 carry_best_model(ckpt.path.parent, checkpoint_dir, best_step, log)
-                if cfg.resume != "auto":  # chosen: an older one of this folder leaves the later ones' future
-                    set_aside_later_checkpoints(checkpoint_dir, ckpt.path, ckpt.step, log)
             session = _build_session(cfg, process_start, data_fn, ckpt, trainer_state)
+            if ckpt is not None and main and cfg.resume != "auto":  # once set-up found no bad input:
+                # a chosen older checkpoint of this folder leaves the future of its later ones
+                set_aside_later_checkpoints(checkpoint_dir, ckpt.path, ckpt.step, log)
         except BaseException:
             if lock is not None:
                 lock.release()  # also removes the folder if this run created it and left it empty
