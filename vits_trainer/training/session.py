@@ -8,7 +8,6 @@ line per set-up step, in order. The data steps are in datasplit.py, the model st
 from __future__ import annotations
 
 import functools
-import json
 import shutil
 import sys
 import tempfile
@@ -41,6 +40,7 @@ from .networks import (
     load_or_create_discriminator,
     make_generator,
 )
+from .report import read_metrics
 from .resume_settings import restore_settings
 from .runtime import Logger, idle_gpus_note, make_accelerator, quiet_transformers, resolve_precision
 from .step import make_optimizer
@@ -162,27 +162,12 @@ def check_fresh_folder(checkpoint_dir: Path) -> None:
 
 
 def _never_saved(metrics: Path) -> bool:
-    """Whether metrics.jsonl is a run's (its first line one of a run's records) that never resumed from a
+    """Whether metrics.jsonl is a run's (its first record one of a run's) that never resumed from a
     checkpoint (no session record of a resume)."""
-    try:
-        lines = metrics.read_text(encoding="utf-8", errors="replace").splitlines()
-        first = json.loads(lines[0]) if lines else None
-    except (OSError, ValueError):
+    records = read_metrics(metrics)
+    if not records or not ("event" in records[0] or "step" in records[0]):
         return False
-    if not (isinstance(first, dict) and ("event" in first or "step" in first)):
-        return False
-    for line in lines:
-        try:
-            record = json.loads(line)
-        except ValueError:  # a half line of a killed process
-            continue
-        if (
-            isinstance(record, dict)
-            and record.get("event") == "session"
-            and record.get("resumed_from") is not None
-        ):
-            return False
-    return True
+    return not any(r.get("event") == "session" and r.get("resumed_from") is not None for r in records)
 
 
 # ---- the session --------------------------------------------------------------------------------
