@@ -6,8 +6,8 @@
 # probe    each import and the first CUDA work, timed (bench/gpu_probe.py); always first: if it fails,
 #          nothing else runs
 # tests    the CUDA tests: tests/test_gpu.py and the CUDA alignment backends (tests/test_alignment.py)
-# compile  the compiled step ("segments" and "graphs"; the run itself measured "fused" on an H100)
-#          against the eager one, MMS size, micro-batch 32 (what the trial chose there), bf16
+# compile  the compiled step ("segments" and "graphs", the scopes the run itself measures) against the
+#          eager one, MMS size, micro-batch 32 (what the trial chose on an H100), bf16
 #          (bench_compile.py)
 # step     where an MMS-size step goes, eager, fp32 and bf16 (bench_step.py)
 # syncs    where an MMS-size step waits for the GPU (bench_syncs.py)

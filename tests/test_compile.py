@@ -186,6 +186,34 @@ def test_a_part_with_float_attributes_is_traced_once():
     assert part.graphs == 1 and part.recompiles == 0
 
 
+def test_a_new_shape_under_cuda_graphs_counts_as_compiling():
+    """With "graphs" a part records a CUDA graph the first time it meets a shape: the step meeting it is
+    slower, so compilations() counts it and compile_choice takes that step for compilation. Only inductor
+    with CUDA graphs on a GPU records; without a GPU here the aot_eager part is taken as one that does."""
+    made = {
+        (device, backend, graphs): compiled_module.LengthChecked(
+            "flow", _FloatAttributes(), device, backend, graphs, print
+        ).records_graphs
+        for device in ("cuda", "cpu")
+        for backend in ("inductor", "aot_eager")
+        for graphs in (True, False)
+    }
+    assert [key for key, records in made.items() if records] == [("cuda", "inductor", True)]
+    torch._dynamo.reset()
+    part = compiled_module.LengthChecked("flow", _FloatAttributes(), "cpu", "aot_eager", True, print)
+    part.records_graphs = True
+    counts = [compiled_module.compilations()]
+    for length in (5, 5, 6, 5):
+        part(torch.ones(2, length))
+        counts.append(compiled_module.compilations())
+    assert [b - a for a, b in zip(counts[:-1], counts[1:], strict=True)] == [
+        2,
+        0,
+        1,
+        0,
+    ]  # compiled+recorded, recorded
+
+
 def test_inductor_compiles_a_1d_convolution_and_its_backward_once_for_every_length(tmp_path, monkeypatch):
     """Real code generation (inductor, on the CPU): torch 2.13 fixes the length of a 1-D convolution's
     backward to the first batch's unless model/compiled.py keeps it symbolic."""
@@ -254,9 +282,9 @@ def test_compile_on_trains_compiled_and_reports_the_comparison(
     assert report["compile_seconds"] is not None
     assert "compile: compiling the text encoder, posterior encoder, flow, duration predictor, decoder" in out
     assert "compile: on (--compile on), " in out and "compiled in" in out
-    assert set(report["seconds_per_sample_by_scope"]) == {"fused", "segments"}  # both measured
+    assert set(report["seconds_per_sample_by_scope"]) == {"graphs", "segments"}  # both measured
     assert summary["steps"] == 20 and summary["skipped_steps"] == 0
-    kept = {"fused": {"decoder", *compiled_module.UTTERANCE_PARTS}, "segments": {"decoder"}}
+    kept = {"graphs": {"decoder", *compiled_module.UTTERANCE_PARTS}, "segments": {"decoder"}}
     assert set(session.generator_raw.compiled) == kept[report["scope"]]
 
 
@@ -400,16 +428,16 @@ def test_auto_keeps_the_fastest_scope_and_the_budget_skips_the_compiling_steps()
     choice.begin(2 * HOUR, None)  # no trial figure: eager steps are measured first
     assert choice.phase == "eager" and calls == []
     assert _steps(choice, [9.0, 1.0, 1.0]) == [True, True, True]  # a slow warm-up, then 1 s steps
-    assert calls == ["fused"] and choice.phase == "compiling" and choice.eager_reference == 1.0 / 8
+    assert calls == ["graphs"] and choice.phase == "compiling" and choice.eager_reference == 1.0 / 8
     assert "compile: compiling the text encoder, posterior encoder, flow, duration predictor" in lines[-1]
     assert _steps(choice, [60.0, 5.0]) == [False, False]  # compilation: not a step's time
     assert _steps(choice, [0.5, 0.5, 0.5]) == [True, True, True]
-    assert calls == ["fused", "segments"] and choice.phase == "measuring"
+    assert calls == ["graphs", "segments"] and choice.phase == "measuring"
     assert _steps(choice, [0.8, 0.8, 0.8]) == [True, True, True]
-    assert choice.phase == "on" and calls == ["fused", "segments", "fused"]  # back to the faster
+    assert choice.phase == "on" and calls == ["graphs", "segments", "graphs"]  # back to the faster
     summary = choice.summary()
-    assert summary["compiled"] and summary["scope"] == "fused" and summary["speedup"] == pytest.approx(2.0)
-    assert summary["seconds_per_sample_by_scope"] == pytest.approx({"fused": 0.5 / 8, "segments": 0.8 / 8})
+    assert summary["compiled"] and summary["scope"] == "graphs" and summary["speedup"] == pytest.approx(2.0)
+    assert summary["seconds_per_sample_by_scope"] == pytest.approx({"graphs": 0.5 / 8, "segments": 0.8 / 8})
     assert summary["compile_seconds"] == pytest.approx(63.0)  # 65 s, less the 2 eager steps they replaced
     assert lines[-1].startswith(
         "compile: on, the text encoder, posterior encoder, flow, duration predictor, decoder and "
@@ -422,7 +450,7 @@ def test_auto_keeps_the_narrower_scope_when_it_is_faster():
     choice, calls, lines = _choice("auto")
     choice.begin(2 * HOUR, 1.0 / 8)  # the trial's figure for this size
     _steps(choice, [60.0, 5.0, 0.9, 0.9, 0.9, 0.6, 0.6, 0.6])
-    assert calls == ["fused", "segments"] and choice.summary()["scope"] == "segments"
+    assert calls == ["graphs", "segments"] and choice.summary()["scope"] == "segments"
     assert "compile: on, the decoder and discriminator passes: compiled in" in lines[-1]
 
 
@@ -446,9 +474,9 @@ def test_steps_that_compile_again_count_as_compilation_not_as_measured_steps():
 def test_auto_goes_back_to_eager_when_no_compiled_scope_is_faster():
     choice, calls, lines = _choice("auto")
     choice.begin(2 * HOUR, 1.0 / 8)  # the trial's figure for this size
-    assert calls == ["fused"] and choice.phase == "compiling"
+    assert calls == ["graphs"] and choice.phase == "compiling"
     _steps(choice, [30.0, 2.0, 1.1, 1.1, 1.1, 1.0, 0.99, 1.2])
-    assert calls == ["fused", "segments", False] and choice.phase == "off"
+    assert calls == ["graphs", "segments", False] and choice.phase == "off"
     assert not choice.summary()["compiled"] and choice.summary()["scope"] is None
     assert "compile: back to eager: a step 1.00 s against 1.00 s eager" in lines[-1]
 
@@ -457,7 +485,9 @@ def test_compile_on_keeps_the_compiled_step_even_when_slower():
     choice, calls, lines = _choice("on", device="cpu")
     choice.begin(60.0, 1.0 / 8)  # a short run on a CPU: the user asked for it
     _steps(choice, [30.0, 2.0, 1.2, 1.2, 1.2, 1.3, 1.3, 1.3])
-    assert calls == ["fused", "segments", "fused"] and choice.phase == "on" and "(--compile on)" in lines[-1]
+    assert (
+        calls == ["graphs", "segments", "graphs"] and choice.phase == "on" and "(--compile on)" in lines[-1]
+    )
 
 
 def test_a_failing_scope_is_dropped_for_the_narrower_one():
@@ -465,7 +495,7 @@ def test_a_failing_scope_is_dropped_for_the_narrower_one():
     choice.begin(2 * HOUR, 1.0 / 8)
     _steps(choice, [30.0])
     assert choice.failed(RuntimeError("inductor: something\ndetails")) is True
-    assert calls == ["fused", "segments"] and choice.active
+    assert calls == ["graphs", "segments"] and choice.active
     assert lines[-1] == (
         "compile: the compiled step failed (RuntimeError: inductor: something); now compiling only "
         "the decoder and discriminator passes, redoing the step"

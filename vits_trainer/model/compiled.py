@@ -14,13 +14,17 @@ spectrograms stay eager between them. What is compiled is a scope (SCOPES):
   each batch's padded text and frame lengths: compiled once with symbolic shapes (`dynamic=True`),
   fused kernels without CUDA graphs (a graph would be recorded, and its memory held, per shape).
   Each is LengthChecked: a part that new lengths compile again goes back to eager.
-- "graphs": as "fused", with CUDA graphs for the utterance parts too, one per shape.
+- "graphs": as "fused", with CUDA graphs for the utterance parts too: compiled once with symbolic
+  lengths, then a graph recorded for each padded shape a part meets (data/shapes.py keeps them to a
+  few dozen in a run), replayed when the shape comes again.
 
-The trainer (compile_choice.py) compiles "fused" and measures it, then "segments" from the same
-compiled parts, and keeps the faster, or eager. Two torch 2.13 behaviours would make the utterance
-parts compile again for every new length, and are changed here once per process:
-keep_conv1d_backward_dynamic and keep_saved_strides_symbolic. `python bench/bench_compile.py
---scopes segments,fused,graphs` measures the three.
+On an H100 (MMS size, micro-batch 32, bf16) a step took 0.260 s eager, 0.221 s with "segments" and
+0.084 s with "graphs" (docs/performance.md); "fused" was no faster than "segments". The trainer
+(compile_choice.py) compiles "graphs" and measures it, then "segments" from the same compiled parts,
+and keeps the faster, or eager. Two torch 2.13 behaviours would make the utterance parts compile
+again for every new length, and are changed here once per process: keep_conv1d_backward_dynamic and
+keep_saved_strides_symbolic. `python bench/bench_compile.py --scopes segments,fused,graphs` measures
+the three.
 """
 
 from __future__ import annotations
@@ -43,7 +47,7 @@ SEGMENT_PARTS = ("decoder",)
 UTTERANCE_PARTS = ("text_encoder", "posterior_encoder", "flow", "duration_predictor")
 SCOPES = ("segments", "fused", "graphs")
 SCOPE = "segments"  # GanStep.use_compiled's default
-TRIED = ("fused", "segments")  # what the trainer measures (compile_choice.py), widest first
+TRIED = ("graphs", "segments")  # what the trainer measures (compile_choice.py), widest first
 
 
 CACHE_FOLDER = "compile_cache"  # in the checkpoint folder: the run's compiled code, kept for its resumes
@@ -183,10 +187,15 @@ class LengthChecked:
     compiled step"). They are constants, so Dynamo is told to fix them from the start."""
 
     RECOMPILES = 2  # compilations on new lengths tolerated after the first call
+    recorded = 0  # CUDA graphs recorded for new shapes, by every instance in this process
 
     def __init__(self, name: str, module, device_type: str, backend: str | None, graphs: bool, log):
         self.name, self.module, self.log = name, module, log
         self.graphs = 0  # graphs Dynamo handed to the backend
+        # a new shape records a CUDA graph (a warm-up run and a capture: the step meeting it is slower)
+        self.records_graphs = (backend or BACKEND) == "inductor" and (
+            compile_mode(device_type, graphs) == "reduce-overhead"
+        )
         self.recompiles = 0
         self.shapes: set[tuple] = set()
         self.eager_reason: str | None = None
@@ -219,6 +228,8 @@ class LengthChecked:
         self.shapes.add(shape)
         with torch._dynamo.config.patch(specialize_float=True):  # the modules' floats are constants
             out = self.compiled(*args, **kwargs)
+        if new_shape and self.records_graphs:
+            LengthChecked.recorded += 1
         if new_shape and len(self.shapes) > 1 and self.graphs > before:
             self.recompiles += 1
             if self.recompiles > self.RECOMPILES:
@@ -250,6 +261,13 @@ def compiled_parts(
         keep_conv1d_backward_dynamic()
         keep_saved_strides_symbolic()
         graphs = scope == "graphs"
+        if graphs:
+            # inductor warns past 8 shapes per graph and advises padding to a few: the batches are
+            # padded to bucket edges already (data/shapes.py), and the user can do nothing about it
+            import torch._inductor.config as inductor_config
+
+            if hasattr(inductor_config.triton, "cudagraph_dynamic_shape_warn_limit"):
+                inductor_config.triton.cudagraph_dynamic_shape_warn_limit = None
         for name in UTTERANCE_PARTS:
             key = f"{name} ({scope})"
             if key not in made:
@@ -264,11 +282,12 @@ def describe(scope: str) -> str:
     return f"the {', '.join(name.replace('_', ' ') for name in names)} and discriminator passes"
 
 
-def graphs_compiled() -> int:
-    """Graphs torch.compile has compiled in this process (each compilation and recompilation)."""
+def compilations() -> int:
+    """Graphs torch.compile has compiled in this process (each compilation and recompilation), and CUDA
+    graphs recorded for an utterance part's new shape ("graphs"): each makes the step meeting it slower."""
     from torch._dynamo.utils import counters
 
-    return counters["stats"]["unique_graphs"]
+    return counters["stats"]["unique_graphs"] + LengthChecked.recorded
 
 
 def mark_step_begin(device_type: str) -> None:

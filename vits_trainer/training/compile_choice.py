@@ -11,8 +11,8 @@ other, so:
   few cores.
 - The scopes (TRIED, widest first) are compiled at once: the first COMPILE_STEPS compiled steps are
   the compilation (they train, but the budget does not take their time as a step's); so is a later
-  step during which something compiled again (a new micro-batch size, a part meeting new lengths), up
-  to LATE_COMPILE_STEPS of them.
+  step during which something compiled again (a new micro-batch size, a part meeting new lengths) or
+  recorded a CUDA graph for a new shape, up to LATE_COMPILE_STEPS of them.
 - Each scope's next MEASURE_STEPS steps are measured, the widest first, then each narrower one from
   the parts already compiled, and compared with eager steps at the same micro-batch size (the
   trial's, else EAGER_STEPS measured first). With `auto` the fastest scope is kept when it is faster
@@ -33,14 +33,16 @@ from ..model.compiled import (
     CACHE_FOLDER,
     TRIED,
     cached_graphs,
+    compilations,
     describe,
     graphs_between,
-    graphs_compiled,
     keep_compiled_code,
 )
 
-# auto: training time that must be left to try compiling. On an H100 (MMS size, micro-batch 32) the
-# compilation took 309 s and a compiled step ran 1.14-1.39x the eager one: earned back after 18-42 min
+# auto: training time that must be left to try compiling. On an H100 (MMS size, micro-batch 32, bf16)
+# compiling "segments" took 78 s and "graphs" 260 s more; a "graphs" step ran 3.09x the eager one,
+# earned back ~8 min after compiling began. The margin covers slower compilers and
+# a run's many shapes, each recording its CUDA graphs (bench_compile.py saw few)
 COMPILE_MIN_MINUTES = 40.0
 EAGER_STEPS = 3  # eager steps measured first when no trial measured the size (the first a warm-up)
 COMPILE_STEPS = 2  # the first compiles, the second records CUDA graphs (one more warm-up elsewhere)
@@ -60,7 +62,7 @@ class CompileChoice:
         gradient_checkpointing: bool,
         use: Callable[..., None],
         log: Callable[[str], None],
-        compilations: Callable[[], int] = graphs_compiled,
+        compilations: Callable[[], int] = compilations,
         scopes: tuple[str, ...] = TRIED,
         checkpoint_dir: Path | None = None,
         cache_counts: Callable[[], tuple[int, int]] = cached_graphs,
@@ -73,7 +75,7 @@ class CompileChoice:
         self.scopes = scopes  # measured in this order; the first is compiled, the others are subsets
         self.scope: str | None = None  # the scope the step runs (being measured, or kept)
         self.log = log
-        self.compilations = compilations  # graphs compiled in this process so far
+        self.compilations = compilations  # graphs compiled (and CUDA graphs recorded) so far
         self.graphs_seen = 0
         self.phase = (
             "undecided"  # -> "off" | "eager" (measuring) -> "compiling" -> "measuring" -> "on" | "off"
@@ -155,7 +157,8 @@ class CompileChoice:
             if len(self.compile_steps) >= COMPILE_STEPS:
                 self.phase = "measuring"
             return False
-        # a step that compiled again (a new micro-batch size, new lengths), measured or kept compiled
+        # a step that compiled again (a new micro-batch size, new lengths) or recorded a CUDA graph for a
+        # new shape, measured or kept compiled
         if compiled_again and len(self.compile_steps) < COMPILE_STEPS + LATE_COMPILE_STEPS:
             self.compile_steps.append(seconds)
             return False
@@ -219,10 +222,16 @@ class CompileChoice:
 
     def _start_compiling(self) -> None:
         self.scope = self.scopes[0]
+        graphs = ""
+        if self.device_type == "cuda":
+            graphs = (
+                " (as CUDA graphs, one per batch shape)"
+                if self.scope == "graphs"
+                else " (the decoder and discriminator passes as CUDA graphs)"
+            )
         self.log(
-            f"compile: compiling {describe(self.scope)}"
-            + (" (the decoder and discriminator passes as CUDA graphs)" if self.device_type == "cuda" else "")
-            + f" (--compile {self.setting}); the next {COMPILE_STEPS} steps include the compilation"
+            f"compile: compiling {describe(self.scope)}{graphs} (--compile {self.setting}); "
+            f"the next {COMPILE_STEPS} steps include the compilation"
         )
         if self.cache_folder is not None:
             self.cache, users = keep_compiled_code(self.cache_folder)
