@@ -99,7 +99,8 @@ def test_compiled_step_with_cuda_graphs_gives_the_eager_losses(
     tmp_path, tiny_model_dir, tone_corpus, monkeypatch, scope
 ):
     """The default backend (inductor) with CUDA graphs against the eager step: 3 optimiser steps from the
-    same weights on the same batch (the CPU test uses the aot_eager backend), in each scope. The
+    same weights on the same batch, then one of two micro-batches (the CPU test uses the aot_eager
+    backend), in each scope. The
     utterance parts draw random numbers (dropout, the posterior's and duration predictor's noise):
     inductor draws them with torch's own generator, as eager does, so both see the same numbers."""
     import torch._inductor.config as inductor_config
@@ -119,7 +120,15 @@ def test_compiled_step_with_cuda_graphs_gives_the_eager_losses(
         s = build_session(cfg, time.time())
         step = GanStep(s.accelerator, s.generator, s.discriminator, s.g_optimizer, s.d_optimizer)
         step.use_compiled(mode == "compiled", scope=scope)
-        results[mode] = _run_steps(step, move_batch(one_batch(s), s.device), 3)
+        assert step.stable_grads == (mode == "compiled")
+        batch = move_batch(one_batch(s), s.device)
+        results[mode] = _run_steps(step, batch, 3)
+        # a cycle of two micro-batches: the second adds to the first's gradients, which a CUDA graph's
+        # replay would overwrite were they its output (step.py's `stable_grads`)
+        for i in (0, 1):
+            torch.manual_seed(200 + i)
+            last = step(batch, micro_index=i, cycle_length=2)
+        results[mode].append({k: float(v) for k, v in last.metrics.items()})
     for eager, comp in zip(results["eager"], results["compiled"], strict=True):
         for key in eager:
             assert comp[key] == pytest.approx(eager[key], rel=2e-3, abs=1e-5), key
@@ -129,9 +138,9 @@ def test_runner_with_compile_on_the_gpu(tmp_path, tiny_model_dir, tone_corpus, c
     session, summary = gpu_run(tmp_path, tone_corpus, tiny_model_dir, max_steps=16, compile="on")
     out = capsys.readouterr().out
     assert summary["compile"]["state"] == "on", out[-4000:]
-    assert set(summary["compile"]["seconds_per_sample_by_scope"]) == {"fused", "segments"}, out[-4000:]
+    assert set(summary["compile"]["seconds_per_sample_by_scope"]) == {"graphs", "segments"}, out[-4000:]
     assert summary["length_buckets"] is True and summary["steps"] == 16
-    assert "with CUDA graphs" in out
+    assert "(as CUDA graphs, one per batch shape)" in out
     assert all_finite(session.model, session.discriminator_raw)
 
 

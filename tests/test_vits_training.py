@@ -192,6 +192,44 @@ def test_optimiser_step_updates_both_networks_and_clears_gradients(fresh_session
         assert math.isfinite(float(result.metrics[k]))
 
 
+def test_with_cuda_graphs_gradients_live_in_buffers_kept_from_step_to_step(fresh_session):
+    """With CUDA graphs (`stable_grads`, step.py's docstring) gradients are cleared to zero, never to
+    None, in the same tensors from cycle to cycle, and a cycle of two micro-batches accumulates what the
+    eager clearing does. No GPU here: `stable_grads` is switched on by hand (use_compiled switches it on
+    with CUDA graphs; tests/test_gpu.py compares a compiled cycle of two with the eager one there)."""
+    s = fresh_session
+    from vits_trainer.training.step import GanStep
+
+    step = GanStep(s.accelerator, s.generator, s.discriminator, s.g_optimizer, s.d_optimizer)
+    step.use_compiled(True, backend="aot_eager")
+    assert not step.stable_grads  # no CUDA graphs on a CPU
+    step.use_compiled(False)
+    batch = one_batch(s)
+    params = [*s.generator_raw.parameters(), *s.discriminator_raw.parameters()]
+
+    def two_micro_batches():  # a cycle of 3, not ended: nothing steps
+        for i in (0, 1):
+            torch.manual_seed(10 + i)
+            step(batch, micro_index=i, cycle_length=3)
+        return [p.grad.clone() for p in params]
+
+    eager = two_micro_batches()
+    step.abandon_cycle()
+    assert all(p.grad is None for p in params)
+    step.stable_grads = True
+    stable = two_micro_batches()
+    for got, want in zip(stable, eager, strict=True):
+        torch.testing.assert_close(got, want)
+    buffers = [p.grad for p in params]
+    step.abandon_cycle()
+    assert all(p.grad is b for p, b in zip(params, buffers, strict=True))
+    assert not any(b.any() for b in buffers)
+    again = two_micro_batches()
+    assert all(p.grad is b for p, b in zip(params, buffers, strict=True))
+    for got, want in zip(again, eager, strict=True):
+        torch.testing.assert_close(got, want)
+
+
 def test_multi_speaker_and_deterministic_duration_predictor_train(tmp_path):
     """A 2-speaker checkpoint trains with speaker ids; the deterministic duration predictor too."""
     data = tmp_path / "data"

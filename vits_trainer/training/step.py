@@ -23,6 +23,11 @@ Order and bookkeeping, and why:
 - `use_compiled(True, scope=...)` runs the parts of a compile scope compiled (model/compiled.py; by
   default the decoder on segments and both discriminator passes); whether that pays, and which scope,
   is decided by the loop (compile_choice.py).
+- With CUDA graphs the gradients go into buffers that live from step to step (`stable_grads`):
+  cleared to zero, never to None. A parameter whose `.grad` is None takes the backward's output tensor
+  itself, and a CUDA graph's outputs are overwritten by its next replay: the next micro-batch of the
+  cycle would overwrite the gradient it adds to, and accumulate wrong gradients without an error
+  (pytorch/pytorch#96693). Eager steps set them to None (less memory between steps).
 """
 
 from __future__ import annotations
@@ -32,7 +37,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from ..model.compiled import SCOPE, compiled, compiled_parts, mark_step_begin
+from ..model.compiled import SCOPE, compile_mode, compiled, compiled_parts, mark_step_begin
 from ..model.losses import (
     LossWeights,
     discriminator_loss,
@@ -121,6 +126,7 @@ class GanStep:
         self.timer = NO_TIMER  # a SectionTimer in the benchmarks (also set on the generator)
         self.compiled_disc = None  # the discriminator compiled (use_compiled), else None: eager
         self.compiled_made: dict = {}  # every part compiled so far, kept while the step is compiled
+        self.stable_grads = False  # gradients cleared to zero, not None (CUDA graphs: module docstring)
 
     def use_compiled(self, on: bool, backend: str | None = None, scope: str = SCOPE) -> None:
         """Run the networks of `scope` compiled (model/compiled.py; by default the decoder on segments
@@ -131,11 +137,13 @@ class GanStep:
         if not on:
             self.compiled_disc = None
             self.compiled_made = {}
+            self.stable_grads = False
             generator.compiled.clear()
             return
         if self.accelerator.num_processes > 1:
             raise ValueError("a compiled step runs in a single process")
         device_type = self.accelerator.device.type
+        self.stable_grads = compile_mode(device_type) == "reduce-overhead"
         parts = compiled_parts(generator.model, device_type, backend, scope, self.log, self.compiled_made)
         if self.compiled_disc is None:
             self.compiled_disc = compiled(self.disc_raw, device_type, backend)
@@ -187,7 +195,7 @@ class GanStep:
             real_features = [[m[:n] for m in maps] for maps in features]  # no gradient: the loss
             del logits, features
             if first:
-                self.d_optimizer.zero_grad(set_to_none=True)
+                self._clear_grads(self.d_optimizer, self.d_params)
             with timer("backward"):
                 acc.backward(loss_d * scale)
 
@@ -207,7 +215,7 @@ class GanStep:
             }
             loss_g = generator_total(losses, self.weights)
             if first:
-                self.g_optimizer.zero_grad(set_to_none=True)
+                self._clear_grads(self.g_optimizer, self.g_params)
             with timer("backward"):
                 acc.backward(loss_g * scale)
 
@@ -268,5 +276,15 @@ class GanStep:
 
     def abandon_cycle(self) -> None:
         """Drop the gradients of the current cycle (after a step, or before retrying one)."""
-        self.d_optimizer.zero_grad(set_to_none=True)
-        self.g_optimizer.zero_grad(set_to_none=True)
+        self._clear_grads(self.d_optimizer, self.d_params)
+        self._clear_grads(self.g_optimizer, self.g_params)
+
+    def _clear_grads(self, optimizer: torch.optim.Optimizer, params: list[torch.Tensor]) -> None:
+        """None, or zero in buffers made outside any CUDA graph (`stable_grads`, module docstring)."""
+        if not self.stable_grads:
+            optimizer.zero_grad(set_to_none=True)
+            return
+        for p in params:
+            if p.requires_grad and p.grad is None:
+                p.grad = torch.zeros_like(p)
+        optimizer.zero_grad(set_to_none=False)
