@@ -6,6 +6,9 @@
 # probe    each import and the first CUDA work, timed (bench/gpu_probe.py); always first: if it fails,
 #          nothing else runs
 # tests    the CUDA tests: tests/test_gpu.py and the CUDA alignment backends (tests/test_alignment.py)
+# compiled the CUDA tests of what `--compile auto` keeps on an H100, first: the "graphs" step (and a
+#          cycle of two micro-batches) against the eager one, and the runner compiling (minutes each:
+#          inductor compiles the tiny model)
 # compile  the compiled step ("segments" and "graphs", the scopes the run itself measures) against the
 #          eager one, MMS size, micro-batch 32 (what the trial chose on an H100), bf16
 #          (bench_compile.py)
@@ -38,7 +41,7 @@ out=${1:?usage: bash bench/gpu_check.sh LOG_DIR [STAGE ...]}
 shift
 mkdir -p "$out"
 stages=("$@")
-[ ${#stages[@]} -eq 0 ] && stages=(probe tests eager syncs ops nhwc defaults compile step naive demo budget)
+[ ${#stages[@]} -eq 0 ] && stages=(probe tests compiled eager syncs ops nhwc defaults compile step naive demo budget)
 [ "${stages[0]}" = probe ] || stages=(probe "${stages[@]}")
 export PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1 PYTHONFAULTHANDLER=1
 timeout -k 5 30 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv >"$out/gpu.txt" 2>&1
@@ -84,6 +87,9 @@ for stage in "${stages[@]}"; do
   case $stage in
     probe) run probe python bench/gpu_probe.py --seconds 120 ;;
     tests) run tests python -m pytest -v tests/test_gpu.py tests/test_alignment.py ;;
+    compiled) run compiled python -m pytest -v \
+      "tests/test_gpu.py::test_compiled_step_with_cuda_graphs_gives_the_eager_losses[graphs]" \
+      tests/test_gpu.py::test_runner_with_compile_on_the_gpu ;;
     eager) run eager python bench/bench_train.py defaults --models mms --steps 40 --clips 640 --compile off ;;
     syncs) run syncs python bench/bench_syncs.py --device cuda --models mms --batch_size 16 --precision bf16 \
       --out "$out/syncs.json" ;;

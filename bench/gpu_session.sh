@@ -6,14 +6,14 @@
 #
 # OUT_DIR   where gpu_logs.tar.gz and summary.txt go (a lent machine returns few files: one archive)
 # SECONDS   the call's limit: gpu_check.sh ends 30 s before it (CALL_SECONDS), so the archive is made
-# STAGE     gpu_check.sh's stages; none: probe defaults tests ops nhwc, ordered for a 15-minute lease
-#           (a ~10-minute call, then a ~4-minute one on the still-warm machine with the stages the first
-#           did not reach): first the runner at default flags against the naive loop, now that
-#           `--compile auto` tries "graphs" (CUDA graphs for the utterance parts too: 3.09x the eager
-#           step in bench_compile.py on an H100, docs/performance.md), with its compilation inside;
-#           then the CUDA tests, whose log names each test as it ends; then how much of a micro-step
-#           the GPU is busy, and with which kernels, with the discriminator in NCHW, then in NHWC
-#           (about a minute each).
+# STAGE     gpu_check.sh's stages; none: probe defaults compiled tests ops nhwc, ordered for a
+#           15-minute lease (a ~10-minute call, then a ~4-minute one on the still-warm machine with the
+#           stages the first did not reach): first the runner at default flags against the naive loop,
+#           now that `--compile auto` tries "graphs" (CUDA graphs for the utterance parts too: 3.09x
+#           the eager step in bench_compile.py on an H100, docs/performance.md), with its compilation
+#           inside; then the CUDA tests of the compiled step, then all of them, whose log names each
+#           test as it ends; then how much of a micro-step the GPU is busy, and with which kernels, with
+#           the discriminator in NCHW, then in NHWC (about a minute each).
 #
 # Here, first: `bash bench/gpu_wheels.sh`; then the device's run with carry [".whl"] and
 # `bash bench/gpu_session.sh $OUT 570`, timeout_s 600.
@@ -22,7 +22,7 @@ cd "$(dirname "$0")/.."
 out=${1:?usage: bash bench/gpu_session.sh OUT_DIR SECONDS [STAGE ...]}
 limit=${2:?usage: bash bench/gpu_session.sh OUT_DIR SECONDS [STAGE ...]}
 shift 2
-[ $# -gt 0 ] || set -- probe defaults tests ops nhwc
+[ $# -gt 0 ] || set -- probe defaults compiled tests ops nhwc
 mkdir -p "$out"
 if compgen -G ".whl/*.whl" >/dev/null; then
   python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site \

@@ -40,7 +40,10 @@ def test_each_stage_command_parses(stage, argv, monkeypatch):
     assert argv[0] == "python", argv
     if argv[1:3] == ["-m", "pytest"]:
         files = [a for a in argv[3:] if not a.startswith("-")]
-        assert files and all((ROOT / f).is_file() for f in files), files
+        assert files and all((ROOT / f.split("::")[0]).is_file() for f in files), files
+        for test in (f.split("::") for f in files if "::" in f):  # file::test[id]: the test exists
+            name = test[1].split("[")[0]
+            assert f"def {name}(" in (ROOT / test[0]).read_text(encoding="utf-8"), test
         return
     script = ROOT / argv[1]
     assert script.is_file(), argv
