@@ -492,3 +492,42 @@ def test_best_model_is_labelled_by_its_own_step_and_carried_by_it_without_a_summ
     assert not (tmp_path / "a" / "best_model").exists()
     assert read_marker(tmp_path / "b" / "best_model")["step"] == 7
     assert logs == [f"history: best_model (step 7) carried over from {source / 'best_model'}"]
+
+
+def test_after_going_back_to_an_older_checkpoint_the_report_shows_the_weights_history(tmp_path):
+    """A session resumed from step 4 continues that checkpoint's weights: what the first session
+    recorded after step 4 (another future, or steps trained past the last checkpoint before a kill) is
+    left out of the page and the loss curve; both sessions' time stays in the timeline."""
+    from vits_trainer.training.report import current_history, read_run
+
+    t0 = 1_700_000_000.0
+    start = {"event": "session", "process_start": t0, "started": t0 + 1, "target_seconds": 60.0}
+    first = [{**start, "step": 0, "time": t0, "resumed_from": None}]
+    first += [{"step": s, "time": t0 + s, "mel": 3.0 - s / 10, "loss_g": 9.0} for s in (2, 4, 6, 8)]
+    first += [{"event": "eval", "step": s, "time": t0 + s, "val_mel": v} for s, v in ((4, 2.0), (8, 0.5))]
+    first += [{"event": "end", "step": 8, "time": t0 + 9, "stopped_reason": "budget"}]
+    resumed = {"process_start": t0 + 19, "started": t0 + 20, "resumed_from": "checkpoints/step_00000004"}
+    second = [{**start, **resumed, "step": 4, "time": t0 + 20}]
+    second += [{"step": 6, "time": t0 + 26, "mel": 2.5, "loss_g": 8.0}]
+    second += [{"event": "eval", "step": 6, "time": t0 + 26, "val_mel": 1.5}]
+    second += [{"event": "end", "step": 6, "time": t0 + 27, "stopped_reason": "max_steps"}]
+    kept = current_history(first + second)
+    assert [(r.get("event"), r["step"]) for r in kept] == [
+        ("session", 0),
+        (None, 2),
+        (None, 4),
+        ("eval", 4),
+        ("end", 8),
+        ("session", 4),
+        (None, 6),
+        ("eval", 6),
+        ("end", 6),
+    ]
+    (tmp_path / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in first + second))
+    assert read_run(tmp_path).records == kept
+    page = write_report(tmp_path).read_text(encoding="utf-8")
+    assert "<th>steps</th><td>6</td>" in page and '<a href="#eval-6">step 6</a>' in page
+    assert "<h3>Session 2: started" in page and ", resumed at step 4" in page
+    assert 'id="eval-8"' not in page and "0.5" not in re.search(
+        r'<section id="evaluations">.*?</section>', page, re.S
+    ).group(0)

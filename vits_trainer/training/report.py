@@ -110,8 +110,27 @@ def read_metrics(path: Path) -> list[dict]:
     return records
 
 
+def current_history(records: list[dict]) -> list[dict]:
+    """The records of the weights the run holds now. A session resumed from step S continues from
+    that checkpoint: what earlier sessions recorded after step S (the steps a killed process trained
+    past its last checkpoint, or a future left by going back to an older checkpoint) happened to
+    other weights, and is left out. Session starts and ends stay: that time was spent."""
+    kept: list[dict] = []
+    for record in records:
+        if record.get("event") == "session" and record.get("resumed_from") is not None:
+            at = record.get("step")
+            if isinstance(at, int):
+                kept = [r for r in kept if r.get("event") in ("session", "end") or not _after(r, at)]
+        kept.append(record)
+    return kept
+
+
+def _after(record: dict, step: int) -> bool:
+    return isinstance(record.get("step"), int) and record["step"] > step
+
+
 def read_run(folder: Path) -> RunFiles:
-    records = read_metrics(folder / "metrics.jsonl")
+    records = current_history(read_metrics(folder / "metrics.jsonl"))
     summary = _read_json(folder / "train_summary.json")
     sentences = _read_json(folder / "samples" / REFERENCE_FOLDER / SENTENCES_FILE)
     return RunFiles(folder, records, summary if isinstance(summary, dict) else None, sentences or {})
@@ -260,7 +279,8 @@ def run_state(run: RunFiles) -> tuple[bool, str]:
 def status_section(run: RunFiles, best: dict | None, best_metric: str, now: float) -> str:
     ended, why = run_state(run)
     summary = run.summary if ended else None
-    steps = max([r.get("step", 0) for r in run.records if isinstance(r.get("step"), int)] or [0])
+    # the latest record's: after going back to an older checkpoint, earlier sessions' ends name more
+    steps = next((r["step"] for r in reversed(run.records) if isinstance(r.get("step"), int)), 0)
     if ended:
         status = f'<span class="ok">ended</span>: {escape(STOP_WORDS.get(why, why))}'
     else:

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import torch
 
-from .report import read_metrics
+from .report import current_history, read_metrics
 from .runtime import is_interactive
 
 
@@ -109,7 +109,7 @@ def plot_losses(metrics_path: Path, out_path: Path) -> Path | None:
     if not metrics_path.is_file():
         return None
     train, val, freerun = [], [], []
-    for record in read_metrics(metrics_path):
+    for record in current_history(read_metrics(metrics_path)):
         if record.get("event") == "eval" and "val_mel" in record:
             val.append((record["step"], record["val_mel"]))
             if "val_mel_dtw" in record:
