@@ -92,6 +92,41 @@ def test_a_resume_from_another_folder_keeps_the_runs_relative_folders(tmp_path, 
     assert merged.data_dir == "training"
 
 
+def test_a_feedback_resume_from_another_folder_keeps_the_rounds_relative_folders(tmp_path, monkeypatch):
+    """train_feedback.py started in A with relative folders, resumed from B with --output_dir pointing
+    back into A: its corpus, feedback clips and base model are A's (the round finds the run's folder
+    from where the version's checkpoints are, feedback/round.py), not B's folders of the same names."""
+    import dataclasses
+
+    from vits_trainer.feedback.config import HIDDEN_FLAGS, FeedbackConfig
+
+    saved = FeedbackConfig(
+        data_dir="training",
+        feedback_dir="feedback",
+        base_model="training/checkpoints/best_model",
+        output_dir="feedback_runs/v1/model",
+        checkpoint_dir="feedback_runs/v1/checkpoints",
+    ).to_dict()
+    run_a, here = tmp_path / "A", tmp_path / "B"
+    run_a.mkdir()
+    here.mkdir()
+    monkeypatch.chdir(here)
+    parser = ArgumentParser()
+    add_arguments(parser, FeedbackConfig, skip=HIDDEN_FLAGS)
+    given = parse_config(parser, ["--output_dir", str(run_a / "feedback_runs")], FeedbackConfig)
+    version = dataclasses.replace(given, checkpoint_dir=str(run_a / "feedback_runs" / "v1" / "checkpoints"))
+    keep = frozenset({"output_dir", *HIDDEN_FLAGS})
+    merged = restore_settings(version, saved, [].append, "x", keep=keep, working_dir=str(run_a))
+    assert merged.data_dir == str(run_a / "training")
+    assert merged.feedback_dir == str(run_a / "feedback")
+    assert merged.base_model == str(run_a / "training" / "checkpoints" / "best_model")
+    assert merged.output_dir == str(run_a / "feedback_runs")  # the root given, kept
+    # resumed inside A (or a copy of it): the folders as saved
+    monkeypatch.chdir(run_a)
+    merged = restore_settings(version, saved, [].append, "x", keep=keep, working_dir=str(run_a))
+    assert (merged.data_dir, merged.feedback_dir) == ("training", "feedback")
+
+
 def given_args(cfg) -> list[str]:
     return ["--checkpoint_dir", cfg.checkpoint_dir]
 

@@ -326,9 +326,19 @@ class FeedbackRun(FeedbackData):
                 raise UserError(f"--resume {cfg.resume}: not a usable checkpoint ({err})") from None
         if path is None:
             return cfg
-        saved = LoadedCheckpoint(path, manifest).json("trainer_state.json").get("config")
+        state = LoadedCheckpoint(path, manifest).json("trainer_state.json")
         keep = frozenset({"output_dir", *HIDDEN_FLAGS})
-        return restore_settings(cfg, saved, self.log, source=path.name, keep=keep)
+        # the run's relative folders are found from where this version's checkpoints are now
+        here = replace(cfg, checkpoint_dir=str(self.version / "checkpoints"))
+        restored = restore_settings(
+            here,
+            state.get("config"),
+            self.log,
+            source=path.name,
+            keep=keep,
+            working_dir=state.get("working_dir"),
+        )
+        return replace(restored, checkpoint_dir=cfg.checkpoint_dir)
 
     def report(self, session, summary: dict, per_clip_after: dict | None = None) -> dict:
         cfg = self.cfg
