@@ -41,8 +41,8 @@ from ..model.compiled import (
 
 # auto: training time that must be left to try compiling. On an H100 (MMS size, micro-batch 32, bf16)
 # compiling "segments" took 78 s and "graphs" 260 s more; a "graphs" step ran 3.09x the eager one,
-# earned back ~8 min after compiling began. The margin covers slower compilers and
-# a run's many shapes, each recording its CUDA graphs (bench_compile.py saw few)
+# earned back ~8 min after compiling began. The margin covers slower compilers and a run's many
+# shapes, each recording its CUDA graphs (bench_compile.py saw few)
 COMPILE_MIN_MINUTES = 40.0
 EAGER_STEPS = 3  # eager steps measured first when no trial measured the size (the first a warm-up)
 COMPILE_STEPS = 2  # the first compiles, the second records CUDA graphs (one more warm-up elsewhere)

@@ -20,9 +20,10 @@ command line's values, except:
 Everything else is restored: data_dir, output_dir, the optimisation (learning rate, accumulation,
 warmup, batch size, loss weights, segment size...), saving and evaluation, seed, freeze, max_steps.
 A relative data_dir or output_dir (and train_feedback.py's feedback_dir and base_model) is relative to
-the run's folder: the one it was started in, as the checkpoint folder shows it now. Resumed from another folder with --checkpoint_dir pointing back into
-the run's, they still name the run's data and model, not those of the folder the resume runs in; a
-project folder copied or moved whole, resumed inside the copy, uses the copy's.
+the run's folder: the one it was started in, as the checkpoint folder shows it now. Resumed from
+another folder with --checkpoint_dir pointing back into the run's, they still name the run's data and
+model, not those of the folder the resume runs in; a project folder copied or moved whole, resumed
+inside the copy, uses the copy's.
 A config built in code (explicit is None) is used as it is: nothing is restored.
 """
 
