@@ -508,3 +508,35 @@ def test_failed_input_checks_leave_no_folder_behind(tmp_path, tiny_model_dir):
     with pytest.raises(UserError, match="no usable training clips"):
         build_session(cfg, time.time())
     assert_unchanged(tmp_path, before)
+
+
+def test_a_project_moved_or_copied_whole_keeps_its_own_exports(tmp_path):
+    """The export marker names the checkpoint dir that wrote the folder, and where it is from the folder:
+    a project moved (or copied) whole and resumed inside it redoes its own export without
+    --overwrite_output_dir, as before the move; another run's export is still refused."""
+    import shutil
+
+    from vits_trainer.safety import check_own_export, write_marker
+
+    project = tmp_path / "A"
+    checkpoints, final = project / "training" / "checkpoints", project / "training" / "final_model"
+    (checkpoints / "step_00000005").mkdir(parents=True)
+    for folder in (final, checkpoints / "best_model"):
+        folder.mkdir()
+        (folder / "config.json").write_text("{}", encoding="utf-8")
+        write_marker(folder, "final", checkpoints, 5)
+    shutil.copytree(project, tmp_path / "copy")
+    project.rename(tmp_path / "B")
+    for moved in (tmp_path / "B", tmp_path / "copy"):
+        checkpoints, final = moved / "training" / "checkpoints", moved / "training" / "final_model"
+        check_output_dir(str(final), str(checkpoints), False, "auto")
+        check_own_export(final, checkpoints, "--output_dir")
+        check_own_export(checkpoints / "best_model", checkpoints, "best_model")
+    # the copy's export is not the moved project's, and a fresh run does not replace it unasked
+    moved, copy = tmp_path / "B" / "training" / "checkpoints", tmp_path / "copy" / "training" / "final_model"
+    with pytest.raises(UserError, match="holds a model exported by an earlier run"):
+        check_output_dir(str(copy), str(moved), False, "auto")
+    with pytest.raises(UnsafeOverwrite, match="now holds a model exported by"):
+        check_own_export(copy, moved, "--output_dir")
+    with pytest.raises(UserError, match="holds a model exported by an earlier run"):
+        check_output_dir(str(copy), str(copy.parent / "checkpoints"), False, "none")

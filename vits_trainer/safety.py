@@ -161,11 +161,31 @@ def write_marker(folder: Path, kind: str, run: str | os.PathLike | None, step: i
         "tool": TOOL,
         "kind": kind,
         "checkpoint_dir": str(resolved(run)) if run is not None else None,
+        # where that is from the folder: a project moved or copied whole still finds its own exports
+        "checkpoint_dir_from_here": _relative(resolved(run), resolved(folder)) if run is not None else None,
         "files": _files(folder),
     }
     if step is not None:
         data["step"] = step
     (folder / EXPORT_MARKER).write_text(json.dumps(data, indent=1, ensure_ascii=False), encoding="utf-8")
+
+
+def _relative(path: Path, start: Path) -> str | None:
+    try:
+        return os.path.relpath(path, start)
+    except ValueError:  # another drive (Windows)
+        return None
+
+
+def made_by(marker: dict | None, folder: Path, run: str | os.PathLike) -> bool:
+    """Whether the export in `folder` with `marker` was written by the run of checkpoint dir `run`: the
+    one it names, or the one at the same place beside the folder (both moved or copied together)."""
+    if not marker:
+        return False
+    if marker.get("checkpoint_dir") == str(resolved(run)):
+        return True
+    here = marker.get("checkpoint_dir_from_here")
+    return isinstance(here, str) and resolved(Path(folder) / here) == resolved(run)
 
 
 def read_marker(folder: Path) -> dict | None:
@@ -239,7 +259,7 @@ def check_own_export(folder: Path, run: str | os.PathLike, flag: str) -> None:
     one that appeared while this run trained (two runs given one --output_dir). A run replaces its own
     export; another's only with --overwrite_output_dir, which the caller checks."""
     marker = read_marker(folder)
-    if marker is None or marker.get("checkpoint_dir") == str(resolved(run)):
+    if marker is None or made_by(marker, folder, run):
         return  # not an export (check_replaceable decides), or this run's own
     by = (
         f"the run of --checkpoint_dir {marker['checkpoint_dir']}"

@@ -18,7 +18,7 @@ from ..data.metadata import METADATA_NAME
 from ..errors import UserError
 from ..hub import looks_like_path, resolve_model_dir
 from ..runlock import refuse_if_being_written
-from ..safety import check_disjoint, check_output_vs_data, check_replaceable, read_marker, resolved
+from ..safety import check_disjoint, check_output_vs_data, check_replaceable, made_by, read_marker
 
 
 def _f(default, help: str, **kw):
@@ -423,24 +423,24 @@ def check_output_dir(output_dir, checkpoint_dir, overwrite: bool, resume: str) -
 
     Missing or empty: yes. A folder without our marker, or with a file the marker does not list: never.
     An earlier export: with --overwrite_output_dir; or without it when it is this run's own export
-    being redone on resume (the marker records the checkpoint dir that wrote it, and that dir holds a
-    checkpoint to resume from).
+    being redone on resume (the marker records the checkpoint dir that wrote it, also where it is from
+    the folder, for a project moved or copied whole; and that dir holds a checkpoint to resume from).
     """
     out = Path(output_dir).expanduser()
     check_replaceable(out, "--output_dir")
     if not out.is_dir() or not any(out.iterdir()) or overwrite:
         return
     marker = read_marker(out) or {}
-    same_run = marker.get("checkpoint_dir") == str(resolved(checkpoint_dir))
+    same_run = made_by(marker, out, checkpoint_dir)
     resuming = resume != "none" and any(Path(checkpoint_dir).expanduser().glob("step_*"))
     if same_run and resuming:
         return
-    made_by = (
+    by = (
         f" (by the run of --checkpoint_dir {marker['checkpoint_dir']})"
         if marker.get("checkpoint_dir")
         else ""
     )
     raise UserError(
-        f"--output_dir {output_dir}: holds a model exported by an earlier run{made_by}; pass "
+        f"--output_dir {output_dir}: holds a model exported by an earlier run{by}; pass "
         f"--overwrite_output_dir to replace it, or choose another --output_dir"
     )
