@@ -531,3 +531,27 @@ def test_after_going_back_to_an_older_checkpoint_the_report_shows_the_weights_hi
     assert 'id="eval-8"' not in page and "0.5" not in re.search(
         r'<section id="evaluations">.*?</section>', page, re.S
     ).group(0)
+
+
+def test_while_a_resumed_session_runs_the_best_is_the_best_model_folders(tmp_path):
+    """The last session's train_summary.json names its best step; a resumed session that has since
+    exported a better best_model/ (its marker names the step) is what the page marks as best while it
+    runs, and after a kill (the summary is not rewritten then)."""
+    from vits_trainer.safety import write_marker
+
+    fake_run(tmp_path)  # ended: best step 2 (val_mel 1.0) by its summary
+    t0 = 1_800_000_000.0
+    resumed = {"event": "session", "step": 12, "time": t0, "process_start": t0, "started": t0 + 1}
+    resumed.update(target_seconds=60.0, resumed_from="step_00000012")
+    better = {"event": "eval", "step": 14, "epoch": 4, "time": t0 + 5, "seconds": 1.0, "val_mel": 0.5}
+    with (tmp_path / "metrics.jsonl").open("a", encoding="utf-8") as f:
+        f.write("\n" + json.dumps(resumed) + "\n" + json.dumps(better) + "\n")
+    best = tmp_path / "best_model"
+    best.mkdir()
+    (best / "config.json").write_text("{}", encoding="utf-8")
+    write_marker(best, "best_model", tmp_path, 14)
+    page = write_report(tmp_path).read_text(encoding="utf-8")
+    assert '<span class="running">running</span>' in page
+    assert '<a href="#eval-14">step 14</a>' in page
+    best_row = re.search(r'<tr class="best"><td>(\d+) <span class="best">best', page)
+    assert best_row and best_row.group(1) == "14"

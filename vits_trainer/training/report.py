@@ -27,6 +27,7 @@ from pathlib import Path
 from urllib.parse import quote
 
 from ..jsonfile import write_json_atomic, write_text_atomic
+from ..safety import marker_step, read_marker
 from .report_svg import PHASE_COLORS, Timeline, line_chart, series, timeline_svg
 
 REPORT_FILE = "report.html"
@@ -176,7 +177,10 @@ def write_report(
 
 def render(run: RunFiles, resume_command: str | None, best_metric: str, now: float) -> str:
     evals = run.events("eval")
-    best = best_eval(evals, best_metric, run.summary)
+    ended, _ = run_state(run)
+    # best_model/'s own step first: while a resumed session runs, train_summary.json is the last one's
+    marked = marker_step(read_marker(run.folder / "best_model"))
+    best = best_eval(evals, best_metric, run.summary if ended else None, marked)
     sections = [
         status_section(run, best, best_metric, now),
         resume_section(resume_command),
@@ -239,11 +243,14 @@ def _src(path: str) -> str:
     return escape(quote(path, safe="/"), quote=True)
 
 
-def best_eval(evals: list[dict], metric: str, summary: dict | None) -> dict | None:
-    """The evaluation the run counts as best: train_summary.json's best_step when there is one, else
-    the first evaluation with the lowest `metric` (how the run picks it: strictly lower wins)."""
-    if summary and summary.get("best_step") is not None:
-        at = [e for e in evals if e.get("step") == summary["best_step"]]
+def best_eval(
+    evals: list[dict], metric: str, summary: dict | None, best_model_step: int | None = None
+) -> dict | None:
+    """The evaluation the run counts as best: that of the weights in best_model/ (`best_model_step`,
+    its marker's), else train_summary.json's best_step, else the first evaluation with the lowest
+    `metric` (how the run picks it: strictly lower wins)."""
+    for step in (best_model_step, summary.get("best_step") if summary else None):
+        at = [e for e in evals if step is not None and e.get("step") == step]
         if at:
             return at[0]
     best = None
