@@ -376,6 +376,20 @@ def stopped_and_resumed(tmp_path_factory, tiny_model_dir, tone_corpus):
 
 
 @pytest.mark.slow
+def test_the_runs_log_is_kept_beside_its_report(stopped_and_resumed):
+    """train.log holds each session's lines, set-up first, appended one by one (a closed terminal or a
+    lost notebook output keeps them), and the page links it."""
+    from vits_trainer.training.runtime import LOG_FILE
+
+    folder = stopped_and_resumed[0]
+    text = (folder / LOG_FILE).read_text(encoding="utf-8")
+    first, second = re.split(r"^---- .* pid \d+$", text, flags=re.M)[1:]  # one header per session
+    assert first.index("device: ") < first.index("SIGTERM received") and "resuming" not in first
+    assert "resuming from step_" in second and "eval (final)" in second
+    assert f'<a href="{LOG_FILE}">' in (folder / "report.html").read_text(encoding="utf-8")
+
+
+@pytest.mark.slow
 def test_report_of_a_real_run_mid_run_after_a_signal_and_after_resume(stopped_and_resumed):
     folder, pages, stopped_page, first, second = stopped_and_resumed
     assert first["stopped_reason"] == "signal" and second["stopped_reason"] == "max_steps"

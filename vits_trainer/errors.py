@@ -7,6 +7,7 @@ import difflib
 import os
 import sys
 import textwrap
+import traceback
 from collections.abc import Callable
 
 
@@ -16,11 +17,18 @@ class UserError(Exception):
 
 def run_cli(main: Callable[[list[str] | None], int | None], argv: list[str] | None = None) -> int:
     """Run a CLI entry point; a UserError becomes `error: <message>` on stderr and exit code 2."""
+    runtime = sys.modules.get("vits_trainer.training.runtime")
+    if runtime is not None:  # a command run in the same process before (tests): its log is closed
+        runtime.Logger.copy.reset()
     try:
         code = main(argv)
     except UserError as err:
         print(f"error: {err}", file=sys.stderr)
+        _keep_in_log(f"error: {err}")
         return 2
+    except Exception:
+        _keep_in_log(traceback.format_exc().rstrip())  # a crash: its traceback in the run's log too
+        raise
     except KeyboardInterrupt:
         print("interrupted", file=sys.stderr)
         return 130
@@ -31,6 +39,13 @@ def run_cli(main: Callable[[list[str] | None], int | None], argv: list[str] | No
         os.dup2(devnull, sys.stdout.fileno())
         return 141  # as a shell reports a command ended by SIGPIPE
     return int(code or 0)
+
+
+def _keep_in_log(text: str) -> None:
+    """Into the run's log file, once a run has one (training/runtime.py's LogCopy)."""
+    runtime = sys.modules.get("vits_trainer.training.runtime")
+    if runtime is not None and runtime.Logger.copy.path is not None:
+        runtime.Logger.copy.add(text)
 
 
 class HelpFormatter(argparse.ArgumentDefaultsHelpFormatter):

@@ -28,6 +28,9 @@ training/run_end.py:RunEnd.finish (train_summary.json)
 training/carry.py:carry_history / carry_best_model (a run resumed from another folder's checkpoint)
     metrics.jsonl, samples/<step>, best_model (install_best_model, above) written into the new
         checkpoint dir -> only where none exists yet; the source is only read
+training/runtime.py:LogCopy (train.log)
+    appended to, never replaced -> a fixed name in this run's checkpoint dir, once set-up found no bad
+        input (a refused run writes nothing)
 training/report.py:write_report / write_references
     report.html, samples/reference/<clip>.wav, sentences.json -> fixed names in this run's checkpoint dir
         (locked by the run, never overlapping a data folder or --output_dir: checked up front)

@@ -293,7 +293,7 @@ def status_section(run: RunFiles, best: dict | None, best_metric: str, now: floa
     else:
         status = (
             '<span class="running">running</span> (or stopped without reaching its end: a crash or a '
-            "kill; the log says which). This page is rewritten at each evaluation and at the end."
+            "kill; train.log says which). This page is rewritten at each evaluation and at the end."
         )
     facts = [
         ("status", status),
@@ -334,7 +334,7 @@ def status_section(run: RunFiles, best: dict | None, best_metric: str, now: floa
                 facts.append(("hub", f"{repo}: <b>not uploaded</b> ({escape(str(hub.get('error')))})"))
     links = [
         name
-        for name in ("metrics.jsonl", "train_summary.json", "loss_curve.png")
+        for name in ("metrics.jsonl", "train_summary.json", "loss_curve.png", "train.log")
         if (run.folder / name).is_file()
     ]
     if (run.folder / "best_model").is_dir():

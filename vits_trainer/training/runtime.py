@@ -198,8 +198,51 @@ def git_revision() -> str | None:
     return out.stdout.strip() or None
 
 
+LOG_FILE = "train.log"  # in the checkpoint folder: the run's lines, every session appended
+
+
+class LogCopy:
+    """The process's log lines, also appended to the run's LOG_FILE: a closed terminal or a lost notebook
+    output keeps them. Lines logged before the run's folder is known (and set up without error: a
+    refused run writes nothing) wait, and go in first. Each line is appended on its own, so a killed
+    process loses none; a folder that cannot be written stops the copy with one warning."""
+
+    PENDING = 2000  # lines kept before the file is known
+
+    def __init__(self) -> None:
+        self.path: Path | None = None
+        self.pending: list[str] = []
+
+    def add(self, message: str) -> None:
+        if self.path is None:
+            self.pending = [*self.pending[-(self.PENDING - 1) :], message]
+        else:
+            self._append([message])
+
+    def reset(self) -> None:
+        self.path, self.pending = None, []
+
+    def to(self, path: Path | None) -> None:
+        """Append from now on to `path` (the lines waiting go first); None: keep them waiting."""
+        self.path = path
+        if path is not None:
+            lines, self.pending = self.pending, []
+            self._append([f"---- {time.strftime('%Y-%m-%d %H:%M:%S')} pid {os.getpid()}", *lines])
+
+    def _append(self, lines: list[str]) -> None:
+        try:
+            with open(self.path, "a", encoding="utf-8") as f:
+                f.write("".join(f"{line}\n" for line in lines))
+        except OSError as err:
+            print(f"warning: the log is not kept in {self.path} ({err.strerror or err})", flush=True)
+            self.path = None
+
+
 class Logger:
-    """Lines for the user from the main process only; plain print so tests and logs can read them."""
+    """Lines for the user from the main process only; plain print so tests and logs can read them, and
+    a copy in the run's LOG_FILE (`Logger.copy`, one per process)."""
+
+    copy = LogCopy()
 
     def __init__(self, enabled: bool = True):
         self.enabled = enabled
@@ -212,6 +255,7 @@ class Logger:
             self.bar.write(message, file=sys.stdout)
         else:
             print(message, flush=True)
+        Logger.copy.add(message)
 
 
 def is_interactive() -> bool:

@@ -42,7 +42,14 @@ from .networks import (
 )
 from .report import read_metrics
 from .resume_settings import restore_settings
-from .runtime import Logger, idle_gpus_note, make_accelerator, quiet_transformers, resolve_precision
+from .runtime import (
+    LOG_FILE,
+    Logger,
+    idle_gpus_note,
+    make_accelerator,
+    quiet_transformers,
+    resolve_precision,
+)
 from .step import make_optimizer
 from .trainstate import LoadedCheckpoint, TrainState, set_rng_state
 
@@ -225,6 +232,7 @@ def build_session(
         created_here.append(Path(cfg.feedback_dir) / "cache")
     main = is_main_process()
     log = Logger(main)
+    Logger.copy.to(None)  # an earlier run's log in this process is closed; this one's lines wait
     checkpoint_dir = Path(cfg.checkpoint_dir)
     with remove_created_on_error(created_here):
         # before anything reads or writes checkpoints: a second run on this folder stops here
@@ -259,6 +267,8 @@ def build_session(
                 lock.release()  # also removes the folder if this run created it and left it empty
             raise
     session.run_lock = lock
+    if main:
+        Logger.copy.to(checkpoint_dir / LOG_FILE)  # set up without error: the lines so far, then each
     return session
 
 
