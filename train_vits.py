@@ -31,7 +31,7 @@ def main(argv: list[str] | None = None) -> int:
         check_train_paths,
         parse_config,
     )
-    from vits_trainer.training.demo import apply_demo_settings
+    from vits_trainer.training.demo import apply_demo_settings, make_demo_inputs
 
     parser = ArgumentParser(description=__doc__.split("\n\n")[0])
     add_arguments(parser, TrainConfig)
@@ -44,6 +44,8 @@ def main(argv: list[str] | None = None) -> int:
     check_train_paths(cfg)  # overlapping folders, a folder the export would wrongly replace: before any work
     if cfg.push_to_hub:
         check_hub(cfg)  # network, token, write permission: a push that cannot happen stops the run now
+    if cfg.demo:
+        make_demo_inputs(cfg)  # once every check passed: a refused demo leaves nothing behind
 
     from vits_trainer.training.loop import Trainer
     from vits_trainer.training.report import REPORT_FILE

@@ -74,9 +74,11 @@ def one_line(err: UserError) -> str:
 
 
 @pytest.mark.parametrize("offline_flag", [False, True], ids=["this-machine", "HF_HUB_OFFLINE=1"])
-def test_an_unreachable_hub_refuses_at_once_in_one_line(tmp_path, offline_flag):
+@pytest.mark.parametrize("demo", [[], ["--demo"]], ids=["run", "demo"])
+def test_an_unreachable_hub_refuses_at_once_in_one_line(tmp_path, offline_flag, demo):
     """Nothing mocked: train_vits.py on this machine (no hub in reach, or HF_HUB_OFFLINE=1) stops before
-    any work with one error line. Where the hub is in reach, the missing token (none here) stops it."""
+    any work with one error line, also --demo before it makes its corpus and model. Where the hub is in
+    reach, the missing token (none here) stops it."""
     env = {k: v for k, v in os.environ.items() if k not in ("HF_TOKEN", "HUGGING_FACE_HUB_TOKEN")}
     env.pop("HF_HUB_OFFLINE", None)  # conftest's; this test wants the machine's own state
     env["HF_HOME"] = str(tmp_path / "hf_home")
@@ -84,7 +86,7 @@ def test_an_unreachable_hub_refuses_at_once_in_one_line(tmp_path, offline_flag):
         env["HF_HUB_OFFLINE"] = "1"
     t0 = time.perf_counter()
     proc = subprocess.run(
-        [PYTHON, str(ROOT / "train_vits.py"), "--push_to_hub", REPO],
+        [PYTHON, str(ROOT / "train_vits.py"), *demo, "--push_to_hub", REPO],
         cwd=tmp_path,
         env=env,
         capture_output=True,

@@ -217,3 +217,19 @@ def test_samples_that_cannot_be_copied_leave_a_complete_folder(
         )
         == 1
     )
+
+
+def test_final_weights_that_were_never_evaluated_say_so():
+    """A run stopped by a signal (or with no time left for its final evaluation) exports weights no
+    evaluation scored: the card says so, and where its best is, rather than let the table's scores
+    pass for these weights'."""
+    scored = (
+        Evaluation("start (before training)", 0, {"val_mel": 2.0}),
+        Evaluation("best", 100, {"val_mel": 1.0}),
+    )
+    text = card(base_model_facts(MMS), evaluations=scored)  # these weights: step 120
+    assert "These are the weights at the end of the run, optimiser step 120. They were not evaluated" in text
+    assert "its best by `val_mel` on the validation clips is step 100's, in its `best_model` folder." in text
+    final = (*scored, Evaluation("final", 120, {"val_mel": 1.1}))
+    assert "not evaluated" not in card(base_model_facts(MMS), evaluations=final)
+    assert "not evaluated" not in card(base_model_facts(MMS))  # no evaluation at all: no table to misread

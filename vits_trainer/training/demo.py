@@ -32,9 +32,14 @@ DEMO_SETTINGS = dict(
 
 
 def apply_demo_settings(cfg: TrainConfig, explicit: set[str]) -> TrainConfig:
-    """Demo defaults for every flag the user did not set; creates the corpus and model if missing."""
+    """Demo defaults for every flag the user did not set (make_demo_inputs writes its files, once every
+    check of the command line passed)."""
     changes = {k: v for k, v in DEMO_SETTINGS.items() if k not in explicit}
-    cfg = dataclasses.replace(cfg, **changes)
+    return dataclasses.replace(cfg, **changes)
+
+
+def make_demo_inputs(cfg: TrainConfig) -> None:
+    """The demo's corpus and model, where missing."""
     data_dir, model_dir = Path(cfg.data_dir), Path(cfg.model_name)
     if not (data_dir / "metadata.csv").is_file():
         from ..data.synthetic import make_corpus
@@ -48,4 +53,3 @@ def apply_demo_settings(cfg: TrainConfig, explicit: set[str]) -> TrainConfig:
         print(f"demo: creating a tiny VITS model in {model_dir}", flush=True)
         quiet_transformers()  # its save's progress bar, as in the rest of the run
         make_tiny_model(model_dir)
-    return cfg

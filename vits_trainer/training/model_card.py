@@ -293,6 +293,17 @@ def _weights_line(facts: CardFacts) -> str:
         )
     best = [e for e in facts.evaluations if "best" in e.label]
     also = f" They are also its best by {metric}." if best and best[0].step == facts.step else ""
+    if facts.evaluations and all(e.step != facts.step for e in facts.evaluations):
+        # a signal, or a budget too short for the final evaluation: the table's scores are other weights'
+        also = (
+            " They were not evaluated: the run ended without its final evaluation, so the scores below"
+            " are of the weights at the steps they name"
+            + (
+                f"; its best by {metric} is step {best[0].step}'s, in its `best_model` folder."
+                if best
+                else "."
+            )
+        )
     return f"These are the weights at the end of the run, optimiser step {facts.step}.{also}"
 
 
