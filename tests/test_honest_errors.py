@@ -338,3 +338,20 @@ def test_a_resumed_run_already_at_max_steps_says_why_it_trains_nothing(
     assert first["steps"] == second["steps"] == 2 and second["stopped_reason"] == "max_steps"
     out = capsys.readouterr().out
     assert "max_steps: step 2 is --max_steps 2 already: no training step (--max_steps 0 lets" in out
+
+
+def test_a_run_resumed_at_max_steps_does_not_evaluate_the_same_weights_again(
+    tmp_path, tiny_model_dir, tone_corpus, capsys
+):
+    """Its checkpoint's final evaluation scored these very weights: it stands for the final one (the
+    report had two "final" rows for one step, and the evaluation's time was spent again)."""
+    import json
+
+    _, first = train_tiny(tmp_path, tone_corpus, tiny_model_dir, max_steps=2)
+    capsys.readouterr()
+    _, second = train_tiny(tmp_path, tone_corpus, tiny_model_dir, max_steps=2)
+    assert second["steps"] == 2 and second["final_eval_tag"] == "final"
+    assert second["final_val"] == first["final_val"] and second["final_eval_skipped"] is None
+    assert "final evaluation skipped: no training step since the final evaluation" in capsys.readouterr().out
+    records = [json.loads(x) for x in (tmp_path / "checkpoints" / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in records if r.get("event") == "eval"] == [0, 2]

@@ -62,6 +62,17 @@ class RunOutputs:
         self.hub = self._hub_push() if session.cfg.push_to_hub and session.is_main else None
         if session.resumed_from is not None:
             self.keep_better_best_model()
+            self._known_evaluation()
+
+    def _known_evaluation(self) -> None:
+        """A resumed checkpoint whose weights an evaluation scored (the final one of a run that reached
+        --max_steps): that evaluation stands for a final one while no step trains them further."""
+        step = self.s.budget.global_step
+        known = next((r for r in reversed(self.s.state.val_history) if r.get("step") == step), None)
+        if known is not None:
+            meta = ("tag", "step", "epoch", "time", "seconds")
+            self.last_val = {k: v for k, v in known.items() if k not in meta}
+            self.last_val_step, self.last_val_tag = step, known.get("tag")
 
     def best_key(self) -> str:
         """The result that decides the best model: --best_metric on the first validation set."""
