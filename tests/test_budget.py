@@ -41,6 +41,18 @@ def test_elapsed_remaining_deadline_count_from_process_start():
     assert b.remaining() == pytest.approx(-100.0)
 
 
+def test_the_eta_ends_at_max_steps_when_it_comes_first():
+    """The progress line's ETA: the budget's deadline, or --max_steps's last step and the end's work
+    when those come first (a 25-step run read "ETA 2:16" and ended 3 s later)."""
+    clock = FakeClock(0.0)
+    b = Budget(3600, process_start=0.0, clock=clock)
+    b.set_estimates(eval_seconds=20.0, save_seconds=30.0, export_seconds=40.0)
+    run_steps(b, clock, 10, 1.0, 8)
+    assert b.session_left() == b.remaining() == b.session_left(max_steps=10_000)
+    assert b.session_left(max_steps=20) == pytest.approx(10 * 1.0 + b.final_reserve())
+    assert b.session_left(max_steps=20) < b.remaining() / 10
+
+
 def test_safety_margin():
     clock = FakeClock(0.0)
     assert Budget(34200, 0.0, clock=clock).safety_seconds() == pytest.approx(342.0)  # 1 %

@@ -244,6 +244,12 @@ class Budget:
                 return by_steps, f" before --max_steps {max_steps}"
         return left, ""
 
+    def session_left(self, max_steps: int = 0) -> float:
+        """Seconds until this session ends: its deadline, or sooner --max_steps's last step and the work
+        after it (final evaluation, checkpoint, export: the final reserve)."""
+        left, until = self.training_left(max_steps)
+        return left + self.final_reserve() if until else self.remaining()
+
     # ---- measurements -----------------------------------------------------------------------------
 
     def start_training(self) -> None:

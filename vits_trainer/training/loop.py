@@ -157,7 +157,7 @@ class Trainer:
     def train(self) -> dict:
         s = self.s
         signals = SignalStop(s.log)
-        progress = Progress(s.log, s.is_main, s.device)
+        progress = Progress(s.log, s.is_main, s.device, s.cfg.max_steps, s.budget.global_step)
         stop_reason = self.start_run(signals)
         while stop_reason is None:
             stop_reason = self.run_epoch(signals, progress)

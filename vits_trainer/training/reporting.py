@@ -59,20 +59,23 @@ class MetricsLog:
 class Progress:
     """A tqdm bar on a terminal, plain lines otherwise (logs of Kaggle/Colab/CI are not TTYs)."""
 
-    def __init__(self, log, enabled: bool, device: torch.device):
+    def __init__(self, log, enabled: bool, device: torch.device, max_steps: int = 0, step: int = 0):
         self.log = log
         self.device = device
         self.enabled = enabled
+        self.max_steps = max_steps  # --max_steps: the bar's total and the ETA's end, when it comes first
         self.bar = None
         if enabled and is_interactive():
             from tqdm import tqdm
 
-            self.bar = tqdm(total=None, unit="step", dynamic_ncols=True, leave=True)
+            self.bar = tqdm(
+                total=max_steps or None, initial=step, unit="step", dynamic_ncols=True, leave=True
+            )
             log.bar = self.bar
 
     def set_total(self, total: int, done: int) -> None:
         if self.bar is not None:
-            self.bar.total = total
+            self.bar.total = min(total, self.max_steps) if self.max_steps else total
             self.bar.n = done
             self.bar.refresh()
 
@@ -90,7 +93,7 @@ class Progress:
             fields["vram"] = vram
         if epoch_eta is not None:
             fields["epoch ETA"] = _fmt_seconds(epoch_eta)
-        fields["ETA"] = _fmt_seconds(budget.remaining())
+        fields["ETA"] = _fmt_seconds(budget.session_left(self.max_steps))
         if self.bar is not None:
             self.bar.n = step
             self.bar.set_postfix(fields, refresh=True)
