@@ -233,3 +233,12 @@ def test_final_weights_that_were_never_evaluated_say_so():
     final = (*scored, Evaluation("final", 120, {"val_mel": 1.1}))
     assert "not evaluated" not in card(base_model_facts(MMS), evaluations=final)
     assert "not evaluated" not in card(base_model_facts(MMS))  # no evaluation at all: no table to misread
+
+
+def test_a_run_of_several_sessions_says_its_budget_is_each_sessions():
+    """--target_hours is each session's: after five sessions "--target_hours 0.015 (54 s); 5.7 min
+    spent" read like a budget overrun."""
+    text = card(base_model_facts(MMS), target_seconds=54.0, spent_seconds=342.0, sessions=5)
+    assert "- Budget: --target_hours 0.015 (54 s) per session, 5 sessions; 5.7 min spent in all when" in text
+    one = card(base_model_facts(MMS), target_seconds=54.0, spent_seconds=50.0)
+    assert "- Budget: --target_hours 0.015 (54 s); 50 s spent when" in one

@@ -81,6 +81,7 @@ class CardFacts:
     target_seconds: float | None = None  # --target_hours of this session
     total_seconds: float | None = None  # --total_hours, when the run spans several sessions
     spent_seconds: float | None = None  # time spent when these weights were exported (all sessions)
+    sessions: int = 1  # sessions the run has had (resumes), this one included
     hardware: str | None = None
     precision: str | None = None
     eval_set: str = "validation clips"
@@ -392,10 +393,13 @@ def _training_lines(facts: CardFacts) -> list[str]:
         budget = f"- Budget: --target_hours {round(facts.target_seconds / 3600, 4):g}"
         if facts.target_seconds < 3600:  # 0.0333 hours reads better as 2.0 min
             budget += f" ({_duration(facts.target_seconds)})"
+        if facts.sessions > 1:  # --target_hours is each session's: the time spent is all of them
+            budget += f" per session, {facts.sessions} sessions"
         if facts.total_seconds is not None:
             budget += f" (--total_hours {facts.total_seconds / 3600:g} across sessions)"
         if facts.spent_seconds is not None:
-            budget += f"; {_duration(facts.spent_seconds)} spent when these weights were exported"
+            spent = " in all" if facts.sessions > 1 else ""
+            budget += f"; {_duration(facts.spent_seconds)} spent{spent} when these weights were exported"
         lines.append(budget + ".")
     if facts.hardware:
         precision = f", precision {facts.precision}" if facts.precision else ""
@@ -480,6 +484,7 @@ def run_facts(s, kind: str, samples: tuple[Sample, ...] = ()) -> CardFacts:
         target_seconds=budget.target_seconds,
         total_seconds=budget.total_seconds,
         spent_seconds=budget.spent_seconds(),
+        sessions=s.state.sessions + 1,  # state.sessions counts the resumes
         hardware=hardware,
         precision="fp32" if precision == "no" else precision,
         eval_set="validation clips" if primary == "val" else f"held-out {primary} clips",

@@ -295,11 +295,12 @@ def status_section(run: RunFiles, best: dict | None, best_metric: str, now: floa
             '<span class="running">running</span> (or stopped without reaching its end: a crash or a '
             "kill; train.log says which). This page is rewritten at each evaluation and at the end."
         )
+    sessions = len([s for s in run.sittings() if s.start or s.records])
     facts = [
         ("status", status),
         ("updated", _clock(now)),
         ("steps", _fmt(steps)),
-        ("sessions", _fmt(len([s for s in run.sittings() if s.start or s.records]))),
+        ("sessions", _fmt(sessions)),
     ]
     if best is not None:
         facts.append(
@@ -312,7 +313,7 @@ def status_section(run: RunFiles, best: dict | None, best_metric: str, now: floa
     if summary:
         facts += [
             (
-                "wall time / budget",
+                "wall time / budget" + (" (last session)" if sessions > 1 else ""),
                 f"{_duration(summary.get('wall_seconds'))} / {_duration(summary.get('target_seconds'))}",
             ),
             ("epochs trained", _fmt(summary.get("epochs_trained"), 3)),

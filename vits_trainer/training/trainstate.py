@@ -53,7 +53,7 @@ class TrainState:
     micro_batch_size: int | None = None
     micro_batch_hardware: str | None = None  # microbatch.hardware_id of the machine that chose it
     micro_batch_trial: list[dict] | None = None  # the trial's table (microbatch.MicroBatchTrial.table)
-    sessions: int = 0
+    sessions: int = 0  # resumes of the run so far (its sessions less one)
     val_history: list[dict] = field(default_factory=list)
     best_model_step: int | None = None  # the step whose weights <checkpoint_dir>/best_model/ holds
 
