@@ -743,3 +743,37 @@ def test_the_warmup_cap_is_reported_again_only_when_the_cap_changes():
     trainer.warmup_reported, trainer.resumed_from_step = None, 57
     Trainer.report_warmup_cap(trainer)
     assert len(lines) == 2 and trainer.warmup_reported == 5
+
+
+def test_a_replan_that_moves_the_step_count_says_so():
+    """Each epoch re-plans from the measured speed; one that moves the session's steps by more than a
+    quarter from the plan last printed gets a `replan:` line and record (42 steps planned after a
+    benchmark on a busy machine, 101 run, and the log never said so); small moves stay quiet."""
+    from types import SimpleNamespace
+
+    from vits_trainer.training.budget import Plan
+    from vits_trainer.training.loop import Trainer
+
+    lines, records, totals = [], [], []
+    trainer = SimpleNamespace(
+        s=SimpleNamespace(log=lines.append, budget=SimpleNamespace(global_step=20)),
+        metrics=SimpleNamespace(write=records.append),
+        resumed_from_step=None,
+        announced_steps=42,
+    )
+    progress = SimpleNamespace(set_total=lambda total, done: totals.append((total, done)))
+
+    def plan(steps: int) -> Plan:
+        return Plan(
+            4.3, 60.0, 2.4, 2, 18, steps, steps, 1_000_600.0, 1_000_700.0, 120.0, 5, 5, 5, 2, 1_000_000.0
+        )
+
+    Trainer.announce_replan(trainer, plan(48), progress)  # within a quarter: no news
+    assert lines == [] and records == [] and trainer.announced_steps == 42
+    Trainer.announce_replan(trainer, plan(101), progress)
+    assert len(lines) == 1
+    assert lines[0].startswith(
+        "replan: 101 steps this session (planned 42) at ~4.3 samples/s, training ends ~"
+    )
+    assert records[0]["event"] == "replan" and records[0]["optimizer_steps"] == 101 and totals == [(101, 20)]
+    assert trainer.announced_steps == 101

@@ -23,6 +23,7 @@ import torch
 
 from ..data.loader import move_batch
 from .agreement import Agreement
+from .budget import hhmm
 from .compile_choice import CompileChoice
 from .cpushare import cpu_share
 from .microbatch import micro_batches
@@ -36,6 +37,7 @@ from .session import Session
 from .step import GanStep
 
 LOG_SECONDS = 60.0  # a metric line at least this often, so a run of slow steps never looks hung
+REPLAN_NEWS = 0.25  # a re-plan moving the session's steps by more than this share gets a log line
 
 
 def gan_step(session: Session) -> GanStep:
@@ -150,6 +152,7 @@ class Trainer:
         self.resumed_from_step = session.budget.global_step if session.resumed_from else None
         self.budget_stop: dict | None = None  # what the budget weighed when it ended the run
         self.warmup_reported: int | None = None  # the warmup cap (steps) the last line reported
+        self.announced_steps: int | None = None  # the session's steps by the plan last printed
         self.window = StepWindow()
 
     # ---- the loop --------------------------------------------------------------------------------
@@ -162,7 +165,7 @@ class Trainer:
         while stop_reason is None:
             stop_reason = self.run_epoch(signals, progress)
             if stop_reason is None:
-                stop_reason = self.end_epoch(signals)
+                stop_reason = self.end_epoch(signals, progress)
         progress.close()
         signals.restore()
         return self.end_run(stop_reason)
@@ -361,13 +364,13 @@ class Trainer:
         left, until = self.s.budget.training_left(self.s.cfg.max_steps)
         self.compiler.begin(left, self.micro.trial_seconds_per_sample(), until)
 
-    def end_epoch(self, signals: SignalStop) -> str | None:
+    def end_epoch(self, signals: SignalStop, progress: Progress) -> str | None:
         """An epoch ended: count it, re-plan, evaluate/save if due; the stop reason after that."""
         budget, state = self.s.budget, self.s.state
         state.epoch += 1
         state.batch_in_epoch = 0
         if budget.current_plan is not None:
-            budget.replan()
+            self.announce_replan(budget.replan(), progress)
         self.outputs.epoch_end_housekeeping()
         stop_reason, _ = self.stop_decision(signals)
         return stop_reason
@@ -464,6 +467,23 @@ class Trainer:
         self.report_warmup_cap()
         progress.set_total(plan.optimizer_steps + (self.resumed_from_step or 0), s.budget.global_step)
         self.metrics.write({"event": "plan", "step": s.budget.global_step, **plan.to_dict()})
+        self.announced_steps = plan.optimizer_steps
+
+    def announce_replan(self, plan, progress: Progress) -> None:
+        """A re-plan that moves the session's step count by more than REPLAN_NEWS from the plan last
+        announced gets a line and a `replan` record (a busy machine during the benchmark, then a quiet
+        one: 42 steps planned, 101 run, and the log never said so)."""
+        s, before = self.s, self.announced_steps
+        if before is None or abs(plan.optimizer_steps - before) <= max(5, REPLAN_NEWS * before):
+            return
+        s.log(
+            f"replan: {plan.optimizer_steps:,} steps this session (planned {before:,}) at "
+            f"~{plan.samples_per_second:.1f} samples/s, training ends "
+            f"~{hhmm(plan.train_end_wall, plan.created_wall)}"
+        )
+        progress.set_total(plan.optimizer_steps + (self.resumed_from_step or 0), s.budget.global_step)
+        self.metrics.write({"event": "replan", "step": s.budget.global_step, **plan.to_dict()})
+        self.announced_steps = plan.optimizer_steps
 
     def log_step(self, progress: Progress, batches_left: int) -> None:
         s, window = self.s, self.window
