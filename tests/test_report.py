@@ -512,6 +512,7 @@ def test_after_going_back_to_an_older_checkpoint_the_report_shows_the_weights_hi
     """A session resumed from step 4 continues that checkpoint's weights: what the first session
     recorded after step 4 (another future, or steps trained past the last checkpoint before a kill) is
     left out of the page and the loss curve; both sessions' time stays in the timeline."""
+    from vits_trainer.safety import write_marker
     from vits_trainer.training.report import current_history, read_run
 
     t0 = 1_700_000_000.0
@@ -545,6 +546,13 @@ def test_after_going_back_to_an_older_checkpoint_the_report_shows_the_weights_hi
     assert 'id="eval-8"' not in page and "0.5" not in re.search(
         r'<section id="evaluations">.*?</section>', page, re.S
     ).group(0)
+    # best_model/ kept the left future's best (it scored better): its evaluation stays on the page
+    best = tmp_path / "best_model"
+    best.mkdir()
+    (best / "config.json").write_text("{}", encoding="utf-8")
+    write_marker(best, "best_model", tmp_path, 8)
+    page = write_report(tmp_path).read_text(encoding="utf-8")
+    assert '<a href="#eval-8">step 8</a> (val_mel 0.5)' in page and "<th>steps</th><td>6</td>" in page
 
 
 def test_while_a_resumed_session_runs_the_best_is_the_best_model_folders(tmp_path):

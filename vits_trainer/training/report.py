@@ -131,7 +131,13 @@ def _after(record: dict, step: int) -> bool:
 
 
 def read_run(folder: Path) -> RunFiles:
-    records = current_history(read_metrics(folder / "metrics.jsonl"))
+    everything = read_metrics(folder / "metrics.jsonl")
+    records = current_history(everything)
+    # best_model/ may hold weights of a future left by going back (kept: they scored better): their
+    # evaluation stays on the page, with their samples
+    kept = marker_step(read_marker(folder / "best_model"))
+    if kept is not None and not any(r.get("event") == "eval" and r.get("step") == kept for r in records):
+        records += [r for r in everything if r.get("event") == "eval" and r.get("step") == kept][-1:]
     summary = _read_json(folder / "train_summary.json")
     sentences = _read_json(folder / "samples" / REFERENCE_FOLDER / SENTENCES_FILE)
     return RunFiles(folder, records, summary if isinstance(summary, dict) else None, sentences or {})
@@ -287,7 +293,9 @@ def status_section(run: RunFiles, best: dict | None, best_metric: str, now: floa
     ended, why = run_state(run)
     summary = run.summary if ended else None
     # the latest record's: after going back to an older checkpoint, earlier sessions' ends name more
-    steps = next((r["step"] for r in reversed(run.records) if isinstance(r.get("step"), int)), 0)
+    # (and a kept best_model's evaluation from that future is added last)
+    latest = (r for r in reversed(run.records) if r.get("event") != "eval" and isinstance(r.get("step"), int))
+    steps = next((r["step"] for r in latest), 0)
     if ended:
         status = f'<span class="ok">ended</span>: {escape(STOP_WORDS.get(why, why))}'
     else:
