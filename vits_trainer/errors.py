@@ -26,9 +26,6 @@ def run_cli(main: Callable[[list[str] | None], int | None], argv: list[str] | No
         print(f"error: {err}", file=sys.stderr)
         _keep_in_log(f"error: {err}")
         return 2
-    except Exception:
-        _keep_in_log(traceback.format_exc().rstrip())  # a crash: its traceback in the run's log too
-        raise
     except KeyboardInterrupt:
         print("interrupted", file=sys.stderr)
         return 130
@@ -38,6 +35,9 @@ def run_cli(main: Callable[[list[str] | None], int | None], argv: list[str] | No
         devnull = os.open(os.devnull, os.O_WRONLY)
         os.dup2(devnull, sys.stdout.fileno())
         return 141  # as a shell reports a command ended by SIGPIPE
+    except Exception:
+        _keep_in_log(traceback.format_exc().rstrip())  # a crash: its traceback in the run's log too
+        raise
     return int(code or 0)
 
 
