@@ -146,3 +146,29 @@ def test_a_misspelt_flag_is_named_with_the_one_meant_before_a_missing_one(capsys
     for main, argv, expected in cases:
         assert run_cli(main, argv) == 2
         assert expected in capsys.readouterr().err, argv
+
+
+def test_a_runs_error_line_and_crash_traceback_go_into_its_log_too(tmp_path, monkeypatch):
+    """Once a run keeps train.log, the CLI's own `error:` line and a crash's traceback go there as well
+    (a lost notebook output keeps them). A reader leaving the pipe is still exit 141, no traceback
+    (tests/test_prepare_cli.py)."""
+    from vits_trainer.errors import UserError, run_cli
+    from vits_trainer.training.runtime import Logger
+
+    log = tmp_path / "train.log"
+    monkeypatch.setattr(Logger, "copy", type(Logger.copy)())
+
+    def fails_with(err):
+        def main(argv):
+            Logger()("set-up done")
+            Logger.copy.to(log)  # as build_session does once set-up found no bad input
+            raise err
+
+        return main
+
+    assert run_cli(fails_with(UserError("the disk is full"))) == 2
+    assert log.read_text(encoding="utf-8").splitlines()[1:] == ["set-up done", "error: the disk is full"]
+    with pytest.raises(RuntimeError):
+        run_cli(fails_with(RuntimeError("a bug")))
+    text = log.read_text(encoding="utf-8")
+    assert "Traceback (most recent call last)" in text and text.rstrip().endswith("RuntimeError: a bug")
