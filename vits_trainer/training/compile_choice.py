@@ -47,7 +47,9 @@ COMPILE_MIN_MINUTES = 40.0
 EAGER_STEPS = 3  # eager steps measured first when no trial measured the size (the first a warm-up)
 COMPILE_STEPS = 2  # the first compiles, the second records CUDA graphs (one more warm-up elsewhere)
 MEASURE_STEPS = 3  # compiled steps compared with the eager ones
-LATE_COMPILE_STEPS = 12  # steps after those that compiled again, taken as compilation, not measured
+# steps after those that compiled again, taken as compilation, not measured: with "graphs" each new
+# bucket of text or frame lengths (data/shapes.py: a few dozen in a run) records graphs once
+LATE_COMPILE_STEPS = 48
 FASTER = 0.97  # kept when a compiled step takes less than this share of an eager one (per sample)
 
 
