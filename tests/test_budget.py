@@ -761,6 +761,7 @@ def test_a_replan_that_moves_the_step_count_says_so():
         resumed_from_step=None,
         announced_steps=42,
     )
+    trainer.publish_plan = lambda plan, event, progress: Trainer.publish_plan(trainer, plan, event, progress)
     progress = SimpleNamespace(set_total=lambda total, done: totals.append((total, done)))
 
     def plan(steps: int) -> Plan:

@@ -465,9 +465,7 @@ class Trainer:
         plan = s.budget.plan(s.data.samples_per_epoch, effective, evals, saves)
         s.log(plan.describe())
         self.report_warmup_cap()
-        progress.set_total(plan.optimizer_steps + (self.resumed_from_step or 0), s.budget.global_step)
-        self.metrics.write({"event": "plan", "step": s.budget.global_step, **plan.to_dict()})
-        self.announced_steps = plan.optimizer_steps
+        self.publish_plan(plan, "plan", progress)
 
     def announce_replan(self, plan, progress: Progress) -> None:
         """A re-plan that moves the session's step count by more than REPLAN_NEWS from the plan last
@@ -481,8 +479,13 @@ class Trainer:
             f"~{plan.samples_per_second:.1f} samples/s, training ends "
             f"~{hhmm(plan.train_end_wall, plan.created_wall)}"
         )
-        progress.set_total(plan.optimizer_steps + (self.resumed_from_step or 0), s.budget.global_step)
-        self.metrics.write({"event": "replan", "step": s.budget.global_step, **plan.to_dict()})
+        self.publish_plan(plan, "replan", progress)
+
+    def publish_plan(self, plan, event: str, progress: Progress) -> None:
+        """A plan the log announced: the progress bar's total, its metrics record, the steps it said."""
+        step = self.s.budget.global_step
+        progress.set_total(plan.optimizer_steps + (self.resumed_from_step or 0), step)
+        self.metrics.write({"event": event, "step": step, **plan.to_dict()})
         self.announced_steps = plan.optimizer_steps
 
     def log_step(self, progress: Progress, batches_left: int) -> None:

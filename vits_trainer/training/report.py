@@ -29,6 +29,7 @@ from urllib.parse import quote
 from ..jsonfile import write_json_atomic, write_text_atomic
 from ..safety import marker_step, read_marker
 from .report_svg import PHASE_COLORS, Timeline, line_chart, series, timeline_svg
+from .runtime import LOG_FILE
 
 REPORT_FILE = "report.html"
 REFERENCE_FOLDER = "reference"  # samples/reference/: the validation recordings, written once per run
@@ -68,6 +69,7 @@ class RunFiles:
     records: list[dict]
     summary: dict | None
     sentences: dict  # clip id -> {"text": ..., "speaker": ...} (samples/reference/sentences.json)
+    best_model_step: int | None = None  # the step of the weights in best_model/ (its marker's)
 
     def events(self, name: str) -> list[dict]:
         return [r for r in self.records if r.get("event") == name]
@@ -140,7 +142,8 @@ def read_run(folder: Path) -> RunFiles:
         records += [r for r in everything if r.get("event") == "eval" and r.get("step") == kept][-1:]
     summary = _read_json(folder / "train_summary.json")
     sentences = _read_json(folder / "samples" / REFERENCE_FOLDER / SENTENCES_FILE)
-    return RunFiles(folder, records, summary if isinstance(summary, dict) else None, sentences or {})
+    summary = summary if isinstance(summary, dict) else None
+    return RunFiles(folder, records, summary, sentences or {}, best_model_step=kept)
 
 
 def write_references(samples_dir: Path, items, count: int) -> None:
@@ -185,8 +188,7 @@ def render(run: RunFiles, resume_command: str | None, best_metric: str, now: flo
     evals = run.events("eval")
     ended, _ = run_state(run)
     # best_model/'s own step first: while a resumed session runs, train_summary.json is the last one's
-    marked = marker_step(read_marker(run.folder / "best_model"))
-    best = best_eval(evals, best_metric, run.summary if ended else None, marked)
+    best = best_eval(evals, best_metric, run.summary if ended else None, run.best_model_step)
     sections = [
         status_section(run, best, best_metric, now),
         resume_section(resume_command),
@@ -343,7 +345,7 @@ def status_section(run: RunFiles, best: dict | None, best_metric: str, now: floa
                 facts.append(("hub", f"{repo}: <b>not uploaded</b> ({escape(str(hub.get('error')))})"))
     links = [
         name
-        for name in ("metrics.jsonl", "train_summary.json", "loss_curve.png", "train.log")
+        for name in ("metrics.jsonl", "train_summary.json", "loss_curve.png", LOG_FILE)
         if (run.folder / name).is_file()
     ]
     if (run.folder / "best_model").is_dir():
