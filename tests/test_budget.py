@@ -778,3 +778,52 @@ def test_a_replan_that_moves_the_step_count_says_so():
     )
     assert records[0]["event"] == "replan" and records[0]["optimizer_steps"] == 101 and totals == [(101, 20)]
     assert trainer.announced_steps == 101
+
+
+def test_with_several_processes_rank_0_keeps_its_own_clock_and_the_others_follow_it(monkeypatch):
+    """Every rank sets the LR from rank 0's progress, broadcast with each stop decision. Rank 0 itself
+    must go on reading its clock: once it took the broadcast value as its own, it sent back that first
+    value forever, and the LR of every multi-process run stayed at its peak after warmup."""
+    from types import SimpleNamespace
+
+    import accelerate.utils
+    import torch
+
+    from vits_trainer.training.loop import Trainer
+
+    sent = []
+
+    def broadcast(packet, from_process):  # the packet rank 0 sends: what every rank receives
+        sent.append(packet.tolist())
+        return packet if not sent_by_rank0 else torch.tensor(sent_by_rank0[-1])
+
+    monkeypatch.setattr(accelerate.utils, "broadcast", broadcast)
+
+    def rank(is_main: bool):
+        clock = FakeClock(0.0)
+        b = Budget(1000, 0.0, clock=clock)
+        b.start_training()
+        session = SimpleNamespace(
+            is_main=is_main,
+            budget=b,
+            budget_lr=BudgetLR(b, warmup_steps=0),
+            cfg=SimpleNamespace(max_steps=0),
+            accelerator=SimpleNamespace(num_processes=2),
+            device=torch.device("cpu"),
+        )
+        return SimpleNamespace(s=session, budget_stop=None), clock
+
+    sent_by_rank0: list = []
+    main, clock = rank(True)
+    progress = []
+    for _ in range(3):
+        clock.advance(200.0)
+        Trainer.stop_decision(main, SimpleNamespace(received=None))
+        progress.append(sent[-1][2])
+    assert progress[0] < progress[1] < progress[2]  # was 0.2, 0.2, 0.2
+    assert main.s.budget_lr.progress() == pytest.approx(progress[2])
+
+    sent_by_rank0.append([0.0, 0.0, 0.5])
+    other, _ = rank(False)  # its own clock says 0: it follows rank 0's 0.5
+    Trainer.stop_decision(other, SimpleNamespace(received=None))
+    assert other.s.budget_lr.progress() == 0.5

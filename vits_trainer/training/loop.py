@@ -425,7 +425,8 @@ class Trainer:
             packet = torch.tensor([code, float(want_save), s.budget_lr.progress()], device=s.device)
             code, save, progress = broadcast(packet, from_process=0).tolist()
             code, want_save = int(code), bool(save)
-            s.budget_lr.share_progress(progress)
+            if not s.is_main:  # rank 0 keeps reading its own clock (a shared value would freeze it)
+                s.budget_lr.share_progress(progress)
         return {0: None, 1: "budget", 2: "signal", 3: "max_steps"}[code], want_save
 
     def follow_load(self) -> None:

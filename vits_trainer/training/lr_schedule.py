@@ -12,7 +12,7 @@ the checkpoint beside the budget's (`BudgetLR.state_dict`).
     set_peak_lr([(optimizer, sched)], peak, lr)          # a new peak (a recovery halves it)
 
 Multi-process: ranks must set the same LR, so rank 0's progress is broadcast each step and handed to
-`BudgetLR.share_progress` on every rank.
+`BudgetLR.share_progress` on every other rank (rank 0 goes on reading its own clock).
 """
 
 from __future__ import annotations
