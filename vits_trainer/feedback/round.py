@@ -328,17 +328,16 @@ class FeedbackRun(FeedbackData):
             return cfg
         state = LoadedCheckpoint(path, manifest).json("trainer_state.json")
         keep = frozenset({"output_dir", *HIDDEN_FLAGS})
-        # the run's relative folders are found from where this version's checkpoints are now
-        here = replace(cfg, checkpoint_dir=str(self.version / "checkpoints"))
-        restored = restore_settings(
-            here,
+        return restore_settings(
+            cfg,
             state.get("config"),
             self.log,
             source=path.name,
             keep=keep,
             working_dir=state.get("working_dir"),
+            # the run's relative folders are found from where this version's checkpoints are now
+            checkpoint_dir=self.version / "checkpoints",
         )
-        return replace(restored, checkpoint_dir=cfg.checkpoint_dir)
 
     def report(self, session, summary: dict, per_clip_after: dict | None = None) -> dict:
         cfg = self.cfg

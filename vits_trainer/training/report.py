@@ -113,6 +113,11 @@ def read_metrics(path: Path) -> list[dict]:
     return records
 
 
+def is_resume(record: dict) -> bool:
+    """Whether a metrics record is the start of a session that resumed from a checkpoint."""
+    return record.get("event") == "session" and record.get("resumed_from") is not None
+
+
 def current_history(records: list[dict]) -> list[dict]:
     """The records of the weights the run holds now. A session resumed from step S continues from
     that checkpoint: what earlier sessions recorded after step S (the steps a killed process trained
@@ -120,7 +125,7 @@ def current_history(records: list[dict]) -> list[dict]:
     other weights, and is left out. Session starts and ends stay: that time was spent."""
     kept: list[dict] = []
     for record in records:
-        if record.get("event") == "session" and record.get("resumed_from") is not None:
+        if is_resume(record):
             at = record.get("step")
             if isinstance(at, int):
                 kept = [r for r in kept if r.get("event") in ("session", "end") or not _after(r, at)]
@@ -473,7 +478,7 @@ def timeline_section(run: RunFiles) -> str:
             continue
         tl, rows = made
         start = sitting.start
-        resumed = f", resumed at step {start['step']}" if start.get("resumed_from") is not None else ""
+        resumed = f", resumed at step {start['step']}" if is_resume(start) else ""
         parts.append(f"<h3>Session {number}: started {_clock(start['process_start'])}{escape(resumed)}</h3>")
         parts.append(timeline_svg(tl))
         parts.append(_table(["", "plan", "what happened"], rows))
@@ -505,7 +510,7 @@ def _phase_legend() -> str:
 def curves_section(run: RunFiles) -> str:
     steps = run.steps()
     evals = run.events("eval")
-    resumed = [(s["step"], "resumed") for s in run.events("session") if s.get("resumed_from") is not None]
+    resumed = [(s["step"], "resumed") for s in run.events("session") if is_resume(s)]
 
     def line(records, key, label, **kw):
         return series(label, [r.get("step") for r in records], [r.get(key) for r in records], **kw)

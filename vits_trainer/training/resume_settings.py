@@ -65,14 +65,22 @@ RUN_FOLDERS = ("data_dir", "output_dir", "feedback_dir", "base_model")
 
 
 def restore_settings(
-    cfg, saved: dict | None, log, source: str, keep: frozenset[str] = frozenset(), working_dir=None
+    cfg,
+    saved: dict | None,
+    log,
+    source: str,
+    keep: frozenset[str] = frozenset(),
+    working_dir=None,
+    checkpoint_dir=None,
 ):
     """`cfg` with the saved settings of a resumed run (see the module docstring); `keep` adds fields
     not to restore (feedback: its --output_dir root and the settings it derives per version);
-    `working_dir`, the folder the saved run ran in (None: a checkpoint from before it was kept)."""
+    `working_dir`, the folder the saved run ran in (None: a checkpoint from before it was kept);
+    `checkpoint_dir`, where the run's checkpoints are now (None: cfg.checkpoint_dir)."""
     if cfg.explicit is None or not isinstance(saved, dict):
         return cfg
-    saved = anchored(saved, run_folder(saved.get("checkpoint_dir"), cfg.checkpoint_dir, working_dir))
+    now = cfg.checkpoint_dir if checkpoint_dir is None else checkpoint_dir
+    saved = anchored(saved, run_folder(saved.get("checkpoint_dir"), now, working_dir))
     fields = {f.name for f in dataclasses.fields(cfg) if f.metadata.get("cli", True)}
     skip = NOT_RESTORED | keep
     hidden = set(cfg.hidden_flags)

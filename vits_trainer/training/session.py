@@ -40,7 +40,7 @@ from .networks import (
     load_or_create_discriminator,
     make_generator,
 )
-from .report import read_metrics
+from .report import is_resume, read_metrics
 from .resume_settings import restore_settings
 from .runtime import (
     LOG_FILE,
@@ -174,7 +174,7 @@ def _never_saved(metrics: Path) -> bool:
     records = read_metrics(metrics)
     if not records or not ("event" in records[0] or "step" in records[0]):
         return False
-    return not any(r.get("event") == "session" and r.get("resumed_from") is not None for r in records)
+    return not any(is_resume(r) for r in records)
 
 
 # ---- the session --------------------------------------------------------------------------------
