@@ -210,6 +210,45 @@ def test_signal_before_any_improvement_names_no_best_model(
     assert words == "no best model (no evaluation since step 0: stopped by a signal)"
 
 
+def test_a_signal_while_the_run_ends_lets_the_save_and_export_finish(
+    tmp_path, tiny_model_dir, tone_corpus, monkeypatch, capsys
+):
+    """A real SIGINT to this process while the final model is exported (a first Ctrl-C after the budget
+    stopped the run, or a second one while a stopped run saves): the trainer's handler still holds it,
+    so the export finishes and the line says so. Once, the handlers were put back before the run's end:
+    Python's default raised KeyboardInterrupt half way through it, leaving no export and no end record."""
+    import os
+    import signal
+
+    from vits_trainer.training.outputs import RunOutputs
+
+    reached_default = []
+
+    def stand_in_for_the_default(*args):
+        reached_default.append(args)
+
+    previous = signal.signal(signal.SIGINT, stand_in_for_the_default)
+    real_export = RunOutputs.export
+
+    def signal_during_final_export(self, folder):
+        if folder == self.s.output_dir:
+            os.kill(os.getpid(), signal.SIGINT)
+        return real_export(self, folder)
+
+    monkeypatch.setattr(RunOutputs, "export", signal_during_final_export)
+    try:
+        _, summary = train_tiny(tmp_path, tone_corpus, tiny_model_dir, max_steps=2)
+        restored = signal.getsignal(signal.SIGINT)
+    finally:
+        signal.signal(signal.SIGINT, previous)
+    assert not reached_default  # the trainer's handler had it ...
+    out = capsys.readouterr().out
+    assert "SIGINT received: the run is ending: saving and exporting (send it again to exit at once)" in out
+    assert summary["final_model"] and (tmp_path / "final_model" / "model.safetensors").is_file()  # ... and
+    assert summary["stopped_reason"] == "max_steps"  # the run ended as it was ending
+    assert restored is stand_in_for_the_default  # the handler from before the run, again
+
+
 def test_best_model_is_named_when_it_was_exported(tmp_path, tiny_model_dir, tone_corpus):
     from train_vits import best_model_words
     from vits_trainer.safety import read_marker

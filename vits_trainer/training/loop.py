@@ -56,11 +56,14 @@ def gan_step(session: Session) -> GanStep:
 
 
 class SignalStop:
-    """First SIGINT/SIGTERM: finish the step, save, exit 0. Second: exit at once."""
+    """First SIGINT/SIGTERM: finish the step, save, exit 0. Second: exit at once. Installed until the
+    run's end is done: a signal during the final evaluation, save or export (`ending`) lets them finish,
+    where Python's default would abandon the last steps' checkpoint half way."""
 
     def __init__(self, log):
         self.log = log
         self.received: str | None = None
+        self.ending = False  # the loop is over: the run's end (run_end.py) is under way
         self._previous = {}
         for sig in (signal.SIGINT, signal.SIGTERM):
             try:
@@ -74,7 +77,10 @@ class SignalStop:
             self.log(f"{name} again: exiting now without saving")
             os._exit(128 + signum)
         self.received = name
-        self.log(f"{name} received: finishing this step, then saving (send it again to exit at once)")
+        doing = (
+            "the run is ending: saving and exporting" if self.ending else "finishing this step, then saving"
+        )
+        self.log(f"{name} received: {doing} (send it again to exit at once)")
 
     def restore(self):
         for sig, handler in self._previous.items():
@@ -160,15 +166,18 @@ class Trainer:
     def train(self) -> dict:
         s = self.s
         signals = SignalStop(s.log)
-        progress = Progress(s.log, s.is_main, s.device, s.cfg.max_steps, s.budget.global_step)
-        stop_reason = self.start_run(signals)
-        while stop_reason is None:
-            stop_reason = self.run_epoch(signals, progress)
-            if stop_reason is None:
-                stop_reason = self.end_epoch(signals, progress)
-        progress.close()
-        signals.restore()
-        return self.end_run(stop_reason)
+        try:  # the handlers before the run come back however it ends (a notebook goes on with them)
+            progress = Progress(s.log, s.is_main, s.device, s.cfg.max_steps, s.budget.global_step)
+            stop_reason = self.start_run(signals)
+            while stop_reason is None:
+                stop_reason = self.run_epoch(signals, progress)
+                if stop_reason is None:
+                    stop_reason = self.end_epoch(signals, progress)
+            progress.close()
+            signals.ending = True
+            return self.end_run(stop_reason)
+        finally:
+            signals.restore()
 
     def run_epoch(self, signals: SignalStop, progress: Progress) -> str | None:
         """The rest of the current epoch, one optimiser step per cycle of loader batches; the stop
