@@ -227,9 +227,14 @@ def test_final_weights_that_were_never_evaluated_say_so():
         Evaluation("start (before training)", 0, {"val_mel": 2.0}),
         Evaluation("best", 100, {"val_mel": 1.0}),
     )
-    text = card(base_model_facts(MMS), evaluations=scored)  # these weights: step 120
+    text = card(base_model_facts(MMS), evaluations=scored, best_model_step=100)  # these weights: step 120
     assert "These are the weights at the end of the run, optimiser step 120. They were not evaluated" in text
     assert "its best by `val_mel` on the validation clips is step 100's, in its `best_model` folder." in text
+    # a best that no best_model/ holds is not sent there: the start's weights are never exported as one
+    start_best = (Evaluation("start (before training), best", 0, {"val_mel": 2.0}),)
+    text = card(base_model_facts(MMS), evaluations=start_best)
+    assert "is step 0's, the weights it started from (no trained weights scored better)." in text
+    assert "best_model" not in text
     final = (*scored, Evaluation("final", 120, {"val_mel": 1.1}))
     assert "not evaluated" not in card(base_model_facts(MMS), evaluations=final)
     assert "not evaluated" not in card(base_model_facts(MMS))  # no evaluation at all: no table to misread
@@ -237,8 +242,10 @@ def test_final_weights_that_were_never_evaluated_say_so():
 
 def test_a_run_of_several_sessions_says_its_budget_is_each_sessions():
     """--target_hours is each session's: after five sessions "--target_hours 0.015 (54 s); 5.7 min
-    spent" read like a budget overrun."""
+    spent" read like a budget overrun, and "per session" was wrong when the sessions' budgets differed."""
     text = card(base_model_facts(MMS), target_seconds=54.0, spent_seconds=342.0, sessions=5)
-    assert "- Budget: --target_hours 0.015 (54 s) per session, 5 sessions; 5.7 min spent in all when" in text
+    assert (
+        "- Budget: --target_hours 0.015 (54 s) in the last of 5 sessions; 5.7 min spent in all when" in text
+    )
     one = card(base_model_facts(MMS), target_seconds=54.0, spent_seconds=50.0)
     assert "- Budget: --target_hours 0.015 (54 s); 50 s spent when" in one

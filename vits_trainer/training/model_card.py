@@ -78,7 +78,7 @@ class CardFacts:
     speakers: int | None = None  # speakers named in the data
     voices: int = 1  # the model's speaker embeddings (1: a single voice)
     feedback_clips: int | None = None  # a feedback version (train_feedback.py): its feedback clips
-    target_seconds: float | None = None  # --target_hours of this session
+    target_seconds: float | None = None  # --target_hours of this session (the run's last)
     total_seconds: float | None = None  # --total_hours, when the run spans several sessions
     spent_seconds: float | None = None  # time spent when these weights were exported (all sessions)
     sessions: int = 1  # sessions the run has had (resumes), this one included
@@ -86,6 +86,7 @@ class CardFacts:
     precision: str | None = None
     eval_set: str = "validation clips"
     evaluations: tuple[Evaluation, ...] = ()
+    best_model_step: int | None = None  # the step of the weights the run's best_model/ holds (None: none)
     uroman: bool = False  # the tokenizer expects romanised text
     samples: tuple[Sample, ...] = ()  # spoken by these weights at their evaluation (step `step`)
 
@@ -300,12 +301,20 @@ def _weights_line(facts: CardFacts) -> str:
             " They were not evaluated: the run ended without its final evaluation, so the scores below"
             " are of the weights at the steps they name"
             + (
-                f"; its best by {metric} is step {best[0].step}'s, in its `best_model` folder."
+                f"; its best by {metric} is step {best[0].step}'s{_best_folder(facts, best[0].step)}."
                 if best
                 else "."
             )
         )
     return f"These are the weights at the end of the run, optimiser step {facts.step}.{also}"
+
+
+def _best_folder(facts: CardFacts, step: int) -> str:
+    """Where the best weights are: the run's best_model/ when it holds them; the weights a run started
+    from are never exported as a best model."""
+    if facts.best_model_step == step:
+        return ", in its `best_model` folder"
+    return ", the weights it started from (no trained weights scored better)" if step == 0 else ""
 
 
 def _samples(facts: CardFacts) -> str:
@@ -393,8 +402,8 @@ def _training_lines(facts: CardFacts) -> list[str]:
         budget = f"- Budget: --target_hours {round(facts.target_seconds / 3600, 4):g}"
         if facts.target_seconds < 3600:  # 0.0333 hours reads better as 2.0 min
             budget += f" ({_duration(facts.target_seconds)})"
-        if facts.sessions > 1:  # --target_hours is each session's: the time spent is all of them
-            budget += f" per session, {facts.sessions} sessions"
+        if facts.sessions > 1:  # --target_hours is each session's own: the time spent is all of them
+            budget += f" in the last of {facts.sessions} sessions"
         if facts.total_seconds is not None:
             budget += f" (--total_hours {facts.total_seconds / 3600:g} across sessions)"
         if facts.spent_seconds is not None:
@@ -495,6 +504,7 @@ def run_facts(s, kind: str, samples: tuple[Sample, ...] = ()) -> CardFacts:
             "" if primary == "val" else f"{primary}_",
             final=kind == "final_model",
         ),
+        best_model_step=s.state.best_model_step,
         uroman=bool(getattr(s.text.tokenizer, "is_uroman", False)),
         samples=samples,
     )
