@@ -22,6 +22,10 @@ from .items import TrainingItems
 from .sampler import BucketBatchSampler
 from .shapes import PadLengths, padded_widths
 
+# collate_batch's entries the networks do not take, kept on the host: the clips' ids (the loop counts
+# a step's clips and names a skipped step's) and the token counts (the model counts attention_mask)
+HOST_ONLY_KEYS = ("indices", "text_lengths")
+
 
 def move_batch(batch: dict[str, torch.Tensor], device: torch.device) -> dict[str, torch.Tensor]:
     """`batch` on `device` without making the host wait. To a GPU every tensor is copied from pinned

@@ -140,8 +140,8 @@ class LossWeights:
 
 def generator_total(losses: dict[str, Tensor], weights: LossWeights) -> Tensor:
     """Weighted sum of the generator losses under the keys mel / kl / duration / adversarial /
-    feature_matching. Absent keys contribute nothing (e.g. no adversarial terms during a warm-up);
-    other keys (logging extras) are ignored.
+    feature_matching. Absent keys contribute nothing; other keys (logging extras) are ignored: a new
+    loss term trains only once it is one of LOSS_KEYS with a weight in LossWeights.
     """
     present = [k for k in LOSS_KEYS if k in losses]
     if not present:

@@ -14,7 +14,7 @@ import numpy as np
 import torch
 
 from ..data.audio import write_wav as write_pcm16
-from ..data.loader import move_batch
+from ..data.loader import HOST_ONLY_KEYS, move_batch
 from ..model.losses import LossWeights
 
 
@@ -78,9 +78,7 @@ def evaluate_per_clip(generator, items, device: torch.device, autocast=None, see
         torch.manual_seed(seed)
         for k in range(len(dataset)):
             batch = collate_batch([dataset[k]])
-            batch = move_batch(
-                {n: v for n, v in batch.items() if n not in ("indices", "text_lengths")}, device
-            )
+            batch = move_batch({n: v for n, v in batch.items() if n not in HOST_ONLY_KEYS}, device)
             out = _teacher_forced(generator, batch, autocast)
             values[items.clip_id(k)] = float(out.mel)
     generator.train(was_training)

@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from ..data.loader import move_batch
+from ..data.loader import HOST_ONLY_KEYS, move_batch
 from .agreement import Agreement
 from .budget import hhmm
 from .compile_choice import CompileChoice
@@ -89,7 +89,9 @@ class SignalStop:
 
 @dataclass
 class StepWindow:
-    """What the steps since the last metric line added up to (reset after each line)."""
+    """What the steps since the last metric line added up to. Written by `run_epoch` (the loader's
+    wait), `run_cycle` (a completed cycle's metrics) and `train_step` (the step's time and clips); read
+    and replaced by a new one in `log_step`."""
 
     samples: int = 0
     seconds: float = 0.0
@@ -222,10 +224,13 @@ class Trainer:
         n_batches: int,
     ) -> str | None:
         """One optimiser step on a cycle's loader batches (`pending`, ending at batch `position` of the
-        epoch's `n_batches`), then, in this order: its time measured (the budget counts the step), the stop
-        decision, the LR schedules and the run's counters, the plan and a metric line when due, an interval
+        epoch's `n_batches`), then, in this order: its time measured (the budget counts the step:
+        `budget.global_step` is the new step's number from there on), the stop decision, the LR schedules
+        (the next step's LR) and the run's counters, a skipped step's recovery (which may reload weights
+        and set a new peak LR), the thread count, the plan and a metric line when due, an interval
         checkpoint. The stop reason, if the run ends here."""
         s, cfg, budget, state = self.s, self.s.cfg, self.s.budget, self.s.state
+        # the size being tried, read before the step: an out-of-memory error inside it can end the trial
         trial_size = self.micro.trial.current() if self.micro.trial is not None else None
         result, micro, clean = self.run_step(pending)
         seconds = time.perf_counter() - t_step
@@ -254,13 +259,14 @@ class Trainer:
         """A step's time to the budget (which counts the step: `budget.global_step`), to the micro-batch
         trial while it runs, or to the compile decision; that decision begins once the size is known."""
         budget = self.s.budget
-        self.micro.last_micro = micro
+        self.micro.ran_at(micro)
         # a trial's steps count, but measure the run only once its size is chosen; compiling steps count,
         # but are not a step's time either
         measured = trial_size is None
         if measured and self.compiler.decided:
             measured = self.compiler.observe(seconds, samples, clean and self.micro.is_full(samples))
-        budget.observe_step(seconds, samples, measured=measured)
+        budget.observe_step(seconds, samples, measured=measured)  # counts the step: global_step += 1
+        # after observe_step: a trial that ends here hands the budget the steps it observed unmeasured
         if trial_size is not None and self.micro.trial is not None:
             self.micro.observe_trial_step(trial_size, seconds, samples, clean)
         if self.micro.trial is None and not self.compiler.decided:
@@ -279,7 +285,6 @@ class Trainer:
             or time.perf_counter() - self.window.started >= LOG_SECONDS
         ):
             self.log_step(progress, batches_left)
-            self.window = StepWindow()
 
     def run_step(self, pending: list[dict]):
         """The cycle's forward/backward passes and optimiser step, redone after an out-of-memory error
@@ -288,7 +293,7 @@ class Trainer:
         micro, clean = self.micro.size(), True
         while True:
             try:
-                return self.run_cycle(pending, micro, self.window), micro, clean
+                return self.run_cycle(pending, micro), micro, clean
             except Exception as err:
                 out_of_memory = is_out_of_memory(err)
                 if not out_of_memory and not self.compiler.failed(err):  # an error of the eager step
@@ -299,17 +304,17 @@ class Trainer:
             if out_of_memory:  # the same cycle in smaller micro-batches; else a narrower scope, or eager
                 micro = self.micro.smaller_after_oom(micro)
 
-    def run_cycle(self, pending: list[dict], micro: int, window: StepWindow):
+    def run_cycle(self, pending: list[dict], micro: int):
         """One optimiser step: this cycle's loader batches as micro-batches of at most `micro` clips."""
         s = self.s
         parts = micro_batches(pending, micro, s.pad)
         result, metrics = None, []
         for j, part in enumerate(parts):
-            part = {k: v for k, v in part.items() if k not in ("indices", "text_lengths")}
+            part = {k: v for k, v in part.items() if k not in HOST_ONLY_KEYS}
             part = move_batch(part, s.device)
             result = self.step_fn.micro_step(part, j == 0, j == len(parts) - 1, 1.0 / len(parts))
             metrics.append(result.metrics)
-        window.add_cycle(metrics)  # only once the cycle completed: a redone cycle counts once
+        self.window.add_cycle(metrics)  # only once the cycle completed: a redone cycle counts once
         return result
 
     # ---- the start and the end -------------------------------------------------------------------
@@ -499,11 +504,12 @@ class Trainer:
         self.announced_steps = plan.optimizer_steps
 
     def log_step(self, progress: Progress, batches_left: int) -> None:
+        """A metric line: the window's means to metrics.jsonl, the trackers and the progress bar."""
         s, window = self.s, self.window
         values = {k: (v if math.isfinite(v) else None) for k, v in window.means().items()}  # strict JSON
         values["samples_per_second"] = window.samples / max(window.seconds, 1e-9)
         values["data_wait_fraction"] = window.wait / max(window.seconds, 1e-9)
-        values["lr"] = s.g_optimizer.param_groups[0]["lr"]
+        values["lr"] = s.g_optimizer.param_groups[0]["lr"]  # after the schedule stepped: the next step's
         values["skipped_steps"] = s.state.skipped_steps
         values["recoveries"] = s.state.recoveries
         record = {
@@ -520,6 +526,7 @@ class Trainer:
             s.accelerator.log(values, step=s.budget.global_step)
         epoch_eta = batches_left / self.batches_per_step * s.budget.step_seconds()
         progress.update(s.budget.global_step, values, s.budget, epoch_eta)
+        self.window = StepWindow()  # the next line covers the steps from here
 
 
 def _flat_config(config: dict) -> dict:

@@ -184,6 +184,10 @@ class MicroBatchPolicy:
         if self.trial.done:
             self.finish_trial()
 
+    def ran_at(self, micro: int) -> None:
+        """The size the step just run used (smaller than `size()` after an out-of-memory split)."""
+        self.last_micro = micro
+
     def used(self) -> dict:
         """The micro-batch size and the micro-batches per optimiser step the run trains with (named apart
         from --gradient_accumulation_steps, which counts loader batches): the chosen size (after

@@ -2,8 +2,8 @@
 
 Non-finite steps are skipped by the step itself (no weights touched). After `--max_consecutive_skips`
 of them in a row the run is stuck in a bad region: `Recovery` reloads the last good weights (the newest
-checkpoint, else the weights the run started from), halves the learning rate and leaves fp16 for bf16
-(where supported) or fp32, and says so in one line.
+checkpoint, else the weights the run started from), halves the learning rate and moves one rung down
+the precisions fp16 -> bf16 (where supported) -> fp32, and says so in one line.
 
 An out-of-memory error inside a step is not handled here: `Trainer.run_step` redoes the cycle with the
 smaller micro-batch that `MicroBatchPolicy.smaller_after_oom` (microbatch_choice.py) chooses.
@@ -122,7 +122,8 @@ class Recovery:
             self.recover()
 
     def recover(self) -> None:
-        """Reload the last good weights, halve the LR, leave fp16; one line says what happened."""
+        """Reload the last good weights, halve the LR, one precision down (fp16 -> bf16 -> fp32); one line
+        says what happened."""
         s = self.s
         count = s.state.consecutive_skips
         parts = None

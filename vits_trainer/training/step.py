@@ -161,7 +161,8 @@ class GanStep:
     def __call__(
         self, batch: dict[str, torch.Tensor], micro_index: int = 0, cycle_length: int = 1
     ) -> StepResult:
-        """Micro-batch `micro_index` of a cycle of `cycle_length`; the optimisers step after the last one."""
+        """Micro-batch `micro_index` of a cycle of `cycle_length`; the optimisers step after the last one.
+        (Tests and benchmarks call this; the loop calls `micro_step`.)"""
         return self.micro_step(batch, micro_index == 0, micro_index == cycle_length - 1, 1.0 / cycle_length)
 
     def micro_step(self, batch: dict[str, torch.Tensor], first: bool, last: bool, scale: float) -> StepResult:
@@ -206,6 +207,8 @@ class GanStep:
                     logits, features = g_pass(fake)
             finally:
                 self.disc_raw.requires_grad_(True)
+            # what the generator trains on (generator_total reads losses.LOSS_KEYS, weighted by
+            # LossWeights); every entry is also logged, a key outside LOSS_KEYS only logged
             losses = {
                 "mel": out.mel,
                 "kl": out.kl,
