@@ -101,9 +101,21 @@ def fake_run(folder: Path, ended: bool = True) -> Path:
             "time": t0 + 20,
             "optimizer_steps": 14,
             "epochs": 3.0,
+            "steps_per_epoch": 5,
             "samples_per_second": 2.0,
             "train_end_wall": t0 + 100,
             "run_end_wall": t0 + 115,
+        },
+        {  # an epoch's re-plan that moved the steps by more than a quarter (loop.py announces it)
+            "event": "replan",
+            "step": 5,
+            "time": t0 + 47,
+            "optimizer_steps": 10,
+            "epochs": 1.9,
+            "steps_per_epoch": 5,
+            "samples_per_second": 1.4,
+            "train_end_wall": t0 + 94,
+            "run_end_wall": t0 + 109,
         },
         {"event": "threads", "step": 3, "time": t0 + 25, "threads": 1, "others_cpus": 1.2},
         {"event": "skipped", "step": 5, "time": t0 + 30, "clips": [CLIP]},
@@ -213,9 +225,13 @@ def test_report_shows_every_section_marks_the_best_and_escapes(tmp_path):
     assert "--resume auto --checkpoint_dir &#x27;a b&#x27;" in page
     assert page.count("<svg") >= 4 and "planned training end" in page and "deadline" in page
     assert "me/voice: <b>not uploaded</b> (ValueError: Invalid metadata &lt;base_model&gt;)" in page
-    # plan against what happened: the session's own samples/s (train_summary.json's), epochs done
-    assert "<td>samples per second</td><td>2</td><td>1.5</td>" in page
-    assert "<td>epochs</td><td>3</td><td>2.57</td>" in page
+    # plan against what happened: the session's own samples/s (train_summary.json's), epochs done (in
+    # steps of the epoch's: the plan's own epochs are of time); the last re-plan between them
+    assert "<th>plan</th><th>re-planned (step 5)</th><th>what happened</th>" in page
+    assert "<td>samples per second</td><td>2</td><td>1.4</td><td>1.5</td>" in page
+    assert "<td>optimizer steps</td><td>14</td><td>10</td><td>12</td>" in page
+    assert "<td>epochs</td><td>3</td><td>1.9</td><td>2.4</td>" in page
+    assert "re-planned training end (step 5)" in page
     best_row = re.search(r'<tr class="best"><td>(\d+) <span class="best">best', page)
     assert best_row and best_row.group(1) == "2"
     players = re.findall(r'<h3 id="eval-(\d+)">', page)

@@ -414,9 +414,14 @@ def sitting_timeline(sitting: Sitting, number: int, ended: bool) -> tuple[Timeli
         )
     tl.instants.append((start.get("target_seconds", 0.0), "deadline", "deadline"))
     plan = (sitting.of("plan") or [None])[0]
+    replan = (sitting.of("replan") or [None])[-1]  # the last plan the log announced, if it moved
     if plan:
         tl.instants.append((plan["train_end_wall"] - t0, "planned training end", "plan"))
         tl.instants.append((plan["run_end_wall"] - t0, "planned run end", "plan"))
+    if replan:
+        tl.instants.append(
+            (replan["train_end_wall"] - t0, f"re-planned training end (step {replan.get('step')})", "plan")
+        )
     for r in sitting.records:
         if r.get("event") in ("skipped", "overflow", "recovery", "oom", "threads") and "time" in r:
             tl.instants.append((r["time"] - t0, f"{r['event']} at step {r.get('step')}", "event"))
@@ -424,10 +429,14 @@ def sitting_timeline(sitting: Sitting, number: int, ended: bool) -> tuple[Timeli
         why = end.get("stopped_reason") or "end"
         tl.instants.append((end["time"] - t0, f"stopped: {why}", "stop"))
     rows = plan_rows(sitting, plan, t0, ended)
+    if replan:  # the plan as last re-planned, between the first plan and what happened
+        again = plan_rows(sitting, replan, t0, ended)
+        rows = [[*row[:2], new[1], row[2]] for row, new in zip(rows, again, strict=True)]
     return tl, rows
 
 
 def plan_rows(sitting: Sitting, plan: dict | None, t0: float, ended: bool) -> list[list[str]]:
+    """Rows of (what, the plan's figure, what happened)."""
     start, end = sitting.start, sitting.end
     steps = sitting.steps()
     last_step = (end or {}).get("step", steps[-1]["step"] if steps else start.get("step"))
@@ -437,7 +446,7 @@ def plan_rows(sitting: Sitting, plan: dict | None, t0: float, ended: bool) -> li
     # line (a mean took in the slow warm-up lines)
     measured = (end or {}).get("samples_per_second") or (statistics.median(rate) if rate else None)
     p = plan or {}
-    per_epoch = p["optimizer_steps"] / p["epochs"] if p.get("optimizer_steps") and p.get("epochs") else None
+    per_epoch = p.get("steps_per_epoch")  # the plan's epochs are of time; these are of steps taken
     finished = (end["time"] - t0) if end else None
     unknown = "no end record (killed?)" if ended else "running"
     return [
@@ -481,7 +490,9 @@ def timeline_section(run: RunFiles) -> str:
         resumed = f", resumed at step {start['step']}" if is_resume(start) else ""
         parts.append(f"<h3>Session {number}: started {_clock(start['process_start'])}{escape(resumed)}</h3>")
         parts.append(timeline_svg(tl))
-        parts.append(_table(["", "plan", "what happened"], rows))
+        replans = sitting.of("replan")
+        header = ["", "plan"] + ([f"re-planned (step {replans[-1].get('step')})"] if replans else [])
+        parts.append(_table([*header, "what happened"], rows))
     parts.append("</section>")
     return "\n".join(parts)
 

@@ -184,6 +184,8 @@ class RunEnd:
             "preload_seconds": s.preload_seconds,
             "skipped_steps": state.skipped_steps,
             "plan": first.to_dict() if first else None,
+            # the plan the session ended with (re-planned each epoch from the speed measured since)
+            "last_plan": budget.current_plan.to_dict() if budget.current_plan else None,
             "micro_batch_size": loop_figures["micro_batch_size"],
             "micro_batches_per_step": loop_figures["micro_batches_per_step"],
             "micro_batch_trial": state.micro_batch_trial,
