@@ -39,8 +39,12 @@ def test_saved_settings_win_unless_a_flag_is_given():
         output_dir="elsewhere/model",
         target_hours=0.1,
         num_workers=0,
+        gradient_checkpointing=True,
+        extend_vocab=True,
     ).to_dict()
-    cfg = parse(["--learning_rate", "1e-4", "--target_hours", "2", "--warmup_steps", "20"])
+    cfg = parse(
+        ["--learning_rate", "1e-4", "--target_hours", "2", "--warmup_steps", "20", "--no-extend_vocab"]
+    )
     lines = []
     merged = restore_settings(cfg, saved, lines.append, source="step_00000072")
     assert merged.learning_rate == 1e-4  # given: kept, and said
@@ -49,6 +53,9 @@ def test_saved_settings_win_unless_a_flag_is_given():
     assert merged.warmup_steps == 20 and not any("warmup" in x for x in lines[:-1])  # equal: no line
     assert merged.target_hours == 2 and merged.num_workers == 2  # this session's budget, this machine
     assert "--gradient_accumulation_steps 1" in lines[-1] and "--output_dir elsewhere/model" in lines[-1]
+    # a switch as it is typed (it read "--gradient_checkpointing True")
+    assert "--gradient_checkpointing," in lines[-1] and "True" not in lines[-1]
+    assert "resume: --no-extend_vocab (the checkpoint's run used --extend_vocab)" in lines
     built_in_code = TrainConfig(learning_rate=3e-4)
     assert restore_settings(built_in_code, saved, lines.append, source="x") is built_in_code
 

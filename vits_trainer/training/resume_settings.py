@@ -102,11 +102,12 @@ def restore_settings(
             log(f"resume: --{name} {_show(value)} is not used: {RUN_FIXED[name]} ({_show(old)} in this run)")
         elif name in cfg.explicit:
             if name not in hidden:
-                overridden.append(f"--{name} {_show(value)} (the checkpoint's run used {_show(old)})")
+                used = _flag(name, old) if isinstance(old, bool) else _show(old)
+                overridden.append(f"{_flag(name, value)} (the checkpoint's run used {used})")
         else:
             changes[name] = old
             if name not in hidden:
-                restored.append(f"--{name} {_show(old)}")
+                restored.append(_flag(name, old))
     for line in overridden:
         log(f"resume: {line}")
     if restored:
@@ -144,6 +145,13 @@ def anchored(saved: dict, root: Path | None) -> dict:
     return changed
 
 
+def _flag(name: str, value) -> str:
+    """A setting as its flag is typed: --demo / --no-demo for a switch, --name value otherwise."""
+    if isinstance(value, bool):
+        return f"--{name}" if value else f"--no-{name}"
+    return f"--{name} {_show(value)}"
+
+
 def _show(value) -> str:
     return "''" if value == "" else str(value)
 
@@ -159,8 +167,7 @@ def resume_command(script: str, cfg, folder_flag: str, folder: str) -> str:
         if f.name not in MACHINE + SHARING or getattr(cfg, f.name) == f.default:
             continue
         value = getattr(cfg, f.name)
-        if isinstance(value, bool):
-            parts.append(f"--{f.name}" if value else f"--no-{f.name}")
-        else:
-            parts.append(f"--{f.name} {shlex.quote(str(value))}")
+        parts.append(
+            _flag(f.name, value) if isinstance(value, bool) else f"--{f.name} {shlex.quote(str(value))}"
+        )
     return " ".join(parts + ["--target_hours H"])
