@@ -827,3 +827,26 @@ def test_with_several_processes_rank_0_keeps_its_own_clock_and_the_others_follow
     other, _ = rank(False)  # its own clock says 0: it follows rank 0's 0.5
     Trainer.stop_decision(other, SimpleNamespace(received=None))
     assert other.s.budget_lr.progress() == 0.5
+
+
+def test_the_first_step_estimate_is_one_process_step_whatever_the_process_count():
+    """Before the first step, the start evaluation's time per clip stands for a training sample's. Each
+    process evaluates every clip and trains its own clips beside the others: a step of 8 clips per
+    process takes 8 clips' time on 1 process or 2 (it was counted 16 with 2: 2x too slow a guess, which
+    could skip the micro-batch trial or refuse the first step)."""
+    from types import SimpleNamespace
+
+    from vits_trainer.training.outputs import RunOutputs
+
+    estimates = []
+    for processes in (1, 2):
+        outputs = RunOutputs.__new__(RunOutputs)
+        outputs.s = SimpleNamespace(
+            data=SimpleNamespace(val_sets={"val": [0] * 10}),
+            budget=SimpleNamespace(
+                eval_seconds=lambda: 5.0, set_estimates=lambda step_seconds: estimates.append(step_seconds)
+            ),
+            accelerator=SimpleNamespace(num_processes=processes),
+        )
+        outputs.estimate_step_from_eval(8)
+    assert estimates == [pytest.approx(4.0), pytest.approx(4.0)]  # 0.5 s a clip, 8 clips

@@ -142,6 +142,32 @@ def test_repeated_inf_loss_triggers_recovery(tmp_path, tiny_model_dir, tone_corp
     VitsModel.from_pretrained(tmp_path / "final_model")
 
 
+def test_every_rank_learns_of_the_newest_checkpoint(tmp_path):
+    """Only rank 0 writes a checkpoint, but a recovery reloads the newest one on every rank (the skip that
+    starts it is agreed on every rank). Once, the other ranks never learned of a new checkpoint and
+    reloaded the starting weights while rank 0 reloaded step 7: replicas of different weights, training
+    on without an error. A stand-in for a second process (no process group here)."""
+    from types import SimpleNamespace
+
+    from vits_trainer.training.outputs import RunOutputs
+
+    def other_rank(rank0_wrote: bool):
+        outputs = RunOutputs.__new__(RunOutputs)
+        outputs.s = SimpleNamespace(
+            is_main=False,
+            checkpoint_dir=tmp_path,
+            budget=SimpleNamespace(global_step=7, observe_save=lambda seconds: None),
+            accelerator=SimpleNamespace(wait_for_everyone=lambda: None),
+        )
+        outputs.agreement = SimpleNamespace(flag=lambda value: rank0_wrote)  # rank 0's answer
+        outputs.last_checkpoint = tmp_path / "step_00000003"
+        assert outputs.save_checkpoint("interval") is None  # it writes nothing itself
+        return outputs.last_checkpoint
+
+    assert other_rank(True) == tmp_path / "step_00000007"
+    assert other_rank(False) == tmp_path / "step_00000003"  # rank 0's write failed: the older one
+
+
 def test_recovery_leaves_mixed_precision(tmp_path, tiny_model_dir, tone_corpus):
     """bf16 -> fp32 on this CPU (fp16 needs a GPU: there it goes fp16 -> bf16 or fp32, same code)."""
     from tests.test_vits_training import one_batch

@@ -42,9 +42,9 @@ STEP_SECONDS_PER_EVAL_CLIP_SECONDS = 1.0
 
 class RunOutputs:
     """Evaluations, checkpoints and exports of a run. Owns when each last happened (`last_eval`,
-    `last_save`), the newest checkpoint written (`last_checkpoint`), the last evaluation's results
-    (`last_val`, at `last_val_step`, by the evaluation tagged `last_val_tag`) and why the newest best
-    weights have no best_model/ (`best_model_refused`)."""
+    `last_save`), the newest checkpoint written (`last_checkpoint`, on every rank), the last evaluation's
+    results (`last_val`, at `last_val_step`, by the evaluation tagged `last_val_tag`) and why the newest
+    best weights have no best_model/ (`best_model_refused`, main process only)."""
 
     def __init__(self, session, metrics, agreement, threads: dict, micro_used: Callable[[], dict]) -> None:
         self.s = session
@@ -264,6 +264,9 @@ class RunOutputs:
                 self.last_checkpoint = path
                 prune_checkpoints(s.checkpoint_dir, s.cfg.keep_checkpoints, protect=path)
         s.accelerator.wait_for_everyone()
+        # every rank's recovery reloads the newest checkpoint: the other ranks learn that it was written
+        if self.agreement.flag(path is not None) and not s.is_main:
+            self.last_checkpoint = s.checkpoint_dir / checkpoint_name(s.budget.global_step)
         s.budget.observe_save(time.perf_counter() - t0)
         self.last_save = time.time()
         return path
@@ -380,14 +383,14 @@ class RunOutputs:
 
     def estimate_step_from_eval(self, step_clips: int) -> None:
         """The budget's step time before the first step: the start evaluation's time per clip, scaled to
-        a step of `step_clips` clips per process."""
+        a step of `step_clips` clips per process (each process evaluates every clip, and trains its own
+        `step_clips` beside the others)."""
         s = self.s
         clips = sum(len(v) for v in s.data.val_sets.values())
         if clips <= 0:
             return
         per_clip = s.budget.eval_seconds() / clips
-        samples = step_clips * s.accelerator.num_processes
-        s.budget.set_estimates(step_seconds=STEP_SECONDS_PER_EVAL_CLIP_SECONDS * per_clip * samples)
+        s.budget.set_estimates(step_seconds=STEP_SECONDS_PER_EVAL_CLIP_SECONDS * per_clip * step_clips)
 
 
 def _version(package: str) -> str | None:
