@@ -314,6 +314,15 @@ def test_resume_falls_back_when_the_newest_checkpoint_is_damaged(
     session = build_session(cfg, time.time())
     assert session.resumed_from == previous
     assert f"skipping damaged checkpoint {newest.name}" in capsys.readouterr().out
+    session.run_lock.release()
+
+    # every checkpoint damaged: refused, where a fresh run once started over the run's files
+    for checkpoint in list_checkpoints(tmp_path / "checkpoints"):
+        (checkpoint / "generator.safetensors").write_bytes(bytes(data))
+    metrics = (tmp_path / "checkpoints" / "metrics.jsonl").read_bytes()
+    with pytest.raises(UserError, match="no checkpoint in it is usable .*step_00000006.*damaged"):
+        build_session(cfg, time.time())
+    assert (tmp_path / "checkpoints" / "metrics.jsonl").read_bytes() == metrics
 
 
 def test_interrupted_checkpoint_write_leaves_the_previous_one(tmp_path):

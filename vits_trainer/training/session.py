@@ -123,6 +123,14 @@ def find_checkpoint(cfg: TrainConfig, checkpoint_dir: Path, log) -> LoadedCheckp
         return None
     if cfg.resume == "auto":
         path, manifest = find_resumable(checkpoint_dir, log=log)
+        damaged = list_checkpoints(checkpoint_dir) if path is None else []
+        if damaged:  # a fresh run here would append to that run's metrics and replace its best_model/
+            names = ", ".join(p.name for p in damaged)
+            raise UserError(
+                f"--checkpoint_dir {checkpoint_dir}: no checkpoint in it is usable ({names}: damaged, see the "
+                "warnings above), so there is nothing to continue; copy an intact one back from a backup, "
+                "or start a new run with another --checkpoint_dir (nothing here is changed)"
+            )
         if path is None and cfg.total_hours is not None:  # session 1, or a new machine without session 1
             log(
                 f"note: no checkpoint in {checkpoint_dir}, so the {cfg.total_hours:g} hours of --total_hours "
