@@ -343,7 +343,7 @@ class FeedbackRun(FeedbackData):
         cfg = self.cfg
         history = session.state.val_history
         before = history[0] if history and history[0].get("tag") == "start" else {}
-        measured = summary.get("final_val") is not None  # never an earlier evaluation standing in
+        measured = summary.get("final_val") is not None  # of these weights, never of earlier ones
         after = summary.get("final_val") or {}
         fb_before, fb_after = loss_values(before, "feedback_"), loss_values(after, "feedback_")
         ov_before, ov_after = loss_values(before, ""), loss_values(after, "")

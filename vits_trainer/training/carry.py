@@ -8,7 +8,8 @@ read; nothing the new folder holds is replaced.
 From an older checkpoint of the same folder: the later checkpoints, another future than the resumed
 one, are moved to abandoned/ (kept). And whatever the checkpoint, a best_model/ that scored better than
 anything the checkpoint knows (exported after it, by the future it left or a session killed before its
-next checkpoint) stays the best to beat.
+next checkpoint) stays the best to beat: `best_model_score` reads its score, and
+outputs.RunOutputs.keep_better_best_model keeps it.
 """
 
 from __future__ import annotations

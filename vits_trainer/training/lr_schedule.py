@@ -2,8 +2,9 @@
 cosine over the fraction of the horizon spent, as a torch LambdaLR.
 
 It reads a `Budget` (budget.py: the clock, the global step, the plan's step count) and owns its own
-state: where the cosine started, the progress ratchet, rank 0's shared progress. That state goes into
-the checkpoint beside the budget's (`BudgetLR.state_dict`).
+state: where the cosine started, the progress ratchet, rank 0's shared progress. Where the cosine
+started goes into the checkpoint beside the budget's state (`BudgetLR.state_dict`); the rest is the
+session's.
 
     lr = BudgetLR(budget, warmup_steps=args.warmup_steps)
     lr.load_state_dict(ckpt["lr_schedule"])  # on resume

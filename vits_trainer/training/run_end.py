@@ -172,7 +172,8 @@ class RunEnd:
             "best_metric": s.cfg.best_metric,
             "best_step": state.best_step,
             "last_eval_step": max((r["step"] for r in state.val_history), default=None),
-            # the evaluation of the final weights only; never an earlier one standing in for it
+            # the evaluation of the final weights only (the final one, or an earlier one of these very
+            # weights), never one of earlier weights
             "final_val": outputs.last_val if final_scored else None,
             "final_eval_skipped": None if final_scored else self.final_eval_skipped or "not run",
             # which evaluation scored the final weights: "final", or an earlier one at the same step

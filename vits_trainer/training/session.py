@@ -384,12 +384,15 @@ def _resumed_state(
     """(the run's state, the precision to train in): a resumed run keeps a recovery's precision."""
     state = TrainState.from_dict(trainer_state.get("train_state", {})) if ckpt is not None else TrainState()
     precision = resolve_precision(cfg.mixed_precision, cfg.cpu, log=log)
-    if state.precision and state.precision != precision and precision != "no":
+    kept = state.precision
+    if kept == "bf16" and precision == "fp16":  # this GPU has no native bf16 (the recovery's GPU had):
+        kept = "no"  # the rung after fp16 here is fp32 (recovery.next_precision)
+    if kept and kept != precision and precision != "no":
         log(
-            f"precision: {state.precision}, not {precision}: an earlier session's recovery moved the run "
+            f"precision: {kept}, not {precision}: an earlier session's recovery moved the run "
             f"off {precision} after repeated non-finite steps (kept for this session)"
         )
-        precision = state.precision
+        precision = kept
     return state, precision
 
 

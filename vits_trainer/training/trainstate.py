@@ -3,8 +3,9 @@
 A checkpoint carries the complete training state: generator and discriminator weights (safetensors),
 the model's config and tokenizer files (so an extended vocabulary survives), both optimisers, the
 fp16 scaler, every RNG, and a JSON `trainer_state.json` (position in the data, budget spent, best
-validation loss, the validation ids, the speaker map, the resolved settings). No LR scheduler state:
-the learning rate follows from the budget's state (lr_schedule.py).
+validation loss, the validation ids, the speaker map, the resolved settings, the LR schedule's own
+state). No torch LR scheduler state: the learning rate follows from the budget's state and that of
+lr_schedule.BudgetLR (where the cosine started).
 """
 
 from __future__ import annotations
