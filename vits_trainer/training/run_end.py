@@ -42,54 +42,17 @@ class RunEnd:
         choices)."""
         s, budget, outputs = self.s, self.s.budget, self.outputs
         training_end = time.time()
-        if outputs.last_val_step == budget.global_step:
-            # an evaluation (the start's, an epoch's) scored these very weights: it stands for the final one
-            s.log(
-                f"final evaluation skipped: no training step since the {outputs.last_val_tag} evaluation, "
-                "which stands for it"
-            )
-        elif stop_reason != "signal" and s.val_loaders:
-            # the last steps may have been slower than planned (a busy machine): the checkpoint, the
-            # export and the work after it come first, the final evaluation only if it still fits
-            left = budget.time_for_final_eval()
-            if self.agreement.flag(left >= budget.eval_seconds()):
-                outputs.run_eval("final", export_best=False)
-            else:
-                self.final_eval_skipped = f"no time left: {max(0.0, left):.0f} s left for it, it takes ~{budget.eval_seconds():.0f} s"
-                s.log(f"final evaluation skipped: {self.final_eval_skipped}")
-        elif stop_reason == "signal":
-            self.final_eval_skipped = "stopped by a signal"
-        # only weights this session trained: with no step, they are the model it started from (never a
-        # best_model) or a resumed checkpoint's, whose best_model is there already
-        final_is_best = (
-            budget.session_steps > 0 and bool(s.state.val_history) and s.state.best_step == budget.global_step
-        )
+        self.final_evaluation(stop_reason)
+        # the final weights are the best: the checkpoint names the best_model/ copy made after the export
         earlier_best_model = s.state.best_model_step
-        if final_is_best:  # the checkpoint names the best_model/ copy made after it (undone if that fails)
+        final_is_best = self.final_is_best()
+        if final_is_best:
             s.state.best_model_step = budget.global_step
         outputs.save_checkpoint(stop_reason or "end")
         t0 = time.perf_counter()
-        exported = None
-        try:
-            if s.is_main and not getattr(s.cfg, "overwrite_output_dir", False):
-                check_own_export(s.output_dir, s.checkpoint_dir, "--output_dir")  # checked at start-up too
-            exported = outputs.export(s.output_dir)
-        except (OSError, UnsafeOverwrite) as err:
-            s.log(
-                f"error: exporting the final model to {s.output_dir} failed ({getattr(err, 'strerror', None) or err}); "
-                f"the last good checkpoint is {outputs.last_checkpoint}"
-            )
-        best_updated = False
-        # an epoch's evaluation of these very weights may have exported them as best_model/ already
-        if exported and final_is_best and earlier_best_model != budget.global_step:
-            try:
-                install_best_model(exported, s.checkpoint_dir, budget.global_step)
-                best_updated = True
-                outputs.best_model_refused = None  # best_model/ holds the best weights now
-            except (OSError, UnsafeOverwrite) as err:  # the final model is exported; only this copy failed
-                outputs.best_model_refused = str(getattr(err, "strerror", None) or err)
-                s.log(f"warning: best model not updated ({outputs.best_model_refused})")
-        if final_is_best and not best_updated:
+        exported = self.export_final()
+        best_updated = final_is_best and self.copy_final_to_best(exported, earlier_best_model)
+        if final_is_best and not best_updated:  # no copy made: best_model/ holds what it held
             s.state.best_model_step = earlier_best_model
         budget.observe_export(time.perf_counter() - t0)
         # after the local export, which never waits on it
@@ -124,6 +87,67 @@ class RunEnd:
             s.accelerator.end_training()
         s.accelerator.wait_for_everyone()
         return summary
+
+    def final_evaluation(self, stop_reason: str | None) -> None:
+        """The final weights evaluated, unless an evaluation of them exists, a signal stopped the run or
+        it no longer fits (then `final_eval_skipped` says why)."""
+        s, budget, outputs = self.s, self.s.budget, self.outputs
+        if outputs.last_val_step == budget.global_step:
+            # an evaluation (the start's, an epoch's) scored these very weights: it stands for the final one
+            s.log(
+                f"final evaluation skipped: no training step since the {outputs.last_val_tag} evaluation, "
+                "which stands for it"
+            )
+        elif stop_reason == "signal":
+            self.final_eval_skipped = "stopped by a signal"
+        elif s.val_loaders:
+            # the last steps may have been slower than planned (a busy machine): the checkpoint, the
+            # export and the work after it come first, the final evaluation only if it still fits
+            left = budget.time_for_final_eval()
+            if self.agreement.flag(left >= budget.eval_seconds()):
+                outputs.run_eval("final", export_best=False)
+            else:
+                self.final_eval_skipped = f"no time left: {max(0.0, left):.0f} s left for it, it takes ~{budget.eval_seconds():.0f} s"
+                s.log(f"final evaluation skipped: {self.final_eval_skipped}")
+
+    def final_is_best(self) -> bool:
+        """Whether the final weights scored best. Only weights this session trained: with no step, they
+        are the model it started from (never a best_model) or a resumed checkpoint's, whose best_model
+        is there already."""
+        s, budget = self.s, self.s.budget
+        return (
+            budget.session_steps > 0 and bool(s.state.val_history) and s.state.best_step == budget.global_step
+        )
+
+    def export_final(self) -> Path | None:
+        """The final model into --output_dir (main process); a failure is an error line naming the last
+        good checkpoint, and None."""
+        s = self.s
+        try:
+            if s.is_main and not getattr(s.cfg, "overwrite_output_dir", False):
+                check_own_export(s.output_dir, s.checkpoint_dir, "--output_dir")  # checked at start-up too
+            return self.outputs.export(s.output_dir)
+        except (OSError, UnsafeOverwrite) as err:
+            s.log(
+                f"error: exporting the final model to {s.output_dir} failed ({getattr(err, 'strerror', None) or err}); "
+                f"the last good checkpoint is {self.outputs.last_checkpoint}"
+            )
+            return None
+
+    def copy_final_to_best(self, exported: Path | None, earlier_best_model: int | None) -> bool:
+        """The exported final weights, the best ones, copied to best_model/; whether a copy was made (not
+        when an epoch's evaluation of these very weights exported them already, or the copy failed)."""
+        s, outputs, step = self.s, self.outputs, self.s.budget.global_step
+        if not exported or earlier_best_model == step:
+            return False
+        try:
+            install_best_model(exported, s.checkpoint_dir, step)
+        except (OSError, UnsafeOverwrite) as err:  # the final model is exported; only this copy failed
+            outputs.best_model_refused = str(getattr(err, "strerror", None) or err)
+            s.log(f"warning: best model not updated ({outputs.best_model_refused})")
+            return False
+        outputs.best_model_refused = None  # best_model/ holds the best weights now
+        return True
 
     def push(self, stop_reason: str | None, exported: Path | None, best_updated: bool) -> dict | None:
         """--push_to_hub (main process): the background best_model uploads finished within the time left,

@@ -231,8 +231,14 @@ def build_session(
     replaces the default split (train_feedback.py mixes feedback and replay clips there).
     `check_paths(cfg)`: the folder checks, again with a resumed run's own settings (train_vits.py).
 
-    The main process first locks --checkpoint_dir (one run per folder) and keeps the lock in the
-    session; a resumed run then takes its settings from its checkpoint (resume_settings.py).
+    In order (steps 1, 5 and 7 write into --checkpoint_dir, 6 the clip caches; the rest only read):
+    1. lock --checkpoint_dir (one run per folder; the lock stays in the session);
+    2. the checkpoint to resume (--resume), else a folder that holds no earlier run's files;
+    3. a resumed run's own settings from its checkpoint (resume_settings.py): `cfg` is rebound here;
+    4. the folder and input checks, with those settings;
+    5. a checkpoint from another folder brings its history and best model (carry.py);
+    6. models, data, optimisers and state (`_build_session`: its own checks of disk, memory, sizes);
+    7. a chosen older checkpoint of this folder sets its later ones aside.
     Bad input leaves nothing behind: the folders set-up creates before its last input check (the
     checkpoint dir, the clip caches) are removed again when a UserError ends it."""
     created_here = [Path(cfg.checkpoint_dir), Path(cfg.output_dir).parent, Path(cfg.data_dir) / "cache"]
