@@ -381,6 +381,9 @@ def test_regressing_run_is_kept_but_not_promoted(promoted_run, base, feedback_di
         assert (out / "latest").resolve() == (out / "v1" / "model").resolve()
     assert lines[-1].startswith("not promoted: ") and report["reason"] in lines[-1]
     assert "stays v1" in lines[-1]
+    assert any(
+        re.fullmatch(r"samples: 2 feedback sentences \(2 of \d+: --sample_sentences\) .*", x) for x in lines
+    )
 
 
 def feedback_cmd(out: Path, base: dict, feedback: Path, **overrides) -> list[str]:
@@ -691,3 +694,6 @@ def test_a_round_that_trains_no_step_says_so_instead_of_comparing_the_start_with
     assert lines[-1].startswith("not promoted: no training step fitted in the budget (--target_hours)"), (
         lines[-1]
     )
+    # the first version of this folder: the model the user keeps is the one the round started from (it
+    # said "there is no promoted model yet", as if they had none)
+    assert lines[-1].endswith(f"the current model stays the base model ({light_base.resolve()})"), lines[-1]

@@ -168,27 +168,6 @@ def test_every_rank_learns_of_the_newest_checkpoint(tmp_path):
     assert other_rank(False) == tmp_path / "step_00000003"  # rank 0's write failed: the older one
 
 
-def test_a_recoverys_bf16_is_not_forced_onto_a_gpu_without_it(monkeypatch):
-    """A run that a recovery moved from fp16 to bf16 on an A100, resumed on a T4 (fp16 here, bf16 only
-    emulated): it trains in fp32, the rung after fp16 on this GPU, not in a slow emulated bf16. The GPU
-    is a stand-in (resolve_precision's answer on a T4)."""
-    from types import SimpleNamespace
-
-    import vits_trainer.training.session as session_module
-
-    state = {"train_state": {"precision": "bf16"}}
-    cfg = SimpleNamespace(mixed_precision="auto", cpu=False)
-    lines = []
-    monkeypatch.setattr(session_module, "resolve_precision", lambda *a, **k: "fp16")  # a T4
-    assert session_module._resumed_state(cfg, object(), state, lines.append)[1] == "no"
-    assert lines == [
-        "precision: no, not fp16: an earlier session's recovery moved the run off fp16 after repeated "
-        "non-finite steps (kept for this session)"
-    ]
-    monkeypatch.setattr(session_module, "resolve_precision", lambda *a, **k: "bf16")  # an A100 again
-    assert session_module._resumed_state(cfg, object(), state, lines.append)[1] == "bf16"
-
-
 def test_recovery_leaves_mixed_precision(tmp_path, tiny_model_dir, tone_corpus):
     """bf16 -> fp32 on this CPU (fp16 needs a GPU: there it goes fp16 -> bf16 or fp32, same code)."""
     from tests.test_vits_training import one_batch

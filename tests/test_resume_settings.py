@@ -180,11 +180,32 @@ def test_a_resumed_run_keeps_the_precision_a_recovery_moved_it_to():
     assert precision == "bf16" and len(lines) == 1
 
 
+def test_a_recoverys_bf16_is_not_forced_onto_a_gpu_without_it(monkeypatch):
+    """A run that a recovery moved from fp16 to bf16 on an A100, resumed on a T4 (fp16 here, bf16 only
+    emulated): it trains in fp32, the rung after fp16 on this GPU, not in a slow emulated bf16. The GPU
+    is a stand-in (resolve_precision's answer on a T4)."""
+    from types import SimpleNamespace
+
+    import vits_trainer.training.session as session_module
+
+    state = {"train_state": {"precision": "bf16"}}
+    cfg = SimpleNamespace(mixed_precision="auto", cpu=False)
+    lines = []
+    monkeypatch.setattr(session_module, "resolve_precision", lambda *a, **k: "fp16")  # a T4
+    assert session_module._resumed_state(cfg, object(), state, lines.append)[1] == "no"
+    assert lines == [
+        "precision: no, not fp16: an earlier session's recovery moved the run off fp16 after repeated "
+        "non-finite steps (kept for this session)"
+    ]
+    monkeypatch.setattr(session_module, "resolve_precision", lambda *a, **k: "bf16")  # an A100 again
+    assert session_module._resumed_state(cfg, object(), state, lines.append)[1] == "bf16"
+
+
 def test_resume_command_names_this_machines_settings():
     cfg = TrainConfig(checkpoint_dir="my runs/ckpt", num_workers=0, cpu=True, learning_rate=1.0)
     assert resume_command("train_vits.py", cfg, "--checkpoint_dir", cfg.checkpoint_dir) == (
         "python train_vits.py --resume auto --checkpoint_dir 'my runs/ckpt' --num_workers 0 --cpu "
-        "--target_hours H"
+        "--target_hours 9.5"  # this session's budget: the command runs as pasted (it said "H")
     )
 
 
@@ -217,7 +238,10 @@ def test_printed_resume_command_continues_with_the_same_settings(tmp_path, tiny_
     first = state["config"]
     assert state["working_dir"] == os.getcwd()  # what a relative --data_dir is relative to
 
-    argv = [a if a != "H" else str(60 / 3600) for a in argv[2:]]
+    at = argv.index("--target_hours")
+    assert float(argv[at + 1]) == pytest.approx(300 / 3600, rel=1e-4)  # this session's, to paste as is
+    argv[at + 1] = str(60 / 3600)
+    argv = argv[2:]
     resumed = subprocess.run(
         [PYTHON, str(ROOT / "train_vits.py"), *argv], capture_output=True, text=True, timeout=400
     )

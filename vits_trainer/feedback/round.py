@@ -133,11 +133,10 @@ class FeedbackRun(FeedbackData):
         self.info["sample_seconds"] = seconds
         total = len(self.sample_sentences())
         if total:
-            capped = (
-                f" ({total} of {self.inputs.usable}: --sample_sentences)"
-                if total < self.inputs.usable
-                else ""
-            )
+            # of the clips the round loaded (the usable lines less any dropped while loading, an unknown
+            # speaker's: the warning above named those)
+            loaded = len(set(self.feedback_eval.ids()) | set(self.feedback_train.ids()))
+            capped = f" ({total} of {loaded}: --sample_sentences)" if total < loaded else ""
             self.log(f"samples: {total} feedback sentences{capped} as the base model says them -> {folder}")
 
     # -- per-clip judgement -----------------------------------------------------------------------
@@ -376,7 +375,7 @@ class FeedbackRun(FeedbackData):
             current = (
                 f"the current model stays {previous['version']} ({self.root / previous['relative_path']})"
                 if previous
-                else "there is no promoted model yet"
+                else f"the current model stays the base model ({self.info.get('base_model') or self.inputs.base_model})"
             )
             message = f"not promoted: {reason}; {self.version.name} is kept in {self.version}, {current}"
         return {

@@ -159,7 +159,8 @@ def _show(value) -> str:
 def resume_command(script: str, cfg, folder_flag: str, folder: str) -> str:
     """The command that continues this run on this machine: the folder to find it in, the machine
     and sharing settings this run used where they differ from the defaults (not restored from the
-    checkpoint), and a budget H for the user to choose; every other setting comes from the checkpoint."""
+    checkpoint), and this session's budget again (each session has its own: the user may change it);
+    every other setting comes from the checkpoint."""
     import shlex
 
     parts = [f"python {script} --resume auto {folder_flag} {shlex.quote(str(folder))}"]
@@ -170,4 +171,4 @@ def resume_command(script: str, cfg, folder_flag: str, folder: str) -> str:
         parts.append(
             _flag(f.name, value) if isinstance(value, bool) else f"--{f.name} {shlex.quote(str(value))}"
         )
-    return " ".join(parts + ["--target_hours H"])
+    return " ".join(parts + [f"--target_hours {cfg.target_hours:g}"])
