@@ -437,6 +437,36 @@ def test_warmup_is_capped_from_the_first_estimate_then_by_the_plan():
     assert BudgetLR(b, warmup_steps=10).warmup_message() is None
 
 
+def test_a_run_ended_by_max_steps_warms_up_and_decays_within_them():
+    """--max_steps 20 inside a 9.5 h budget: the warmup was capped by the 9.5 h plan (26 of 260 steps
+    estimated, more than the run had) and the cosine followed the clock, so the run ended at its peak
+    LR. The horizon ends at --max_steps when it comes first: warmup 2 steps, the minimum at step 20."""
+    clock = FakeClock(0.0)
+    b = Budget(9.5 * 3600, 0.0, clock=clock)
+    lr = BudgetLR(b, warmup_steps=500, max_steps=20)
+    b.start_training()
+    assert lr.effective_warmup_steps == 2  # known before any step
+    assert lr.warmup_message() == (
+        "warmup capped: --warmup_steps 500 is more than 10% of the 20 optimizer steps of --max_steps; using 2"
+    )
+    factors = []
+    for _ in range(20):
+        factors.append(lr.factor(b.global_step))
+        run_steps(b, clock, 1, seconds=1.0, samples=8)
+    assert factors[:2] == [0.5, 1.0]  # warmup
+    assert all(x > y for x, y in zip(factors[2:], factors[3:], strict=False))  # then down every step
+    assert factors[-1] < 0.1 and lr.factor(b.global_step) == pytest.approx(0.05)  # the minimum at step 20
+    # a resumed session continues to the same --max_steps: its own steps are the horizon
+    b2 = Budget(9.5 * 3600, 0.0, clock=FakeClock(0.0))
+    b2.global_step = 10
+    lr2 = BudgetLR(b2, warmup_steps=500, max_steps=20)
+    b2.start_training()
+    run_steps(b2, b2.clock, 5, seconds=1.0, samples=8)
+    assert lr2.progress() == pytest.approx(0.5)
+    # without --max_steps the clock alone: 20 s of 9.5 h is no progress
+    assert BudgetLR(b, warmup_steps=0).progress() < 0.01
+
+
 def test_total_hours_across_two_sessions():
     total, target = 1600.0, 1000.0
     clock = FakeClock(0.0)

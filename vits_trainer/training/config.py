@@ -55,7 +55,10 @@ class TrainConfig:
     benchmark_samples: int = _f(
         200, "samples of real training used to measure throughput before planning (or a minute of slow steps)"
     )
-    max_steps: int = _f(0, "stop after this many optimiser steps in total (0 = the budget decides)")
+    max_steps: int = _f(
+        0,
+        "stop after this many optimiser steps in total (0 = the budget decides); the LR schedule ends there",
+    )
     # --- optimisation ---
     batch_size: int = _f(
         8,
@@ -71,7 +74,9 @@ class TrainConfig:
         "divides batch_size x gradient_accumulation_steps) | N (one such divisor); the effective batch is kept",
     )
     learning_rate: float = _f(2e-5, "peak learning rate of both generator and discriminator")
-    warmup_steps: int = _f(500, "linear warmup in optimiser steps (capped at 10%% of the planned steps)")
+    warmup_steps: int = _f(
+        500, "linear warmup in optimiser steps (capped at 10%% of the planned steps, or of --max_steps)"
+    )
     min_lr_ratio: float = _f(0.05, "the LR decays (cosine, by budget spent) to this fraction of the peak")
     weight_decay: float = _f(0.01, "AdamW weight decay")
     max_grad_norm: float = _f(10.0, "gradient clipping (global L2 norm per network)")

@@ -38,7 +38,9 @@ class BudgetLR:
     steps once a plan exists. Then a cosine from 1 (peak), starting at the progress where warmup ended, down
     to ``min_lr_ratio`` exactly at progress 1 (the end of the horizon), constant after. Decaying to the end of
     the *budget* rather than a guessed step count is what makes small budgets work well (Li, Yumer &
-    Ramanan, "Budgeted Training", ICLR 2020).
+    Ramanan, "Budgeted Training", ICLR 2020). With ``max_steps`` (--max_steps) the horizon ends at that
+    step when it comes before the deadline: the warmup is capped by it, and the progress is the larger
+    of the time spent and the steps taken (a run ended by its step count, not its budget, still decays).
     """
 
     def __init__(
@@ -47,6 +49,7 @@ class BudgetLR:
         warmup_steps: int,
         min_lr_ratio: float = 0.05,
         max_warmup_fraction: float = 0.1,
+        max_steps: int = 0,
     ) -> None:
         if warmup_steps < 0:
             raise ValueError(f"warmup_steps must be >= 0, got {warmup_steps}")
@@ -56,13 +59,27 @@ class BudgetLR:
         self.warmup_steps = int(warmup_steps)
         self.min_lr_ratio = float(min_lr_ratio)
         self.max_warmup_fraction = float(max_warmup_fraction)
+        self.max_steps = max(0, int(max_steps))  # 0: the budget alone ends the horizon
         self.decay_start: float | None = None  # progress at which warmup ended: the cosine starts there
         self._shared_progress: float | None = None  # rank 0's progress in multi-process runs
         self._progress_floor = 0.0  # progress never goes back within a session
 
+    def horizon_steps(self) -> tuple[int | None, str]:
+        """(optimizer steps of the horizon, global count; None before any estimate, what they are): the
+        plan's (or the first steps' estimate), or --max_steps when fewer."""
+        b = self.budget
+        planned = b.planned_horizon_steps
+        if self.max_steps and (planned is None or self.max_steps < planned):
+            return self.max_steps, "optimizer steps of --max_steps"
+        # before the plan, the step count is the first measured steps' rough estimate
+        words = (
+            "optimizer steps estimated before the plan" if b.horizon_estimated else "planned optimizer steps"
+        )
+        return planned, words
+
     @property
     def effective_warmup_steps(self) -> int:
-        planned = self.budget.planned_horizon_steps
+        planned, _ = self.horizon_steps()
         if planned is None:
             return self.warmup_steps
         return min(self.warmup_steps, int(self.max_warmup_fraction * planned))
@@ -75,15 +92,10 @@ class BudgetLR:
         """The line to print when the warmup was capped (a flag is never silently ignored)."""
         if not self.warmup_capped:
             return None
-        # before the plan, the step count is the first measured steps' rough estimate
-        steps = (
-            "optimizer steps estimated before the plan"
-            if self.budget.horizon_estimated
-            else "planned optimizer steps"
-        )
+        planned, steps = self.horizon_steps()
         return (
             f"warmup capped: --warmup_steps {self.warmup_steps:,} is more than "
-            f"{self.max_warmup_fraction:.0%} of the {self.budget.planned_horizon_steps:,} {steps}; "
+            f"{self.max_warmup_fraction:.0%} of the {planned:,} {steps}; "
             f"using {self.effective_warmup_steps:,}"
         )
 
@@ -128,11 +140,22 @@ class BudgetLR:
                 horizon_end = min(horizon_end, b.target_seconds - b.final_reserve())
             denominator = b.spent_before + horizon_end
             progress = 1.0 if denominator <= 0 else b.spent_seconds() / denominator
+        if self.max_steps and self._shared_progress is None:
+            progress = max(progress, self.steps_progress())
         # Reserves are re-measured while training, which moves the horizon's end a little; the ratchet
         # keeps the LR monotone anyway.
         progress = max(self._progress_floor, min(1.0, max(0.0, progress)))
         self._progress_floor = progress
         return progress
+
+    def steps_progress(self) -> float:
+        """The share of the horizon's steps up to --max_steps taken: over every session with
+        ``total_seconds``, else over this session's (from the step it started at)."""
+        b = self.budget
+        first = 0 if b.total_seconds is not None else b.global_step - b.session_steps
+        if self.max_steps <= first:
+            return 1.0
+        return (b.global_step - first) / (self.max_steps - first)
 
     def share_progress(self, progress: float) -> None:
         """Multi-process runs: use rank 0's progress (broadcast each step) so every rank sets the same LR;

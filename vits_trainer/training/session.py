@@ -336,7 +336,7 @@ def _build_session(
     g_opt, d_opt = _make_optimizers(cfg, generator, discriminator, ckpt)
     saved_budget = trainer_state["budget"] if ckpt is not None else None
     budget = _make_budget(cfg, process_start, ckpt_bytes, saved_budget)
-    budget_lr = BudgetLR(budget, cfg.warmup_steps, min_lr_ratio=cfg.min_lr_ratio)
+    budget_lr = BudgetLR(budget, cfg.warmup_steps, min_lr_ratio=cfg.min_lr_ratio, max_steps=cfg.max_steps)
     if ckpt is not None:  # checkpoints before the schedule had its own state kept it in the budget's
         budget_lr.load_state_dict(
             trainer_state.get("lr_schedule") or {"decay_start": saved_budget.get("lr_decay_start")}
