@@ -59,7 +59,12 @@ def build_parser() -> argparse.ArgumentParser:
     src.add_argument(
         "--speaker_column", default=None, help="speaker column (default: none, every clip is speaker 0)"
     )
-    src.add_argument("--id_column", default=None, help="id column (default: the audio file name)")
+    src.add_argument(
+        "--id_column",
+        default=None,
+        help="id column (default: the audio path as the table gives it, without its extension, "
+        "folders joined by _: wavs/a.wav -> wavs_a)",
+    )
 
     out = parser.add_argument_group("output")
     out.add_argument("--data_dir", default="training", help="output folder (wavs/ + metadata.csv)")
