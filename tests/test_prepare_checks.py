@@ -461,3 +461,26 @@ def test_prepare_default_settings_use_all_cores():
     settings = PrepareSettings(source="x")
     assert settings.num_workers == (os.cpu_count() or 1)
     assert callable(prepare)
+
+
+def test_a_row_left_out_by_speaker_leaves_its_id_to_the_row_that_is_kept():
+    """Two speakers' recordings under one id, and --speaker bob: alice's row (left out by the filter)
+    claimed the id first, so bob's, the one asked for, was skipped as its duplicate and nothing kept."""
+    from pathlib import Path
+
+    from vits_trainer.data.corpus_rows import Candidate, Source
+    from vits_trainer.data.prepare_checks import plan_rows
+    from vits_trainer.data.prepare_settings import PrepareSettings
+
+    rows = [
+        Candidate("utt1", "for alice", "alice", "t.csv:2", audio_path=Path("a.wav")),
+        Candidate("utt1", "for bob", "bob", "t.csv:3", audio_path=Path("b.wav")),
+        Candidate("utt1", "bob again", "bob", "t.csv:4", audio_path=Path("c.wav")),
+    ]
+    planned, skipped, filtered, _ = plan_rows(
+        Source("csv", "t.csv", rows), PrepareSettings(source="t.csv", speakers=["bob"]), None
+    )
+    assert [(p.clip_id, p.text) for p in planned] == [("utt1", "for bob")]
+    assert filtered["filtered_speaker"] == 1
+    assert [(s.origin, s.reason) for s in skipped] == [("t.csv:4", "duplicate_id")]  # a real duplicate
+    assert "already used at t.csv:3" in skipped[0].detail

@@ -199,7 +199,6 @@ def plan_rows(
         if reason is not None:
             skipped.append(Skip(clip_id, row.origin, reason, detail))
             continue
-        first_origin[clip_id] = row.origin  # a rejected row leaves its id to a later, usable one
         speaker = clean_speaker(row.speaker)
         if wanted_speakers is not None and speaker not in wanted_speakers:
             filtered["filtered_speaker"] += 1
@@ -216,6 +215,9 @@ def plan_rows(
         if settings.max_samples and len(planned) >= settings.max_samples:
             filtered["filtered_max_samples"] += 1
             continue
+        # claimed by the row kept only: a row rejected, left out by --speaker or dropped for its
+        # characters leaves its id to a later one that is kept
+        first_origin[clip_id] = row.origin
         planned.append(Planned(clip_id, row, text, speaker))
     return planned, skipped, filtered, unknown_chars
 
