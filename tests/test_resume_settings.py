@@ -345,3 +345,35 @@ def test_a_resumed_runs_output_folder_unusable_here_says_to_pass_output_dir(
     with pytest.raises(UserError) as given:  # a folder the user named is their own mistake: no such words
         build_session(parse([*argv, "--output_dir", str(out / "m")]), time.time())
     assert "resumed run's own" not in str(given.value)
+
+
+@pytest.mark.parametrize("before, after", [(2, 1), (1, 2)])
+def test_a_mid_epoch_resume_with_another_process_count_trains_each_batch_once(before, after):
+    """Each rank counts its own batches of the epoch, dealt out in turn. Resumed with another process
+    count, the position is converted: the batches trained before and after together are the epoch's,
+    none twice (2 -> 1 trained the first ones twice; 1 -> 2 skipped half of those after them)."""
+    from vits_trainer.data.sampler import BucketBatchSampler
+    from vits_trainer.training.session import rescale_epoch_position
+    from vits_trainer.training.trainstate import TrainState
+
+    lengths = [100 + (k * 37) % 400 for k in range(96)]  # 24 batches of 4
+
+    def batches(replicas: int, rank: int, start: int = 0) -> list[tuple[int, ...]]:
+        sampler = BucketBatchSampler(lengths, 4, seed=3, num_replicas=replicas, rank=rank)
+        sampler.set_epoch(5)
+        sampler.set_start(start)
+        return [tuple(b) for b in sampler]
+
+    trained_per_rank = 6
+    done = [b for rank in range(before) for b in batches(before, rank)[:trained_per_rank]]
+    state = TrainState(epoch=5, batch_in_epoch=trained_per_rank, processes=before)
+    lines = []
+    rescale_epoch_position(state, after, lines.append)
+    rest = [b for rank in range(after) for b in batches(after, rank, state.batch_in_epoch)]
+    assert sorted(done + rest) == sorted(batches(1, 0)) and len(set(done + rest)) == 24
+    assert state.processes == after and len(lines) == 1 and lines[0].startswith("resume: ")
+    same = TrainState(batch_in_epoch=6, processes=2)
+    rescale_epoch_position(same, 2, lines.append)  # the same count, or an older checkpoint: as saved
+    old = TrainState(batch_in_epoch=6)
+    rescale_epoch_position(old, 1, lines.append)
+    assert (same.batch_in_epoch, old.batch_in_epoch, old.processes, len(lines)) == (6, 6, 1, 1)

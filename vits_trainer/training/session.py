@@ -320,6 +320,7 @@ def _build_session(
     accelerator = make_accelerator(precision, cfg.cpu, cfg.report_to, Path(cfg.checkpoint_dir))
     log = Logger(accelerator.is_main_process)
     _describe_start(accelerator, precision, model, model_source, ckpt, log)
+    rescale_epoch_position(state, accelerator.num_processes, log)
     store, report = load_store(cfg, Path(cfg.data_dir), model.config.sampling_rate, accelerator, log)
     if ckpt is None:
         check_vocabulary(cfg, model, text, store, log)
@@ -382,6 +383,22 @@ def _build_session(
 
 
 # ---- the steps of _build_session ------------------------------------------------------------------
+
+
+def rescale_epoch_position(state: TrainState, processes: int, log) -> None:
+    """A run resumed mid-epoch with another process count: each rank counts its own batches, dealt out
+    in turn from the epoch's order (sampler.py), so the position is converted, rounded down (a batch
+    or two again rather than some never; the first step may be short). Without it 2 -> 1 processes
+    trained the epoch's first batches twice, and 1 -> 2 never trained half of those after them."""
+    old, state.processes = state.processes, processes
+    if old is None or old == processes or state.batch_in_epoch == 0:
+        return
+    taken = state.batch_in_epoch * old  # the epoch's batches trained, by every rank together
+    state.batch_in_epoch = taken // processes
+    log(
+        f"resume: {old} process(es) had trained {taken} batches of epoch {state.epoch + 1}; with {processes}, "
+        f"each starts at its batch {state.batch_in_epoch}"
+    )
 
 
 def _resumed_state(

@@ -37,7 +37,10 @@ class TrainState:
     """Where the run is. Saved as JSON in every checkpoint."""
 
     epoch: int = 0  # epochs completed: the 0-based index of the epoch being trained
-    batch_in_epoch: int = 0  # batches of the current epoch already trained (always a cycle boundary)
+    # batches of the current epoch already trained, per rank (a cycle boundary, unless converted for a
+    # resume with another process count: session.rescale_epoch_position)
+    batch_in_epoch: int = 0
+    processes: int | None = None  # the processes it counts per rank (None: a checkpoint from before)
     samples_seen: int = 0
     best_val: float | None = None  # lowest --best_metric value (on the first validation set) so far
     best_step: int | None = None
