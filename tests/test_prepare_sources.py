@@ -110,6 +110,23 @@ def test_own_output_layout_reads_third_column_as_speaker(tmp_path):
     assert {speaker for _, speaker in output_rows(tmp_path / "out").values()} == {"0", "1"}
 
 
+def test_a_single_word_corpus_of_our_own_layout_keeps_its_speakers(tmp_path):
+    """id|word|speaker, every text one word (a digit or keyword corpus): the speaker ids became the
+    texts, read as LJSpeech's normalized column. Normalized single words stay texts."""
+    src = tmp_path / "words"
+    words = ["yek", "du", "sê", "çar", "pênc", "şeş"]
+    for i in range(6):
+        write_audio(src / "wavs" / f"w{i}.wav", speech("abc de", 16000), 16000)
+    rows = [f"w{i}|{word}|{i % 2}" for i, word in enumerate(words)]
+    (src / "metadata.csv").write_text("\n".join(rows) + "\n", encoding="utf-8")
+    run_prepare(src, tmp_path / "out")
+    assert output_rows(tmp_path / "out") == {f"w{i}": (word, str(i % 2)) for i, word in enumerate(words)}
+    normalized = [f"w{i}|{i}|{word}" for i, word in enumerate(words)]  # digits and their words: texts
+    (src / "metadata.csv").write_text("\n".join(normalized) + "\n", encoding="utf-8")
+    run_prepare(src, tmp_path / "out2")
+    assert output_rows(tmp_path / "out2") == {f"w{i}": (word, "0") for i, word in enumerate(words)}
+
+
 def _common_voice(root, rows, tsv="validated.tsv"):
     header = "client_id\tpath\tsentence\tup_votes\tdown_votes\tage\n"
     lines = [f"{client}\t{name}\t{text}\t2\t0\t\n" for client, name, text in rows]

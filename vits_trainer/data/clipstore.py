@@ -386,6 +386,15 @@ def _open_cache(
     if report.cache_hit and report.skipped:
         log(_skipped_line(report.skipped, " (as the clip cache recorded them; fixed wavs rebuild it)"))
     nbytes = int(offsets[-1]) * BYTES_PER_SAMPLE
+    try:
+        size = audio_path.stat().st_size
+    except OSError:
+        size = None
+    if size != nbytes:  # replaced since its index was read: another run rebuilt it (another sample rate)
+        raise UserError(
+            f"{audio_path} changed while this run loaded it (another run rebuilding the clip cache of the "
+            "same data folder?); run again once that run has started training"
+        )
     hours = int(offsets[-1]) / sample_rate / 3600
     log(f"{len(index['ids'])} clips, {hours:.2f} hours, {_gb(nbytes)} as int16")
     t_load = time.perf_counter()

@@ -185,13 +185,20 @@ def _third_column_is_speaker(rows: list[list[str]]) -> bool:
     """LJSpeech's 3rd column is normalized text; our own output's is a speaker id.
 
     Normalized text of a multi-word sentence has spaces, so a 3rd column of single short tokens next
-    to multi-word texts can only be speakers. All-single-word corpora stay on the LJSpeech reading.
+    to multi-word texts can only be speakers. A corpus of single words (a keyword or digit corpus) is
+    read as speakers too when every row has a 3rd column, none equal to its text, with at most half as
+    many distinct values as rows (normalized words are mostly the words themselves, and many);
+    otherwise it stays on the LJSpeech reading.
     """
     thirds = [r for r in rows if len(r) == 3]
     if not thirds:
         return False
     speaker_like = all(len(r[2].strip()) <= 64 and not re.search(r"\s", r[2].strip()) for r in thirds)
-    return speaker_like and any(len(r[1].split()) > 1 for r in thirds)
+    if any(len(r[1].split()) > 1 for r in thirds):
+        return speaker_like
+    few_values = len({r[2].strip() for r in thirds}) <= len(thirds) // 2
+    unlike_text = all(r[2].strip() != r[1].strip() for r in thirds)
+    return speaker_like and len(thirds) == len(rows) >= 4 and few_values and unlike_text
 
 
 def _ljspeech_audio(root: Path, clips: Path, first: str) -> tuple[str, Path]:

@@ -134,8 +134,9 @@ def split_train_val(
 ) -> tuple[list[int], list[int]]:
     """(train positions, val positions) into `ids`, both ascending.
 
-    Chosen by a hash of (seed, id) rather than row order, so every resume and every rank picks the
-    same validation clips even if metadata.csv was reordered or extended.
+    Chosen by a hash of (seed, id) rather than row order, so every rank picks the same validation
+    clips, and so does a recomputation after metadata.csv was reordered; clips added or removed can
+    move others in or out (a resume uses the ids its checkpoint saved, never this).
     """
     n = len(ids)
     if n < 2:

@@ -297,7 +297,7 @@ def format_summary(report: dict, data_dir: Path) -> str:
         lines.append(f"  warnings (kept) {len(report['warnings'])}: {_counts(dict(kinds))}")
     if counts.get("replaced_wavs"):
         lines.append(
-            f"  replaced {counts['replaced_wavs']} WAV(s) already in wavs/ that no earlier run recorded"
+            f"  replaced {counts['replaced_wavs']} WAV(s) an interrupted run had begun in wavs/ (converted again)"
         )
     speakers = report["speakers"]
     lines.append(f"  speakers ({len(speakers)}): {_counts(speakers, limit=20)}")

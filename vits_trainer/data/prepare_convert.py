@@ -334,7 +334,7 @@ def _block_jobs(
             run.reused += reason is None
             continue
         if previous is None and out_path.exists():
-            run.replaced += 1  # a WAV this tool did not record (another source, or made by hand)
+            run.replaced += 1  # begun by an interrupted run (check_prepare_wavs refused any other)
         pending[item.clip_id] = fingerprint
         audio_path = str(item.row.audio_path) if item.row.audio_path is not None else None
         jobs.append(Job(item.clip_id, str(out_path), audio_path, blob))

@@ -7,7 +7,9 @@ padded up to the next bucket edge instead. The edges keep the top 4 bits of a le
 octave: ..., 64, 72, 80, ..., 120, 128, 144, ...), so padding adds at most 1/8 to a length and a
 corpus of 1-15 s clips meets a few dozen shapes in a whole run.
 
-Padding never changes a loss: every part of the step masks by the true lengths.
+Padding hardly changes a loss: every part of the step masks by the true lengths. The one trace: the
+longest clip's last two spectrogram frames see zeros past its end where the STFT's reflect padding
+would have been.
 """
 
 from __future__ import annotations

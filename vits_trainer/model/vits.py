@@ -207,6 +207,8 @@ class VitsGenerator(nn.Module):
                 fake = self._run(self.part("decoder"), slice_segments(z, starts, seg), g)
                 real = slice_segments(audio, starts * hop, seg * hop)
                 mel_mask = None
+        # both mels from the segments' waveforms, alike at their edges (the original slices the target
+        # from the whole clip's mel: its first and last frames also see the audio around the segment)
         with timer("spectrogram"):
             mel = mel_reconstruction_loss(self.frontend.mel(fake), self.frontend.mel(real), mel_mask)
         return GeneratorOutput(fake, real, mel, kl, duration, durations)
