@@ -540,3 +540,29 @@ def test_a_project_moved_or_copied_whole_keeps_its_own_exports(tmp_path):
         check_own_export(copy, moved, "--output_dir")
     with pytest.raises(UserError, match="holds a model exported by an earlier run"):
         check_output_dir(str(copy), str(copy.parent / "checkpoints"), False, "none")
+
+
+def test_a_failed_set_up_leaves_another_runs_folders_that_appeared_meanwhile(tmp_path):
+    """Two runs started under one new folder (runs/exp1 and runs/exp2, runs/ not there yet): the first
+    fails its input checks after the second locked its folder and saved a checkpoint there. Removing
+    "what did not exist when the block began" took all of runs/, the other run's work and lock too."""
+    from vits_trainer.errors import UserError
+    from vits_trainer.safety import remove_created_on_error
+
+    runs = tmp_path / "runs"
+    with pytest.raises(UserError), remove_created_on_error([runs / "exp1" / "ckpt"]):
+        (runs / "exp1" / "ckpt").mkdir(parents=True)  # this run's own folder
+        other = runs / "exp2" / "ckpt"
+        (other / "step_00000100").mkdir(parents=True)  # the other run, meanwhile
+        (other / "step_00000100" / "manifest.json").write_text("{}")
+        (other / ".lock").write_text("{}")
+        raise UserError("bad input")
+    assert (other / "step_00000100" / "manifest.json").is_file() and (other / ".lock").is_file()
+    assert not (runs / "exp1").exists()  # this run's empty folders still go
+
+    alone = tmp_path / "alone"
+    with pytest.raises(UserError), remove_created_on_error([alone / "ckpt"]):
+        (alone / "ckpt" / "cache").mkdir(parents=True)
+        (alone / "ckpt" / "cache" / "index.json").write_text("{}")  # files of its own: all removed
+        raise UserError("bad input")
+    assert not alone.exists()

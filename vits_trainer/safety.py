@@ -64,7 +64,8 @@ jsonfile.py / data/metadata.py / data/audio.py / model/discriminator.py
     temp file + os.replace onto a target the caller names -> the callers above own those targets
 training/session.py:build_session
     folders it created (checkpoint dir, data_dir/cache, ...) are removed again when an input check
-        fails during set-up (`remove_created_on_error`): they did not exist when this process started
+        fails during set-up (`remove_created_on_error`): they did not exist when this process started;
+        where another run's lock or checkpoint appeared in them meanwhile, only empty folders go
 """
 
 from __future__ import annotations
@@ -72,6 +73,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import re
 import shutil
 from collections.abc import Iterable, Iterator
 from pathlib import Path
@@ -298,17 +300,31 @@ def _first_missing(path: Path) -> Path | None:
     return top
 
 
+# what only another run puts in a folder while this one sets up (a failed set-up writes neither: its
+# own lock is released before the error gets here, and it saves no checkpoint)
+_OTHER_RUNS = re.compile(r"^(\.lock|step_\d{8})$")
+
+
 @contextlib.contextmanager
 def remove_created_on_error(folders: Iterable[Path], error=UserError) -> Iterator[None]:
     """On `error`, remove the folders among `folders` (and their new parents) that did not exist when the
-    block began: a run that fails its input checks leaves nothing behind. Only what this process created
-    is removed: a folder that already existed is never touched."""
+    block began: a run that fails its input checks leaves nothing behind. A folder that already existed
+    is never touched. Another run may have created folders in a new one meanwhile (two runs started
+    under one new parent): a tree holding another run's lock or checkpoint keeps everything but the
+    empty folders."""
     created = {top for f in folders if (top := _first_missing(Path(f))) is not None}
     try:
         yield
     except error:
         for top in created:
-            shutil.rmtree(top, ignore_errors=True)  # did not exist when this process began the block
+            if not any(_OTHER_RUNS.match(p.name) for p in top.rglob("*")):
+                shutil.rmtree(top, ignore_errors=True)  # did not exist when this process began the block
+                continue
+            for folder in sorted((p for p in top.rglob("*") if p.is_dir()), key=lambda p: -len(p.parts)):
+                with contextlib.suppress(OSError):
+                    folder.rmdir()  # only when empty
+            with contextlib.suppress(OSError):
+                top.rmdir()
         raise
 
 
