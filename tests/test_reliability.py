@@ -339,6 +339,15 @@ def test_interrupted_checkpoint_write_leaves_the_previous_one(tmp_path):
     assert not list(tmp_path.glob(".step_*"))
 
 
+def test_the_same_step_saved_twice_holds_the_second_save(tmp_path):
+    """A signal right after a periodic save saves step N again: the new files replace the old ones, and
+    the old folder is renamed aside (not deleted first, which left no step N while it was deleted)."""
+    write_checkpoint(tmp_path, 5, {"a.bin": b"1" * 100})
+    again = write_checkpoint(tmp_path, 5, {"a.bin": b"2" * 100})
+    assert (again / "a.bin").read_bytes() == b"2" * 100 and list_checkpoints(tmp_path) == [again]
+    assert not list(tmp_path.glob(".step_*"))  # the aside copy is gone
+
+
 def test_unreadable_clip_after_preparation_is_skipped(tmp_path, tiny_model_dir, tone_corpus, capsys):
     data = tmp_path / "data"
     shutil.copytree(tone_corpus, data, ignore=shutil.ignore_patterns("cache"))

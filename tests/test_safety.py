@@ -225,6 +225,11 @@ def test_export_replaces_only_a_readme_it_wrote(tmp_path, tiny_model_dir):
     (out / "README.md").write_text("an older card of this export", encoding="utf-8")
     export_model(model, tokenizer, out, extras=card, kind="best_model", run=tmp_path / "ckpt")  # its own
     assert (out / "README.md").read_text(encoding="utf-8").endswith("# exported\n")
+    # a crashed process with this same pid (a container's) left its aside copy: no longer in the way
+    left = tmp_path / f".export.old-{os.getpid()}"
+    (left / "sub").mkdir(parents=True)
+    export_model(model, tokenizer, out, extras=card, kind="best_model", run=tmp_path / "ckpt")
+    assert (out / "README.md").is_file() and not left.exists()
 
 
 def fake_export(folder: Path, run: Path) -> None:

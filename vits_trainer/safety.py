@@ -281,6 +281,8 @@ def replace_export(tmp: Path, out_dir: Path) -> None:
     """Move the finished export `tmp` to `out_dir`, replacing an earlier export there (checked first)."""
     check_replaceable(out_dir)
     old = out_dir.with_name(f".{out_dir.name}.old-{os.getpid()}")
+    if old.exists():  # our name and pid: left by a crashed process that had this pid (a container's)
+        shutil.rmtree(old, ignore_errors=True)
     if out_dir.exists():
         os.replace(out_dir, old)  # our checked export, renamed aside until the new one is in place
     os.replace(tmp, out_dir)

@@ -110,10 +110,16 @@ def write_checkpoint(
             manifest["files"][name] = {"size": len(data), "digest": _digest(data)}
         _write(tmp / MANIFEST, json_bytes(manifest))  # last: its presence means "complete"
         _fsync_dir(tmp)
-        if final.exists():  # the same step saved twice (e.g. a signal right after a periodic save)
-            shutil.rmtree(final)  # step_N of this run (checkpoint dir overlaps no user folder: safety.py)
+        aside = None
+        if final.exists():  # the same step saved twice (e.g. a signal right after a periodic save):
+            # renamed aside, not deleted first, so that no moment but one between two renames lacks it
+            aside = checkpoint_dir / f".{final.name}.tmp-aside-{os.getpid()}"
+            shutil.rmtree(aside, ignore_errors=True)  # this pid's name, from an earlier crash
+            os.replace(final, aside)  # step_N of this run (checkpoint dir overlaps no user folder: safety.py)
         os.replace(tmp, final)
         _fsync_dir(checkpoint_dir)
+        if aside is not None:
+            shutil.rmtree(aside, ignore_errors=True)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
