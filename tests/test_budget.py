@@ -811,9 +811,10 @@ def test_a_replan_that_moves_the_step_count_says_so():
 
 
 def test_with_several_processes_rank_0_keeps_its_own_clock_and_the_others_follow_it(monkeypatch):
-    """Every rank sets the LR from rank 0's progress, broadcast with each stop decision. Rank 0 itself
-    must go on reading its clock: once it took the broadcast value as its own, it sent back that first
-    value forever, and the LR of every multi-process run stayed at its peak after warmup."""
+    """Every rank sets the LR from rank 0's progress and warmup cap, broadcast with each stop decision.
+    Rank 0 itself must go on reading its clock: once it took the broadcast value as its own, it sent back
+    that first value forever, and the LR of every multi-process run stayed at its peak after warmup. The
+    warmup cap travels too: each rank planned its own from its own timings (230 against 227 steps)."""
     from types import SimpleNamespace
 
     import accelerate.utils
@@ -851,12 +852,12 @@ def test_with_several_processes_rank_0_keeps_its_own_clock_and_the_others_follow
         Trainer.stop_decision(main, SimpleNamespace(received=None))
         progress.append(sent[-1][2])
     assert progress[0] < progress[1] < progress[2]  # was 0.2, 0.2, 0.2
-    assert main.s.budget_lr.progress() == pytest.approx(progress[2])
+    assert main.s.budget_lr.progress() == pytest.approx(progress[2])  # the value it sent, as the others
 
-    sent_by_rank0.append([0.0, 0.0, 0.5])
-    other, _ = rank(False)  # its own clock says 0: it follows rank 0's 0.5
+    sent_by_rank0.append([0.0, 0.0, 0.5, 7.0])
+    other, _ = rank(False)  # its own clock says 0, its own warmup 0: it follows rank 0's 0.5 and 7
     Trainer.stop_decision(other, SimpleNamespace(received=None))
-    assert other.s.budget_lr.progress() == 0.5
+    assert other.s.budget_lr.progress() == 0.5 and other.s.budget_lr.effective_warmup_steps == 7
 
 
 def test_the_first_step_estimate_is_one_process_step_whatever_the_process_count():

@@ -422,7 +422,7 @@ class Trainer:
 
     def stop_decision(self, signals: SignalStop, want_save: bool = False) -> tuple[str | None, bool]:
         """(stop reason, save now?) as the main process sees them (its clock, its signals), the same on
-        every rank; in multi-process runs rank 0's LR progress travels along."""
+        every rank; in multi-process runs rank 0's LR progress and warmup cap travel along."""
         s = self.s
         code = 0
         if s.is_main:
@@ -436,11 +436,13 @@ class Trainer:
         if s.accelerator.num_processes > 1:
             from accelerate.utils import broadcast
 
-            packet = torch.tensor([code, float(want_save), s.budget_lr.progress()], device=s.device)
-            code, save, progress = broadcast(packet, from_process=0).tolist()
+            lr = s.budget_lr  # rank 0's own figures (the value shared before would freeze them)
+            packet = torch.tensor(
+                [code, float(want_save), lr.own_progress(), lr.own_warmup_steps()], device=s.device
+            )
+            code, save, progress, warmup = broadcast(packet, from_process=0).tolist()
             code, want_save = int(code), bool(save)
-            if not s.is_main:  # rank 0 keeps reading its own clock (a shared value would freeze it)
-                s.budget_lr.share_progress(progress)
+            lr.share_progress(progress, int(warmup))  # every rank, rank 0 too: one LR for all
         return {0: None, 1: "budget", 2: "signal", 3: "max_steps"}[code], want_save
 
     def follow_load(self) -> None:

@@ -12,8 +12,8 @@ session's.
     if lr.warmup_message(): print(lr.warmup_message())   # once the plan is made
     set_peak_lr([(optimizer, sched)], peak, lr)          # a new peak (a recovery halves it)
 
-Multi-process: ranks must set the same LR, so rank 0's progress is broadcast each step and handed to
-`BudgetLR.share_progress` on every other rank (rank 0 goes on reading its own clock).
+Multi-process: ranks must set the same LR, so rank 0's own progress and warmup cap are broadcast each
+step and handed to `BudgetLR.share_progress` on every rank (rank 0 included: one value for all).
 """
 
 from __future__ import annotations
@@ -62,6 +62,7 @@ class BudgetLR:
         self.max_steps = max(0, int(max_steps))  # 0: the budget alone ends the horizon
         self.decay_start: float | None = None  # progress at which warmup ended: the cosine starts there
         self._shared_progress: float | None = None  # rank 0's progress in multi-process runs
+        self._shared_warmup: int | None = None  # and rank 0's warmup cap
         self._progress_floor = 0.0  # progress never goes back within a session
 
     def horizon_steps(self) -> tuple[int | None, str]:
@@ -79,6 +80,11 @@ class BudgetLR:
 
     @property
     def effective_warmup_steps(self) -> int:
+        """The warmup in steps: rank 0's in multi-process runs (each rank plans from its own timings)."""
+        return self._shared_warmup if self._shared_warmup is not None else self.own_warmup_steps()
+
+    def own_warmup_steps(self) -> int:
+        """--warmup_steps capped by this process's horizon (`horizon_steps`)."""
         planned, _ = self.horizon_steps()
         if planned is None:
             return self.warmup_steps
@@ -116,7 +122,13 @@ class BudgetLR:
     # ---- the horizon: how much of it is spent -----------------------------------------------------
 
     def progress(self) -> float:
-        """Fraction of the LR horizon spent, in [0, 1]; never decreases within a session.
+        """Fraction of the LR horizon spent, in [0, 1]: rank 0's in multi-process runs (`share_progress`),
+        else `own_progress`."""
+        return self._shared_progress if self._shared_progress is not None else self.own_progress()
+
+    def own_progress(self) -> float:
+        """Fraction of the LR horizon spent by this process's clock, in [0, 1]; never decreases within a
+        session.
 
         With ``total_seconds``: (spent_before + elapsed) / total, except in the horizon's last session (the
         total runs out within it, or less than 3 % of the total would be left after it): there the horizon
@@ -126,9 +138,7 @@ class BudgetLR:
         to 1 once the horizon is over, e.g. a total already spent on resume (see `horizon_warning`).
         """
         b = self.budget
-        if self._shared_progress is not None:
-            progress = self._shared_progress
-        elif b.total_seconds is None:
+        if b.total_seconds is None:
             if b.training_start is None:
                 progress = 0.0
             else:
@@ -140,7 +150,7 @@ class BudgetLR:
                 horizon_end = min(horizon_end, b.target_seconds - b.final_reserve())
             denominator = b.spent_before + horizon_end
             progress = 1.0 if denominator <= 0 else b.spent_seconds() / denominator
-        if self.max_steps and self._shared_progress is None:
+        if self.max_steps:
             progress = max(progress, self.steps_progress())
         # Reserves are re-measured while training, which moves the horizon's end a little; the ratchet
         # keeps the LR monotone anyway.
@@ -157,10 +167,13 @@ class BudgetLR:
             return 1.0
         return (b.global_step - first) / (self.max_steps - first)
 
-    def share_progress(self, progress: float) -> None:
-        """Multi-process runs: use rank 0's progress (broadcast each step) so every rank sets the same LR;
-        replicas whose learning rates differ by a hair would drift apart."""
+    def share_progress(self, progress: float, warmup_steps: int | None = None) -> None:
+        """Multi-process runs: use rank 0's progress and warmup (broadcast each step, and taken by rank 0
+        too) so every rank sets the same LR; replicas whose learning rates differ by a hair would drift
+        apart. Rank 0 sends its `own_progress` and `own_warmup_steps`, never the value shared before."""
         self._shared_progress = float(progress)
+        if warmup_steps is not None:
+            self._shared_warmup = int(warmup_steps)
 
     def horizon_warning(self) -> str | None:
         """A line for the caller to print when --total_hours does not fit this session sensibly."""
