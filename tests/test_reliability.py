@@ -339,6 +339,22 @@ def test_interrupted_checkpoint_write_leaves_the_previous_one(tmp_path):
     assert not list(tmp_path.glob(".step_*"))
 
 
+def test_a_run_that_raises_gives_its_folder_back(tmp_path, tiny_model_dir, tone_corpus, monkeypatch):
+    """An error inside the loop (here a stand-in for a driver error) ends the run: its lock on
+    --checkpoint_dir is released on the way out, so the next run in the same process (a notebook's next
+    cell) is not refused "in use by another run" naming its own pid."""
+
+    def broken_move(batch, device):
+        raise RuntimeError("a driver error")
+
+    monkeypatch.setattr(loop_module, "move_batch", broken_move)
+    with pytest.raises(RuntimeError, match="a driver error"):
+        train_tiny(tmp_path, tone_corpus, tiny_model_dir, max_steps=2)
+    monkeypatch.undo()
+    session = build_session(tiny_config(tmp_path, tone_corpus, tiny_model_dir, max_steps=2), time.time())
+    session.run_lock.release()
+
+
 def test_the_same_step_saved_twice_holds_the_second_save(tmp_path):
     """A signal right after a periodic save saves step N again: the new files replace the old ones, and
     the old folder is renamed aside (not deleted first, which left no step N while it was deleted)."""

@@ -180,6 +180,8 @@ class Trainer:
             return self.end_run(stop_reason)
         finally:
             signals.restore()
+            if s.run_lock is not None:  # released by end_run; here too when the run raised (a notebook's
+                s.run_lock.release()  # next run in this process would be refused its own folder)
 
     def run_epoch(self, signals: SignalStop, progress: Progress) -> str | None:
         """The rest of the current epoch, one optimiser step per cycle of loader batches; the stop
