@@ -71,3 +71,22 @@ def test_the_demo_model_speaks(demo, tmp_path, capsys):
     assert speak(["--model", str(demo / "final_model"), "--text", "ba da ka", "--out", str(out)]) == 0
     check_wav(out)
     assert "RTF" in capsys.readouterr().out
+
+
+def test_a_demo_given_a_model_uses_it_and_makes_none_in_its_place(tmp_path):
+    """--demo with --model_name: the user's model, used as given. A hub id not in reach is refused
+    before the demo writes anything; it was taken for a folder, and a random tiny model was made (and
+    trained) at ./facebook/mms-tts-eng, its card saying "trained from scratch"."""
+    env = {**os.environ, "HF_HOME": str(tmp_path / "hf_home"), "HF_HUB_OFFLINE": "1"}
+    proc = subprocess.run(
+        [PYTHON, str(ROOT / "train_vits.py"), "--demo", "--model_name", "facebook/mms-tts-eng"],
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert proc.returncode == 2 and proc.stderr.startswith("error: --model_name facebook/mms-tts-eng:"), (
+        proc.stderr
+    )
+    assert not (tmp_path / "facebook").exists() and not (tmp_path / "training").exists()  # nothing written

@@ -38,15 +38,25 @@ def apply_demo_settings(cfg: TrainConfig, explicit: set[str]) -> TrainConfig:
     return dataclasses.replace(cfg, **changes)
 
 
+def made_by_demo(cfg: TrainConfig, name: str) -> bool:
+    """Whether the demo supplies `name` (data_dir, model_name): a --demo run the user gave no such flag."""
+    return bool(getattr(cfg, "demo", False)) and name not in (cfg.explicit or ())
+
+
 def make_demo_inputs(cfg: TrainConfig) -> None:
-    """The demo's corpus and model, where missing."""
+    """The demo's corpus and model, where missing; never in a folder the user named (--data_dir,
+    --model_name: theirs, used as given; a hub id was once taken for a folder to make a model in)."""
     data_dir, model_dir = Path(cfg.data_dir), Path(cfg.model_name)
-    if not (data_dir / "metadata.csv").is_file():
+    if not made_by_demo(cfg, "model_name"):  # the user's model: found (or refused) before any file is made
+        from ..hub import resolve_model_dir
+
+        resolve_model_dir(cfg.model_name)
+    if made_by_demo(cfg, "data_dir") and not (data_dir / "metadata.csv").is_file():
         from ..data.synthetic import make_corpus
 
         print(f"demo: generating a tone-language corpus in {data_dir}", flush=True)
         make_corpus(data_dir, num_clips=160, sample_rate=16000, seed=0)
-    if not (model_dir / "config.json").is_file():
+    if made_by_demo(cfg, "model_name") and not (model_dir / "config.json").is_file():
         from ..model.tiny import make_tiny_model
         from .runtime import quiet_transformers
 

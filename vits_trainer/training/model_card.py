@@ -23,6 +23,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 
 from ..hub import is_repo_id
+from .demo import made_by_demo
 
 CARD_FILE = "README.md"
 MMS_PREFIX = "facebook/mms-tts-"
@@ -468,7 +469,7 @@ def run_facts(s, kind: str, samples: tuple[Sample, ...] = ()) -> CardFacts:
     import torch
 
     cfg, data, budget = s.cfg, s.data, s.budget
-    base = base_model_facts(cfg.model_name, fresh=bool(getattr(cfg, "demo", False)))
+    base = base_model_facts(cfg.model_name, fresh=made_by_demo(cfg, "model_name"))
     language = getattr(s.text.tokenizer, "language", None)
     if not base.language and isinstance(language, str) and language:
         base = replace(base, language=(language,))  # the tokenizer's own (MMS tokenizers name it)
