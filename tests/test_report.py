@@ -593,3 +593,42 @@ def test_while_a_resumed_session_runs_the_best_is_the_best_model_folders(tmp_pat
     assert '<a href="#eval-14">step 14</a>' in page
     best_row = re.search(r'<tr class="best"><td>(\d+) <span class="best">best', page)
     assert best_row and best_row.group(1) == "14"
+
+
+def test_a_session_past_its_deadline_keeps_its_stop_on_the_timeline():
+    """A 14.4 s budget that ended at 14.9 s: the axis ended at the deadline (+2 %), so the stop mark was
+    left off and the last bar ran past the chart's edge."""
+    from vits_trainer.training.report_svg import Timeline, timeline_svg
+
+    tl = Timeline("session 1", 14.4, phases=[(0.0, 3.0, "load", "loading"), (3.0, 14.9, "train", "training")])
+    tl.instants += [(14.4, "deadline", "deadline"), (14.9, "stopped: budget", "stop")]
+    svg = timeline_svg(tl, width=900)
+    assert "stopped: budget" in svg
+    ends = [float(a) + float(b) for a, b in re.findall(r'<rect[^>]* x="([\d.]+)"[^>]* width="([\d.]+)"', svg)]
+    assert ends and max(ends) <= 900
+
+
+def test_a_feedback_rounds_best_is_judged_on_its_feedback_set():
+    """A feedback round picks its best by feedback_val_mel, its first validation set; its evaluations
+    also hold the original set's plain val_mel, which the page took instead (step 5 marked best for an
+    original set's 0.45, while the round's own best was the start)."""
+    from vits_trainer.training.report import best_eval, metric_of
+
+    start = {
+        "event": "eval",
+        "step": 0,
+        "best_key": "feedback_val_mel",
+        "feedback_val_mel": 1.0,
+        "val_mel": 0.5,
+    }
+    later = {
+        "event": "eval",
+        "step": 5,
+        "best_key": "feedback_val_mel",
+        "feedback_val_mel": 1.1,
+        "val_mel": 0.45,
+    }
+    assert metric_of(later, "val_mel") == 1.1
+    assert best_eval([start, later], "val_mel", None)["step"] == 0
+    old = {"event": "eval", "step": 3, "val_mel": 0.7}  # a record from before best_key: as it was read
+    assert metric_of(old, "val_mel") == 0.7

@@ -99,9 +99,9 @@ class TrainConfig:
     )
     compile: str = _f(
         "auto",
-        "torch.compile the fixed-shape part of the step (decoder on segments, discriminator), with CUDA "
-        "graphs on a GPU: auto (on CUDA when the training time left can earn back the compilation, kept "
-        "only if the compiled step is faster) | on | off",
+        "torch.compile the step's networks (all of them with CUDA graphs first, then the decoder on "
+        "segments and the discriminator; the faster is kept): auto (on CUDA when the training time left "
+        "can earn back the compilation, kept only if faster than eager) | on | off",
         choices=["auto", "on", "off"],
     )
     segment_size: int = _f(8192, "samples of each clip decoded per step (VITS: 8192 = 32 frames of hop 256)")

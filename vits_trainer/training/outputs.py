@@ -6,6 +6,7 @@ its model card), and when the epoch-end ones are due.
 from __future__ import annotations
 
 import json
+import math
 import os
 import shutil
 import time
@@ -70,7 +71,7 @@ class RunOutputs:
         step = self.s.budget.global_step
         known = next((r for r in reversed(self.s.state.val_history) if r.get("step") == step), None)
         if known is not None:
-            meta = ("tag", "step", "epoch", "time", "seconds")
+            meta = ("tag", "step", "epoch", "time", "seconds", "best_key")
             self.last_val = {k: v for k, v in known.items() if k not in meta}
             self.last_val_step, self.last_val_tag = step, known.get("tag")
 
@@ -129,6 +130,10 @@ class RunOutputs:
             results.update({prefix + k: v for k, v in values.items()})
         freerun, spoken = free_running_eval(s)  # spoken from text alone, scored against the recordings
         results.update(freerun)
+        # a NaN/Inf score (fp16 gone wrong) is none: strict JSON, and never a best every later one must beat
+        results = {
+            k: (v if not isinstance(v, float) or math.isfinite(v) else None) for k, v in results.items()
+        }
         step = s.budget.global_step
         score = results.get(self.best_key())
         improved = score is not None and (s.state.best_val is None or score < s.state.best_val)
@@ -139,6 +144,7 @@ class RunOutputs:
             "epoch": s.state.epoch,
             "time": time.time(),
             "seconds": round(time.perf_counter() - t0, 2),  # the evaluation itself (no samples written)
+            "best_key": self.best_key(),  # which result picks the best model (a feedback round: its set's)
             **results,
         }
         s.state.val_history.append({k: v for k, v in record.items() if k != "event"})

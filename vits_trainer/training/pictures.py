@@ -23,7 +23,8 @@ from ..model.vits import prior_log_likelihood, sequence_mask
 def alignment_paths(generator, items, count: int, device: torch.device, seed: int = 1234) -> list[np.ndarray]:
     """[tokens, frames] 0/1 paths of the first `count` items: the search of the training forward
     (VitsGenerator.forward) on the same inputs, without the parts the path does not depend on
-    (duration predictor, KL, decoder), which would double the cost of an evaluation."""
+    (duration predictor, KL, decoder), which would double the cost of an evaluation. In fp32, one clip
+    at a time: under bf16/fp16 training the path may differ from the step's by a tie here and there."""
     was_training = generator.training
     generator.eval()
     dataset = ClipDataset(items)
@@ -96,8 +97,10 @@ def mel_png(recorded: np.ndarray, spoken: np.ndarray, out: Path, title: str = ""
     plt = _pyplot()
     fig, axes = plt.subplots(2, 1, figsize=(6, 5), dpi=80)
     low, high = float(min(recorded.min(), spoken.min())), float(max(recorded.max(), spoken.max()))
+    frames = max(recorded.shape[-1], spoken.shape[-1])  # one time axis: a spoken clip too short shows
     for ax, mel, label in ((axes[0], recorded, "recorded"), (axes[1], spoken, "spoken from text")):
         ax.imshow(mel, aspect="auto", origin="lower", interpolation="none", vmin=low, vmax=high)
+        ax.set_xlim(-0.5, frames - 0.5)
         ax.set_ylabel("mel bin")
         ax.set_title(f"{title} {label}".strip(), fontsize=9)
     axes[1].set_xlabel("frame")

@@ -275,10 +275,15 @@ def best_eval(
 
 
 def metric_of(record: dict, metric: str) -> float | None:
-    """`metric` of an evaluation; a run whose first validation set is not "val" prefixes it."""
-    value = record.get(metric)
-    if value is None:
-        value = next((v for k, v in record.items() if k.endswith("_" + metric)), None)
+    """`metric` of an evaluation: of the validation set that picks the best model (its `best_key`; a
+    feedback round's is its feedback set, "feedback_val_mel", beside the original set's "val_mel")."""
+    key = record.get("best_key")
+    if isinstance(key, str) and key.endswith(metric):
+        value = record.get(key)
+    else:  # records from before best_key: the plain key, else a prefixed one
+        value = record.get(metric)
+        if value is None:
+            value = next((v for k, v in record.items() if k.endswith("_" + metric)), None)
     return value if isinstance(value, int | float) and math.isfinite(value) else None
 
 

@@ -208,7 +208,7 @@ def timeline_svg(timeline: Timeline, width: int = 900) -> str:
         + [1.0]
     )
     budget = timeline.budget_seconds or 0.0
-    span = budget if budget <= 1.5 * used else used
+    span = max(budget, used) if budget <= 1.5 * used else used  # an overrun stays on the axis too
     instants = [i for i in timeline.instants if i[0] <= span * 1.02]
     height = 110
     frame = Frame(width, height, (0.0, span * 1.02), (0.0, 1.0), left=20, top=30, bottom=34)

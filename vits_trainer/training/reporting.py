@@ -108,7 +108,7 @@ class Progress:
 
 
 def plot_losses(metrics_path: Path, out_path: Path) -> Path | None:
-    """Training mel/total loss and validation mel against steps, from metrics.jsonl."""
+    """Training mel loss and validation mel against steps, from metrics.jsonl."""
     if not metrics_path.is_file():
         return None
     train, val, freerun = [], [], []
