@@ -150,3 +150,28 @@ def test_pictures_go_to_tensorboard_as_rgb_images(tmp_path):
     [(tag, image, step, layout)] = calls
     assert (tag, step, layout) == ("pictures/clip_alignment", 12, "HWC")
     assert image.ndim == 3 and image.shape[2] == 3 and 0.0 <= image.min() <= image.max() <= 1.0
+
+
+def test_a_diverged_duration_predictor_speaks_a_bounded_take(tiny_model_dir):
+    """After a learning rate far too high (a feedback round's regression test at LR 1.0) the duration
+    predictor asked for exp(huge) frames: writing the round's samples tried to allocate 197 GB and the
+    round crashed instead of reporting that it was not promoted. The durations are bounded while the
+    tool speaks: each token at most MAX_FRAMES_PER_TOKEN frames, a NaN one a single frame."""
+    import torch
+
+    from vits_trainer.data.text import TextEncoder
+    from vits_trainer.model.synthesis import MAX_FRAMES_PER_TOKEN
+    from vits_trainer.model.vits import load_vits_model
+    from vits_trainer.training.evaluate import speak_texts
+
+    model = load_vits_model(tiny_model_dir)
+    text = TextEncoder.from_pretrained(tiny_model_dir)
+    tokens = len(text.encode("ba da"))
+    hop = math.prod(model.config.upsample_rates)
+    for broken in (1000.0, float("nan")):
+        handle = model.duration_predictor.register_forward_hook(lambda m, a, out, b=broken: out + b)
+        try:
+            (waveform,) = speak_texts(model, text, [("ba da", 0)], torch.device("cpu"))
+        finally:
+            handle.remove()
+        assert 0 < waveform.numel() <= tokens * MAX_FRAMES_PER_TOKEN * hop

@@ -9,7 +9,10 @@ inference path of transformers' `pipeline("text-to-speech")`. WAVs are written b
 
 from __future__ import annotations
 
+import contextlib
+import math
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -20,6 +23,26 @@ from transformers import VitsModel
 from ..data.text import TextEncoder
 from ..errors import UserError
 from .vits import load_vits_model
+
+# frames one token may last when spoken: far beyond speech (a character is ~5-20 frames), a bound on
+# what a diverged duration predictor asks for (197 GB for one sentence, seen after LR 1.0)
+MAX_FRAMES_PER_TOKEN = 200
+
+
+@contextlib.contextmanager
+def bounded_durations(model: VitsModel) -> Iterator[None]:
+    """While inside: each token's predicted duration at most MAX_FRAMES_PER_TOKEN frames, a NaN one a
+    single frame (the duration predictor's log-durations, clamped on their way out of it)."""
+    cap = math.log(MAX_FRAMES_PER_TOKEN - 0.5)  # rounded up to whole frames after exp
+
+    def clamp(module, args, log_duration):
+        return torch.nan_to_num(log_duration, nan=0.0, posinf=cap, neginf=-cap).clamp(max=cap)
+
+    handle = model.duration_predictor.register_forward_hook(clamp)
+    try:
+        yield
+    finally:
+        handle.remove()
 
 
 @dataclass
@@ -101,5 +124,6 @@ def speak(voice: Voice, ids: list[int], speaker_id: int, seed: int, speaking_rat
     torch.manual_seed(seed)  # every device's generator: the noise of the duration predictor and prior
     start = time.perf_counter()
     input_ids = torch.tensor([ids], dtype=torch.long, device=voice.device)
-    waveform = model(input_ids=input_ids, **kwargs).waveform[0].float().cpu().numpy()  # waits for the GPU
+    with bounded_durations(model):
+        waveform = model(input_ids=input_ids, **kwargs).waveform[0].float().cpu().numpy()  # waits for the GPU
     return Take(waveform, time.perf_counter() - start, voice.sampling_rate)

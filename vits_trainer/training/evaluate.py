@@ -16,6 +16,7 @@ import torch
 from ..data.audio import write_wav as write_pcm16
 from ..data.loader import HOST_ONLY_KEYS, move_batch
 from ..model.losses import LossWeights
+from ..model.synthesis import bounded_durations
 
 
 def _teacher_forced(generator, batch: dict[str, torch.Tensor], autocast=None):
@@ -33,8 +34,9 @@ def _teacher_forced(generator, batch: dict[str, torch.Tensor], autocast=None):
 
 @torch.no_grad()
 def evaluate(generator, loader, device: torch.device, autocast=None, seed: int = 1234, weights=None) -> dict:
-    """Mean validation losses over `loader`: val_mel (full-length L1 of log-mels), val_kl, val_duration,
-    and val_loss (their weighted sum, with the training weights)."""
+    """Mean validation losses over `loader`'s clips: val_mel (full-length L1 of log-mels), val_kl,
+    val_duration, and val_loss (their weighted sum, with the training weights). The run's loaders give
+    one clip at a time (datasplit.make_loaders): each clip's losses, averaged over clips."""
     weights = weights or LossWeights()
     was_training = generator.training
     generator.eval()
@@ -100,7 +102,8 @@ def speak_texts(
         for text, speaker in sentences:
             ids = torch.tensor([text_encoder.encode(text)], dtype=torch.long, device=device)
             kwargs = {"speaker_id": speaker} if model.config.num_speakers > 1 else {}
-            waveforms.append(model(input_ids=ids, **kwargs).waveform[0].float())
+            with bounded_durations(model):  # a diverged model's durations: bounded, not a crash
+                waveforms.append(model(input_ids=ids, **kwargs).waveform[0].float())
     model.train(was_training)
     return waveforms
 
