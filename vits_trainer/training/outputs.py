@@ -130,13 +130,11 @@ class RunOutputs:
             results.update({prefix + k: v for k, v in values.items()})
         freerun, spoken = free_running_eval(s)  # spoken from text alone, scored against the recordings
         results.update(freerun)
-        # a NaN/Inf score (fp16 gone wrong) is none: strict JSON, and never a best every later one must beat
-        results = {
-            k: (v if not isinstance(v, float) or math.isfinite(v) else None) for k, v in results.items()
-        }
         step = s.budget.global_step
         score = results.get(self.best_key())
-        improved = score is not None and (s.state.best_val is None or score < s.state.best_val)
+        # a NaN/Inf score (training gone wrong) never becomes the best every later one must beat
+        finite = score is not None and math.isfinite(score)
+        improved = finite and (s.state.best_val is None or score < s.state.best_val)
         record = {
             "event": "eval",
             "tag": tag,
