@@ -696,4 +696,5 @@ def test_a_round_that_trains_no_step_says_so_instead_of_comparing_the_start_with
     )
     # the first version of this folder: the model the user keeps is the one the round started from (it
     # said "there is no promoted model yet", as if they had none)
-    assert lines[-1].endswith(f"the current model stays the base model ({light_base.resolve()})"), lines[-1]
+    base_model = light_base["model"].resolve()
+    assert lines[-1].endswith(f"the current model stays the base model ({base_model})"), lines[-1]

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
 import difflib
 import os
 import sys
@@ -38,7 +39,19 @@ def run_cli(main: Callable[[list[str] | None], int | None], argv: list[str] | No
     except Exception:
         _keep_in_log(traceback.format_exc().rstrip())  # a crash: its traceback in the run's log too
         raise
+    finally:
+        _close_process_group()
     return int(code or 0)
+
+
+def _close_process_group() -> None:
+    """A multi-process run's process group, destroyed before the interpreter exits: left to its
+    finalization, gloo's worker threads can abort the process ("terminate called without an active
+    exception", exit -6) after the run has ended well (pytorch/pytorch#190489)."""
+    dist = sys.modules.get("torch.distributed")
+    if dist is not None and dist.is_available() and dist.is_initialized():
+        with contextlib.suppress(Exception):  # the run's outcome is decided already
+            dist.destroy_process_group()
 
 
 def _keep_in_log(text: str) -> None:
