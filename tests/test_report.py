@@ -632,3 +632,9 @@ def test_a_feedback_rounds_best_is_judged_on_its_feedback_set():
     assert best_eval([start, later], "val_mel", None)["step"] == 0
     old = {"event": "eval", "step": 3, "val_mel": 0.7}  # a record from before best_key: as it was read
     assert metric_of(old, "val_mel") == 0.7
+    # the curves follow the same set: its free-running scores exist for it alone (feedback_val_mcd)
+    from vits_trainer.training.report import primary
+
+    scored = {**later, "feedback_val_mcd": 9.0}
+    assert primary(scored, "val_mcd") == 9.0 and primary(scored, "val_mel") == 1.1
+    assert primary(old, "val_mel") == 0.7

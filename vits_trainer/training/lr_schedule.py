@@ -70,8 +70,9 @@ class BudgetLR:
         plan's (or the first steps' estimate), or --max_steps when fewer."""
         b = self.budget
         planned = b.planned_horizon_steps
-        if self.max_steps and (planned is None or self.max_steps < planned):
-            return self.max_steps, "optimizer steps of --max_steps"
+        to_max = self.max_steps - self._horizon_first_step()  # counted as steps_progress counts them
+        if self.max_steps and (planned is None or to_max < planned):
+            return max(0, to_max), "optimizer steps of --max_steps"
         # before the plan, the step count is the first measured steps' rough estimate
         words = (
             "optimizer steps estimated before the plan" if b.horizon_estimated else "planned optimizer steps"
@@ -162,10 +163,15 @@ class BudgetLR:
         """The share of the horizon's steps up to --max_steps taken: over every session with
         ``total_seconds``, else over this session's (from the step it started at)."""
         b = self.budget
-        first = 0 if b.total_seconds is not None else b.global_step - b.session_steps
+        first = self._horizon_first_step()
         if self.max_steps <= first:
             return 1.0
         return (b.global_step - first) / (self.max_steps - first)
+
+    def _horizon_first_step(self) -> int:
+        """The global step the horizon starts at: 0 with ``total_seconds``, else this session's first."""
+        b = self.budget
+        return 0 if b.total_seconds is not None else b.global_step - b.session_steps
 
     def share_progress(self, progress: float, warmup_steps: int | None = None) -> None:
         """Multi-process runs: use rank 0's progress and warmup (broadcast each step, and taken by rank 0

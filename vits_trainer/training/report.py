@@ -274,6 +274,15 @@ def best_eval(
     return best
 
 
+def primary(record: dict, key: str):
+    """`key` (val_mel, val_mcd, ...) of an evaluation's first validation set, the one that picks the
+    best model: a feedback round's is its feedback set ("feedback_val_mel"; the free-running scores
+    exist for it alone), named by the record's `best_key`."""
+    best = record.get("best_key")
+    prefix = best[: best.index("val_")] if isinstance(best, str) and "val_" in best else ""
+    return record.get(prefix + key, record.get(key))
+
+
 def metric_of(record: dict, metric: str) -> float | None:
     """`metric` of an evaluation: of the validation set that picks the best model (its `best_key`; a
     feedback round's is its feedback set, "feedback_val_mel", beside the original set's "val_mel")."""
@@ -529,7 +538,8 @@ def curves_section(run: RunFiles) -> str:
     resumed = [(s["step"], "resumed") for s in run.events("session") if is_resume(s)]
 
     def line(records, key, label, **kw):
-        return series(label, [r.get("step") for r in records], [r.get(key) for r in records], **kw)
+        values = [primary(r, key) if r.get("event") == "eval" else r.get(key) for r in records]
+        return series(label, [r.get("step") for r in records], values, **kw)
 
     charts = [
         line_chart(

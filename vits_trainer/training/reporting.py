@@ -9,7 +9,7 @@ from pathlib import Path
 
 import torch
 
-from .report import current_history, read_metrics
+from .report import current_history, primary, read_metrics
 from .runtime import is_interactive
 
 
@@ -113,12 +113,11 @@ def plot_losses(metrics_path: Path, out_path: Path) -> Path | None:
         return None
     train, val, freerun = [], [], []
     for record in current_history(read_metrics(metrics_path)):
-        if record.get("event") == "eval" and "val_mel" in record:
-            val.append((record["step"], record["val_mel"]))
-            if "val_mel_dtw" in record:
-                freerun.append(
-                    (record["step"], record["val_mel_dtw"], record["val_mcd"], record["val_duration_ratio"])
-                )
+        if record.get("event") == "eval" and primary(record, "val_mel") is not None:
+            val.append((record["step"], primary(record, "val_mel")))  # the set that picks the best model
+            if primary(record, "val_mel_dtw") is not None:
+                scores = (primary(record, k) for k in ("val_mel_dtw", "val_mcd", "val_duration_ratio"))
+                freerun.append((record["step"], *scores))
         elif "mel" in record:
             train.append((record["step"], record["mel"], record.get("loss_g")))
     if not train and not val:
