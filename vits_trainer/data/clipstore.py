@@ -386,11 +386,7 @@ def _open_cache(
     if report.cache_hit and report.skipped:
         log(_skipped_line(report.skipped, " (as the clip cache recorded them; fixed wavs rebuild it)"))
     nbytes = int(offsets[-1]) * BYTES_PER_SAMPLE
-    try:
-        size = audio_path.stat().st_size
-    except OSError:
-        size = None
-    if size != nbytes:  # replaced since its index was read: another run rebuilt it (another sample rate)
+    if not _holds_index(audio_path, index):  # replaced since its index was read: another run rebuilt it
         raise UserError(
             f"{audio_path} changed while this run loaded it (another run rebuilding the clip cache of the "
             "same data folder?); run again once that run has started training"
@@ -421,13 +417,21 @@ def _threads(num_workers: int) -> int:
     return num_workers if num_workers > 0 else min(MAX_READ_THREADS, os.cpu_count() or 1)
 
 
+def _holds_index(audio_path: Path, index: dict[str, Any]) -> bool:
+    """Whether the cache's audio file is as long as its index says (else truncated or replaced)."""
+    try:
+        return audio_path.stat().st_size == int(index["offsets"][-1]) * BYTES_PER_SAMPLE
+    except OSError:
+        return False
+
+
 def _read_index(index_path: Path, audio_path: Path, fingerprint: str) -> dict[str, Any] | None:
     """The cache index if it is complete and matches `fingerprint`, else None (-> rebuild)."""
     try:
         index = json.loads(index_path.read_text(encoding="utf-8"))
         if index.get("version") != CACHE_VERSION or index.get("fingerprint") != fingerprint:
             return None
-        if audio_path.stat().st_size != int(index["offsets"][-1]) * BYTES_PER_SAMPLE:
+        if not _holds_index(audio_path, index):
             return None  # truncated or replaced by hand
         return index
     except (OSError, ValueError, KeyError, IndexError, TypeError):

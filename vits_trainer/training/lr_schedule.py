@@ -66,8 +66,8 @@ class BudgetLR:
         self._progress_floor = 0.0  # progress never goes back within a session
 
     def horizon_steps(self) -> tuple[int | None, str]:
-        """(optimizer steps of the horizon, global count; None before any estimate, what they are): the
-        plan's (or the first steps' estimate), or --max_steps when fewer."""
+        """(optimizer steps of the horizon, None before any estimate; what they are): the plan's (or the
+        first steps' estimate), or those to --max_steps from where the horizon starts when fewer."""
         b = self.budget
         planned = b.planned_horizon_steps
         to_max = self.max_steps - self._horizon_first_step()  # counted as steps_progress counts them

@@ -131,7 +131,8 @@ class RunOutputs:
         freerun, spoken = free_running_eval(s)  # spoken from text alone, scored against the recordings
         results.update(freerun)
         step = s.budget.global_step
-        score = results.get(self.best_key())
+        best_key = self.best_key()
+        score = results.get(best_key)
         # a NaN/Inf score (training gone wrong) never becomes the best every later one must beat
         finite = score is not None and math.isfinite(score)
         improved = finite and (s.state.best_val is None or score < s.state.best_val)
@@ -142,7 +143,7 @@ class RunOutputs:
             "epoch": s.state.epoch,
             "time": time.time(),
             "seconds": round(time.perf_counter() - t0, 2),  # the evaluation itself (no samples written)
-            "best_key": self.best_key(),  # which result picks the best model (a feedback round: its set's)
+            "best_key": best_key,  # which result picks the best model (a feedback round: its set's)
             **results,
         }
         s.state.val_history.append({k: v for k, v in record.items() if k != "event"})

@@ -277,7 +277,7 @@ def best_eval(
 def primary(record: dict, key: str):
     """`key` (val_mel, val_mcd, ...) of an evaluation's first validation set, the one that picks the
     best model: a feedback round's is its feedback set ("feedback_val_mel"; the free-running scores
-    exist for it alone), named by the record's `best_key`."""
+    exist for it alone), named by the record's `best_key`; `key` itself in any other record."""
     best = record.get("best_key")
     prefix = best[: best.index("val_")] if isinstance(best, str) and "val_" in best else ""
     return record.get(prefix + key, record.get(key))
@@ -286,13 +286,9 @@ def primary(record: dict, key: str):
 def metric_of(record: dict, metric: str) -> float | None:
     """`metric` of an evaluation: of the validation set that picks the best model (its `best_key`; a
     feedback round's is its feedback set, "feedback_val_mel", beside the original set's "val_mel")."""
-    key = record.get("best_key")
-    if isinstance(key, str) and key.endswith(metric):
-        value = record.get(key)
-    else:  # records from before best_key: the plain key, else a prefixed one
-        value = record.get(metric)
-        if value is None:
-            value = next((v for k, v in record.items() if k.endswith("_" + metric)), None)
+    value = primary(record, metric)
+    if value is None:  # a record from before best_key, of a run whose first set is not "val"
+        value = next((v for k, v in record.items() if k.endswith("_" + metric)), None)
     return value if isinstance(value, int | float) and math.isfinite(value) else None
 
 
@@ -442,15 +438,13 @@ def sitting_timeline(sitting: Sitting, number: int, ended: bool) -> tuple[Timeli
     if end is not None:
         why = end.get("stopped_reason") or "end"
         tl.instants.append((end["time"] - t0, f"stopped: {why}", "stop"))
-    rows = plan_rows(sitting, plan, t0, ended)
-    if replan:  # the plan as last re-planned, between the first plan and what happened
-        again = plan_rows(sitting, replan, t0, ended)
-        rows = [[*row[:2], new[1], row[2]] for row, new in zip(rows, again, strict=True)]
+    # the plan as last re-planned, between the first plan and what happened
+    rows = plan_rows(sitting, [plan, replan] if replan else [plan], t0, ended)
     return tl, rows
 
 
-def plan_rows(sitting: Sitting, plan: dict | None, t0: float, ended: bool) -> list[list[str]]:
-    """Rows of (what, the plan's figure, what happened)."""
+def plan_rows(sitting: Sitting, plans: list[dict | None], t0: float, ended: bool) -> list[list[str]]:
+    """Rows of (what, each plan's figure, what happened); the epochs done count the first plan's steps."""
     start, end = sitting.start, sitting.end
     steps = sitting.steps()
     last_step = (end or {}).get("step", steps[-1]["step"] if steps else start.get("step"))
@@ -459,29 +453,26 @@ def plan_rows(sitting: Sitting, plan: dict | None, t0: float, ended: bool) -> li
     # the session's own figure (train_summary.json's) once it ended; while it runs, the median step
     # line (a mean took in the slow warm-up lines)
     measured = (end or {}).get("samples_per_second") or (statistics.median(rate) if rate else None)
-    p = plan or {}
-    per_epoch = p.get("steps_per_epoch")  # the plan's epochs are of time; these are of steps taken
+    ps = [p or {} for p in plans]
+    per_epoch = ps[0].get("steps_per_epoch")  # the plan's epochs are of time; these are of steps taken
     finished = (end["time"] - t0) if end else None
     unknown = "no end record (killed?)" if ended else "running"
+    budget = f"{start.get('target_seconds', 0):.0f} s"
     return [
-        ["optimizer steps", _fmt(p.get("optimizer_steps")), _fmt(done)],
-        ["epochs", _fmt(p.get("epochs"), 3), _fmt(done / per_epoch, 3) if per_epoch else "–"],
-        ["samples per second", _fmt(p.get("samples_per_second"), 3), _fmt(measured, 3)],
+        ["optimizer steps", *(_fmt(p.get("optimizer_steps")) for p in ps), _fmt(done)],
+        ["epochs", *(_fmt(p.get("epochs"), 3) for p in ps), _fmt(done / per_epoch, 3) if per_epoch else "–"],
+        ["samples per second", *(_fmt(p.get("samples_per_second"), 3) for p in ps), _fmt(measured, 3)],
         [
             "training ends",
-            _offset(p.get("train_end_wall"), t0),
+            *(_offset(p.get("train_end_wall"), t0) for p in ps),
             _offset((end or {}).get("training_end"), t0) if end else unknown,
         ],
         [
             "run ends",
-            _offset(p.get("run_end_wall"), t0),
+            *(_offset(p.get("run_end_wall"), t0) for p in ps),
             f"+{finished:.0f} s" if finished is not None else unknown,
         ],
-        [
-            "budget",
-            f"{start.get('target_seconds', 0):.0f} s",
-            escape(STOP_WORDS.get((end or {}).get("stopped_reason"), "–")),
-        ],
+        ["budget", *(budget for _ in ps), escape(STOP_WORDS.get((end or {}).get("stopped_reason"), "–"))],
     ]
 
 
@@ -538,8 +529,7 @@ def curves_section(run: RunFiles) -> str:
     resumed = [(s["step"], "resumed") for s in run.events("session") if is_resume(s)]
 
     def line(records, key, label, **kw):
-        values = [primary(r, key) if r.get("event") == "eval" else r.get(key) for r in records]
-        return series(label, [r.get("step") for r in records], values, **kw)
+        return series(label, [r.get("step") for r in records], [primary(r, key) for r in records], **kw)
 
     charts = [
         line_chart(
