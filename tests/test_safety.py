@@ -222,6 +222,12 @@ def test_export_replaces_only_a_readme_it_wrote(tmp_path, tiny_model_dir):
     out = tmp_path / "export"
     export_model(model, tokenizer, out, extras=card, kind="best_model", run=tmp_path / "ckpt")
     assert "README.md" in read_marker(out)["files"]
+    # shareable: every file has the mode of a new file here (safetensors alone writes its weights 0600)
+    mask = os.umask(0o022)
+    os.umask(mask)
+    assert {(p.name, p.stat().st_mode & 0o777) for p in out.iterdir()} == {
+        (p.name, 0o666 & ~mask) for p in out.iterdir()
+    }
     (out / "README.md").write_text("an older card of this export", encoding="utf-8")
     export_model(model, tokenizer, out, extras=card, kind="best_model", run=tmp_path / "ckpt")  # its own
     assert (out / "README.md").read_text(encoding="utf-8").endswith("# exported\n")

@@ -288,6 +288,17 @@ def load_vits_model(model_dir: str | Path) -> VitsModel:
         hf_logging.set_verbosity(verbosity)
 
 
+def readable_as_umask(folder: Path) -> None:
+    """Give the files in `folder` the mode any new file gets here (0644 under the usual umask 022).
+    safetensors writes the weights through a private temp file (mode 0600): an export shared on a
+    multi-user machine, or copied to a web folder, was unreadable to everyone but its owner."""
+    mask = os.umask(0o022)
+    os.umask(mask)  # umask can only be read by setting it
+    for path in folder.rglob("*"):
+        if path.is_file() and not path.is_symlink():
+            path.chmod(0o666 & ~mask)
+
+
 def export_model(
     model: VitsModel,
     tokenizer,
@@ -326,5 +337,6 @@ def export_model(
     if extras is not None:  # e.g. the discriminator, saved beside the generator
         extras(tmp)
     write_marker(tmp, kind, run, step)  # last: lists every file this export wrote
+    readable_as_umask(tmp)
     replace_export(tmp, out_dir)  # checks the marker of what it replaces
     return out_dir
