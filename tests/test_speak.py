@@ -111,7 +111,7 @@ def test_bad_input_is_one_error_line(tmp_path, capsys, tiny_model_dir, multi_mod
     cases = {
         "no vocab.json": (["--model", no_vocab, "--text", "abc", "--out", wav], "no vocab.json"),
         "damaged weights": (["--model", truncated, "--text", "abc", "--out", wav], "damaged or incomplete"),
-        "a checkpoint": (["--model", step, "--text", "abc", "--out", wav], "is a training checkpoint"),
+        "a damaged checkpoint": (["--model", step, "--text", "abc", "--out", wav], "damaged checkpoint"),
         "out under a file": (
             ["--model", tiny_model_dir, "--text", "abc", "--out", blank / "x.wav"],
             "cannot be written",

@@ -11,9 +11,10 @@ from transformers import VitsModel
 
 from vits_trainer.data.items import speaker_map
 from vits_trainer.data.synthetic import make_corpus
-from vits_trainer.errors import UserError
+from vits_trainer.errors import UserError, run_cli
 from vits_trainer.model.speakers import add_speakers
 from vits_trainer.model.vits import apply_decoder_weight_norm, export_model, load_vits_model
+from vits_trainer.speak import main as speak_main
 
 
 def _speak(model, speaker_id=None, seed=7):
@@ -90,6 +91,14 @@ def test_multi_speaker_fine_tune_exports_each_voice_and_resume_keeps_the_map(tmp
 
     state = json.loads((tmp_path / "checkpoints" / "step_00000002" / "trainer_state.json").read_text())
     assert state["speakers"] == {"0": 0, "1": 1}
+    # speak.py hears the checkpoint as the export of the same step: same voice by name, same take
+    for model_dir in ("final_model", "checkpoints/step_00000002"):
+        wav = tmp_path / f"{model_dir.replace('/', '_')}.wav"
+        args = ["--model", tmp_path / model_dir, "--text", "abc", "--out", wav, "--speaker", "1"]
+        assert run_cli(speak_main, [str(a) for a in args]) == 0
+    assert (tmp_path / "final_model.wav").read_bytes() == (
+        tmp_path / "checkpoints_step_00000002.wav"
+    ).read_bytes()
     # resumed without the flag: the checkpoint's multi-speaker model and map come back as they were
     resumed, _ = train_tiny(tmp_path, corpus, tiny_model_dir, max_steps=3, **fast)
     assert resumed.resumed_from is not None

@@ -3,6 +3,7 @@
 Examples:
   python speak.py --model training/final_model --text "silav, tu çawa yî?" --out hello.wav
   python -m vits_trainer.speak --model training/checkpoints/best_model --text_file lines.txt --out listen
+  python speak.py --model training/checkpoints/step_00003000 --text_file lines.txt --out step3000
 """
 
 # A command, like the scripts beside the package: it sits above every layer (tests/test_layout.py) and
@@ -46,8 +47,9 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument(
         "--model",
         required=True,
-        help="model folder (final_model, best_model, a feedback version, any transformers VITS folder) "
-        "or a hub id already in the local cache",
+        help="model folder (final_model, best_model, a feedback version, any transformers VITS folder), "
+        "a training checkpoint (<checkpoint_dir>/step_NNNNNNNN: hear the run at that step) or a hub id "
+        "already in the local cache",
     )
     text = parser.add_mutually_exclusive_group(required=True)
     text.add_argument("--text", help="one sentence to speak; --out is then a .wav file")
@@ -136,26 +138,38 @@ def check_writable(sentences: list[Sentence], out: str) -> None:
             raise UserError(f"--out {out}: {existing} cannot be written (read-only, or no permission)")
 
 
-def choose_speaker(args: argparse.Namespace, model_dir: Path) -> tuple[int, str]:
-    """(speaker id, how the report names it), checked against the model's config and speakers.json
-    (the folder passed check_model_folder: its config.json is a VITS model's)."""
+def speaker_names(model_dir: Path, trainer_state: dict | None) -> tuple[dict | None, str]:
+    """(speaker name -> id, where the names come from): an export's speakers.json, or a checkpoint's
+    trainer state. None when the model has no names."""
+    if trainer_state is not None:
+        return trainer_state.get("speakers"), f"{model_dir}'s trainer_state.json"
+    path = model_dir / SPEAKERS_FILE
+    if not path.is_file():
+        return None, str(path)
+    try:
+        return json.loads(path.read_text(encoding="utf-8")), str(path)
+    except (ValueError, UnicodeDecodeError) as err:
+        raise UserError(f"{path}: not a JSON file ({err})") from None
+
+
+def choose_speaker(
+    args: argparse.Namespace, model_dir: Path, trainer_state: dict | None = None
+) -> tuple[int, str]:
+    """(speaker id, how the report names it), checked against the model's config and its speaker names
+    (the folder passed check_model_folder, or is a verified checkpoint: its config.json is VITS's)."""
     config = read_model_config(model_dir)
     count = int(config.get("num_speakers") or 1)
     if args.speaker is not None:
-        path = model_dir / SPEAKERS_FILE
-        if not path.is_file():
+        names, where = speaker_names(model_dir, trainer_state)
+        if names is None:
             hint = "a single-speaker model" if count <= 1 else f"use --speaker_id 0..{count - 1}"
-            raise UserError(f"--speaker {args.speaker}: {args.model} has no {SPEAKERS_FILE} ({hint})")
-        try:
-            names = json.loads(path.read_text(encoding="utf-8"))
-        except (ValueError, UnicodeDecodeError) as err:
-            raise UserError(f"{path}: not a JSON file ({err})") from None
+            raise UserError(f"--speaker {args.speaker}: {args.model} has no speaker names ({hint})")
         if not isinstance(names, dict) or args.speaker not in names:
             known = ", ".join(sorted(map(str, names))[:10]) if isinstance(names, dict) else ""
-            raise UserError(f"--speaker {args.speaker}: not in {path} (it has: {known or 'no names'})")
+            raise UserError(f"--speaker {args.speaker}: not in {where} (it has: {known or 'no names'})")
         speaker_id, label = names[args.speaker], f"{args.speaker} = {names[args.speaker]}"
         if isinstance(speaker_id, bool) or not isinstance(speaker_id, int):
-            raise UserError(f"{path}: speaker {args.speaker!r} maps to {speaker_id!r}, not an id")
+            raise UserError(f"{where}: speaker {args.speaker!r} maps to {speaker_id!r}, not an id")
     else:
         speaker_id = 0 if args.speaker_id is None else args.speaker_id
         label = str(speaker_id)
@@ -164,6 +178,20 @@ def choose_speaker(args: argparse.Namespace, model_dir: Path) -> tuple[int, str]
     if not 0 <= speaker_id < count:
         raise UserError(f"speaker {label}: {args.model} has speakers 0..{count - 1}")
     return speaker_id, label
+
+
+def open_checkpoint(model_dir: Path, flag: str):
+    """A training checkpoint (`step_*`), every file checked against its manifest: a damaged one is one
+    error line, before the model loads."""
+    from .training.checkpoint import CheckpointError, verify_checkpoint
+    from .training.trainstate import LoadedCheckpoint
+
+    try:
+        return LoadedCheckpoint(model_dir, verify_checkpoint(model_dir, checksums=True))
+    except (CheckpointError, OSError) as err:
+        raise UserError(
+            f"{flag} {model_dir}: damaged checkpoint ({err}); use an earlier step_* folder"
+        ) from None
 
 
 def _line(name: str, audio: float, taken: float) -> str:
@@ -176,11 +204,15 @@ def main(argv: list[str] | None = None) -> int:
     sentences = read_sentences(args)
     check_not_overwriting(sentences, args.overwrite)
     model_dir = resolve_model_dir(args.model, "--model")
-    from .training.modelfolder import check_model_folder
+    from .training.modelfolder import check_model_folder, is_training_checkpoint
 
-    # a checkpoint folder, config.json unreadable or not VITS, no vocab.json, damaged weights
-    check_model_folder(model_dir, "--model")
-    speaker_id, speaker = choose_speaker(args, model_dir)
+    checkpoint = None
+    if is_training_checkpoint(model_dir):  # a step_* folder of a run: heard as it is, nothing exported
+        checkpoint = open_checkpoint(model_dir, "--model")
+    else:  # config.json unreadable or not VITS, no vocab.json, damaged weights
+        check_model_folder(model_dir, "--model")
+    trainer_state = checkpoint.json("trainer_state.json") if checkpoint is not None else None
+    speaker_id, speaker = choose_speaker(args, model_dir, trainer_state)
     check_writable(sentences, args.out)
 
     from .data.audio import write_wav
@@ -188,7 +220,14 @@ def main(argv: list[str] | None = None) -> int:
 
     start = time.perf_counter()
     device = synthesis.choose_device(args.device)
-    voice = synthesis.load_voice(model_dir, device)
+    if checkpoint is None:
+        voice = synthesis.load_voice(model_dir, device)
+    else:
+        from .model.vits import plain_copy
+        from .training.networks import model_from_checkpoint
+
+        model, text = model_from_checkpoint(checkpoint)
+        voice = synthesis.Voice(plain_copy(model).to(device), text, device)  # weight norm folded: faster
     ids = [synthesis.encode_sentence(voice, s.text, s.where) for s in sentences]
     for folder in {s.path.parent for s in sentences}:
         try:

@@ -32,15 +32,7 @@ def load_model(
 ) -> tuple[object, TextEncoder, Path | None, str]:
     """(model with decoder weight norm, text encoder, model folder or None, description)."""
     if ckpt is not None:
-        from transformers import VitsConfig, VitsModel
-
-        with tempfile.TemporaryDirectory() as tmp:
-            folder = ckpt.write_tokenizer(Path(tmp))
-            text = TextEncoder.from_pretrained(folder)
-            config = VitsConfig.from_pretrained(folder)
-        model = VitsModel(config)
-        apply_decoder_weight_norm(model)
-        model.load_state_dict(ckpt.tensors("generator.safetensors"), strict=True)
+        model, text = model_from_checkpoint(ckpt)
         return model, text, None, f"checkpoint {ckpt.path}"
     model_dir = resolve_model_dir(cfg.model_name)
     check_model_folder(model_dir, "--model_name")  # a checkpoint or a truncated file: one clear line
@@ -51,6 +43,20 @@ def load_model(
     text = TextEncoder.from_pretrained(model_dir)
     apply_decoder_weight_norm(model)
     return model, text, model_dir, str(model_dir)
+
+
+def model_from_checkpoint(ckpt: LoadedCheckpoint) -> tuple[object, TextEncoder]:
+    """The checkpoint's VITS model (decoder weight norm on, as it trains) and its text encoder."""
+    from transformers import VitsConfig, VitsModel
+
+    with tempfile.TemporaryDirectory() as tmp:
+        folder = ckpt.write_tokenizer(Path(tmp))
+        text = TextEncoder.from_pretrained(folder)
+        config = VitsConfig.from_pretrained(folder)
+    model = VitsModel(config)
+    apply_decoder_weight_norm(model)
+    model.load_state_dict(ckpt.tensors("generator.safetensors"), strict=True)
+    return model, text
 
 
 def load_or_create_discriminator(
