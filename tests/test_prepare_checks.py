@@ -85,12 +85,12 @@ def test_every_bad_row_is_skipped_and_reported(tmp_path, messy_corpus):
         "good2": ("gh ij", "0"),
         "dup": ("first copy", "0"),
         "a_b": ("space id", "0"),
+        "a_b_c311a49b": ("collides after sanitizing", "0"),  # another source id: its digest keeps it apart
         "clipped": ("x", "0"),
     }
     reasons = skipped_reasons(tmp_path / "out")
     assert reasons == {
         "dup": "duplicate_id",
-        "a_b": "duplicate_id",
         "corrupt": "unreadable_audio",
         "empty": "empty_audio",
         "textfile": "unreadable_audio",
@@ -106,17 +106,17 @@ def test_every_bad_row_is_skipped_and_reported(tmp_path, messy_corpus):
         "a": "malformed_row",
     }
     report = json.loads(result.report_path.read_text(encoding="utf-8"))
-    assert report["counts"]["kept"] == 5 and report["counts"]["skipped"] == 15
-    assert sum(report["counts"]["skipped_by_reason"].values()) == 15
+    assert report["counts"]["kept"] == 6 and report["counts"]["skipped"] == 14
+    assert sum(report["counts"]["skipped_by_reason"].values()) == 14
     assert [w["id"] for w in report["warnings"]] == ["clipped"]
     assert report["warnings"][0]["warning"] == "clipping"
     by_origin = {s["origin"]: s["reason"] for s in report["skipped_rows"]}
     assert by_origin["metadata.csv:4"] == "duplicate_id" and by_origin["metadata.csv:19"] == "malformed_row"
     assert report["settings"]["min_seconds"] == 0.5 and report["settings"]["resolved_sample_rate"] == 16000
-    assert report["durations"]["total_hours"] > 0 and report["speakers"] == {"0": 5}
+    assert report["durations"]["total_hours"] > 0 and report["speakers"] == {"0": 6}
     assert report["characters"][" "] >= 3
     summary = "\n".join(lines)
-    assert "kept 5 of 20 rows" in summary and "duplicate_id 2" in summary and "clipping 1" in summary
+    assert "kept 6 of 20 rows" in summary and "duplicate_id 1" in summary and "clipping 1" in summary
     # Every WAV written is listed: nothing half-made or unlisted in wavs/.
     assert sorted(p.stem for p in (tmp_path / "out" / "wavs").iterdir()) == sorted(rows)
 
@@ -461,6 +461,31 @@ def test_prepare_default_settings_use_all_cores():
     settings = PrepareSettings(source="x")
     assert settings.num_workers == (os.cpu_count() or 1)
     assert callable(prepare)
+
+
+def test_ids_in_another_script_or_differing_only_there_are_kept_apart():
+    """Sorani file names became '____' (every clip 'bad_id'); Kurmanji 'dîn' and 'dên' both 'd_n', the
+    second a duplicate. A digest of the source id now keeps them; a real duplicate is still one."""
+    from pathlib import Path
+
+    from vits_trainer.data.corpus_rows import Candidate, Source
+    from vits_trainer.data.prepare_checks import plan_rows, safe_id
+    from vits_trainer.data.prepare_settings import PrepareSettings
+
+    names = ["سڵاو", "چۆنی", "dîn", "dên", "dîn", "plain"]
+    rows = [
+        Candidate(n, f"text {i}", "0", f"t:{i}", audio_path=Path(f"{i}.wav")) for i, n in enumerate(names)
+    ]
+    planned, skipped, _, _ = plan_rows(Source("pairs", "t", rows), PrepareSettings(source="t"), None)
+    assert [p.clip_id for p in planned] == [
+        safe_id("سڵاو", tagged=True),
+        safe_id("چۆنی", tagged=True),
+        "d_n",
+        safe_id("dên", tagged=True),
+        "plain",
+    ]
+    assert len(set(p.clip_id for p in planned)) == 5 and safe_id("dên", tagged=True).startswith("d_n_")
+    assert [(s.origin, s.reason) for s in skipped] == [("t:4", "duplicate_id")]  # 'dîn' twice
 
 
 def test_a_row_left_out_by_speaker_leaves_its_id_to_the_row_that_is_kept():

@@ -110,6 +110,27 @@ def test_own_output_layout_reads_third_column_as_speaker(tmp_path):
     assert {speaker for _, speaker in output_rows(tmp_path / "out").values()} == {"0", "1"}
 
 
+def test_speaker_names_with_spaces_are_not_taken_for_normalized_text(tmp_path):
+    """id|text|Ana Lopez: a third column with spaces was read as LJSpeech's normalized text, and the
+    speaker names replaced every transcript with no word said."""
+    src = tmp_path / "lj"
+    rows = [("s1", "Good morning to you all.", "Ana Lopez"), ("s2", "How is the weather?", "Ana Lopez")]
+    rows += [("s3", "I like green tea.", "Bob Stone"), ("s4", "See you later, Ana.", "Bob Stone")]
+    for clip_id, _, _ in rows:
+        write_audio(src / "wavs" / f"{clip_id}.wav", speech("abc de", 16000), 16000)
+    (src / "metadata.csv").write_text("".join(f"{i}|{t}|{s}\n" for i, t, s in rows), encoding="utf-8")
+    _, printed = run_prepare(src, tmp_path / "out")
+    assert output_rows(tmp_path / "out") == {i: (t, s.replace(" ", "_")) for i, t, s in rows}
+    assert any("used as speaker" in line for line in printed), printed
+    # normalized text shares words with the text: it is used, and a note says so
+    lines = ["s1|Dr. Smith came at 2.|doctor smith came at two", "s2|Hi there|hi there"]
+    lines += ["s3|St. Paul, 1869|saint paul eighteen sixty-nine", "s4|No change.|No change."]
+    (src / "metadata.csv").write_text("\n".join(lines) + "\n", encoding="utf-8")
+    _, printed = run_prepare(src, tmp_path / "out2")
+    assert output_rows(tmp_path / "out2")["s1"] == ("doctor smith came at two", "0")
+    assert any("normalized text" in line and "3 row(s)" in line for line in printed), printed
+
+
 def test_a_single_word_corpus_of_our_own_layout_keeps_its_speakers(tmp_path):
     """id|word|speaker, every text one word (a digit or keyword corpus): the speaker ids became the
     texts, read as LJSpeech's normalized column. Normalized single words stay texts."""
@@ -208,6 +229,23 @@ def test_table_without_header_row(tmp_path, name, lines, speakers, columns):
     (src / name).write_text("file|words\naudio/one.wav|first clip\n", encoding="utf-8")
     with pytest.raises(UserError, match="no (audio|text) column found"):
         run_prepare(src / name, tmp_path / "out2")
+
+
+def test_a_pipe_filelist_keeps_its_quotes_and_commas(tmp_path):
+    """A headerless path|text list whose first text has more commas than the line has pipes was read as
+    a CSV (no audio column found); an opening quote swallowed the rows after it."""
+    src = tmp_path / "table"
+    for stem in ("one", "two", "three"):
+        write_audio(src / "audio" / f"{stem}.wav", speech("abc", 16000), 16000)
+    texts = ["Hello, world, how are you?", '"Unbalanced quote starts here.', 'The "last" one.']
+    lines = [f"audio/{stem}.wav|{text}" for stem, text in zip(("one", "two", "three"), texts, strict=True)]
+    (src / "filelist.txt").write_text("\n".join(lines) + "\n", encoding="utf-8")
+    run_prepare(src / "filelist.txt", tmp_path / "out")
+    assert output_rows(tmp_path / "out") == {
+        "audio_one": (texts[0], "0"),
+        "audio_two": (texts[1], "0"),
+        "audio_three": (texts[2], "0"),
+    }
 
 
 def test_csv_default_columns_and_quoted_text(tmp_path):

@@ -13,6 +13,7 @@ import csv
 import itertools
 import json
 import re
+import unicodedata
 from collections.abc import Iterable
 from pathlib import Path
 
@@ -170,14 +171,21 @@ def read_ljspeech(root: Path) -> Source:
     notes = [] if clips != root else ["no wavs/ folder: the clips are read from beside metadata.csv"]
     if third_is_speaker:
         notes.append("metadata.csv's third column looks like speaker ids (id|text|speaker); used as speaker")
+    replaced = 0
     for number, fields in parsed:
         clip_id, audio = _ljspeech_audio(root, clips, fields[0].strip())
         text, speaker = fields[1], "0"
         if len(fields) == 3 and third_is_speaker:
             speaker = fields[2].strip() or "0"
         elif len(fields) == 3 and fields[2].strip():
+            replaced += fields[2].strip() != fields[1].strip()
             text = fields[2]  # the normalized column, when present
         rows.append(Candidate(clip_id, text, speaker, f"{meta.name}:{number}", audio_path=audio))
+    if replaced:
+        notes.append(
+            f"metadata.csv's third column is read as normalized text (LJSpeech's id|text|normalized_text): "
+            f"it is the text of {replaced} row(s) where it differs from the second"
+        )
     return Source("ljspeech", str(root), rows, folder=root, notes=notes)
 
 
@@ -185,7 +193,8 @@ def _third_column_is_speaker(rows: list[list[str]]) -> bool:
     """LJSpeech's 3rd column is normalized text; our own output's is a speaker id.
 
     Normalized text of a multi-word sentence has spaces, so a 3rd column of single short tokens next
-    to multi-word texts can only be speakers. A corpus of single words (a keyword or digit corpus) is
+    to multi-word texts can only be speakers; one with spaces is normalized text when it shares a word
+    with the text in at least half the rows, else speaker names ("Ana Lopez"). A corpus of single words (a keyword or digit corpus) is
     read as speakers too when every row has a 3rd column, none equal to its text, with at most half as
     many distinct values as rows (normalized words are mostly the words themselves, and many);
     otherwise it stays on the LJSpeech reading.
@@ -195,10 +204,21 @@ def _third_column_is_speaker(rows: list[list[str]]) -> bool:
         return False
     speaker_like = all(len(r[2].strip()) <= 64 and not re.search(r"\s", r[2].strip()) for r in thirds)
     if any(len(r[1].split()) > 1 for r in thirds):
-        return speaker_like
+        if speaker_like:
+            return True
+        # names with spaces ("Ana Lopez") share no word with the texts; normalized text shares most
+        filled = [r for r in thirds if r[2].strip()]
+        return 2 * sum(_shares_a_word(r[1], r[2]) for r in filled) < len(filled)
     few_values = len({r[2].strip() for r in thirds}) <= len(thirds) // 2
     unlike_text = all(r[2].strip() != r[1].strip() for r in thirds)
     return speaker_like and len(thirds) == len(rows) >= 4 and few_values and unlike_text
+
+
+def _shares_a_word(text: str, other: str) -> bool:
+    def words(x: str) -> set[str]:
+        return set(re.findall(r"\w+", unicodedata.normalize("NFC", x).casefold()))
+
+    return bool(words(text) & words(other))
 
 
 def _ljspeech_audio(root: Path, clips: Path, first: str) -> tuple[str, Path]:
@@ -287,10 +307,16 @@ def read_table(
 
 
 def sniff_delimiter(path: Path) -> str:
-    """Tab for .tsv; otherwise whichever of , ; tab | the header line splits on most."""
+    """Tab for .tsv; in a first line naming an audio file (a table without a header), the character right
+    after the name (`wavs/a.wav|Hello, world` is '|'); otherwise whichever of , ; tab | the header line
+    splits on most."""
     if path.suffix.lower() == ".tsv":
         return "\t"
     header = _first_line(path)
+    extensions = "|".join(re.escape(e.lstrip(".")) for e in sorted(AUDIO_EXTENSIONS))
+    after_audio = re.search(rf"\.(?:{extensions})[ \"']*([,;\t|])", header, re.IGNORECASE)
+    if after_audio:
+        return after_audio.group(1)
     counts = {d: header.count(d) for d in (",", ";", "\t", "|")}
     best = max(counts, key=lambda d: counts[d])
     return best if counts[best] else ","
@@ -310,7 +336,8 @@ def _table_rows(
 ) -> Iterable[Row]:
     """The table's rows, and what is worth saying about its columns added to `notes`; `headerless` (a
     plain CSV/TSV): a table without a header row is read too."""
-    quoting = csv.QUOTE_NONE if delimiter == "\t" else csv.QUOTE_MINIMAL
+    # tab- and pipe-separated lists (filelists, LJSpeech-like) never quote: a '"' is part of the text
+    quoting = csv.QUOTE_NONE if delimiter in ("\t", "|") else csv.QUOTE_MINIMAL
     encoding, errors = _encoding(path)
     with open(path, encoding=encoding, errors=errors, newline="") as f:
         reader = csv.reader(f, delimiter=delimiter, quoting=quoting)

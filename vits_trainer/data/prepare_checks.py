@@ -139,12 +139,13 @@ def load_vocabulary(model_dir: Path) -> tuple[Vocabulary | None, list[str]]:
 # --- row checks --------------------------------------------------------------------------------------
 
 
-def safe_id(source_id: str) -> str:
-    """A filesystem-safe id: [A-Za-z0-9_.-] only, no leading dot, at most MAX_ID_LENGTH characters."""
+def safe_id(source_id: str, tagged: bool = False) -> str:
+    """A filesystem-safe id: [A-Za-z0-9_.-] only, no leading dot, at most MAX_ID_LENGTH characters.
+    `tagged`: ending in a digest of `source_id`, for ids that collide or vanish once made safe."""
     clip_id = re.sub(r"[^A-Za-z0-9_.-]", "_", source_id.strip())
     if clip_id.startswith("."):
         clip_id = "_" + clip_id[1:]
-    if len(clip_id) > MAX_ID_LENGTH:
+    if tagged or len(clip_id) > MAX_ID_LENGTH:
         # Keep it unique: two long ids sharing a prefix must not collide after shortening.
         digest = hashlib.blake2b(source_id.encode("utf-8", "surrogatepass"), digest_size=4).hexdigest()
         clip_id = f"{clip_id[: MAX_ID_LENGTH - 9]}_{digest}"
@@ -179,7 +180,8 @@ def plan_rows(
     skipped: list[Skip] = []
     filtered: Counter = Counter()
     unknown_chars: Counter | None = Counter() if vocab is not None else None
-    first_origin: dict[str, str] = {}
+    first_origin: dict[str, str] = {}  # id -> where the row kept with it comes from, and its source id
+    first_source: dict[str, str] = {}
     wanted_speakers = set(settings.speakers) if settings.speakers else None
     for row in source.rows:
         if isinstance(row, Problem):
@@ -187,10 +189,14 @@ def plan_rows(
                 Skip(safe_id(row.source_id) if row.source_id else "", row.origin, row.reason, row.detail)
             )
             continue
-        clip_id = safe_id(row.source_id)
-        if not clip_id.strip("._-"):
-            skipped.append(Skip(clip_id, row.origin, "bad_id", f"unusable id {row.source_id!r}"))
+        if not row.source_id.strip():
+            skipped.append(Skip("", row.origin, "bad_id", f"unusable id {row.source_id!r}"))
             continue
+        clip_id = safe_id(row.source_id)
+        if not clip_id.strip("._-") or first_source.get(clip_id, row.source_id) != row.source_id:
+            # an id in another script ('سڵاو' is '____'), or two that differ only there ('dîn', 'dên'):
+            # the source id's digest keeps it apart
+            clip_id = safe_id(row.source_id, tagged=True)
         if clip_id in first_origin:
             detail = f"id {clip_id!r} (source id {row.source_id!r}) already used at {first_origin[clip_id]}"
             skipped.append(Skip(clip_id, row.origin, "duplicate_id", detail))
@@ -217,7 +223,7 @@ def plan_rows(
             continue
         # claimed by the row kept only: a row rejected, left out by --speaker or dropped for its
         # characters leaves its id to a later one that is kept
-        first_origin[clip_id] = row.origin
+        first_origin[clip_id], first_source[clip_id] = row.origin, row.source_id
         planned.append(Planned(clip_id, row, text, speaker))
     return planned, skipped, filtered, unknown_chars
 
