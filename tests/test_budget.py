@@ -150,6 +150,25 @@ def test_plan_arithmetic():
     assert d["full_epochs"] == plan.full_epochs and "T" in d["train_end_iso"] and "T" in d["run_end_iso"]
 
 
+def test_the_plan_ends_at_max_steps_when_it_comes_first():
+    """--max_steps 30 in a 1 h budget: the plan line said 180 steps and an end an hour away, the report's
+    budget table compared them with the 30 steps run. The plan now stops where training will."""
+    b, clock = make_benchmarked()
+    free = b.plan(3200, 16)
+    b.max_steps = 30
+    plan = b.plan(3200, 16)
+    assert free.optimizer_steps > 300 and plan.optimizer_steps == 30  # 5 taken, 25 to go
+    assert plan.epochs == pytest.approx(30 * 16 / 3200)
+    assert plan.train_end_wall == pytest.approx(clock() + 25 * 0.5)  # 25 steps of 0.5 s
+    assert plan.run_end_wall - plan.train_end_wall == pytest.approx(free.run_end_wall - free.train_end_wall)
+    assert "30 steps (to --max_steps 30)," in plan.describe()
+    b.max_steps = 10_000  # the budget ends training first: the plan is the budget's
+    assert (
+        b.plan(3200, 16).optimizer_steps == free.optimizer_steps
+        and "max_steps" not in b.plan(3200, 16).describe()
+    )
+
+
 def test_plan_counts_per_epoch_evals_and_saves():
     b, _ = make_benchmarked()
     plan = b.plan(3200, 16, evals_per_epoch=1, saves_per_epoch=0.5)

@@ -346,7 +346,9 @@ def test_feedback_run_improves_feedback_and_is_promoted(promoted_run, base):
     if (out / "latest").is_symlink():
         assert (out / "latest").resolve() == (v1 / "model").resolve()
     # the original held-out split travels with the model, for the next round
-    assert json.loads((v1 / "model" / "training_split.json").read_text())["val_ids"] == base["val_ids"]
+    # (and no path of this machine's: the folder is what gets shared)
+    split = json.loads((v1 / "model" / "training_split.json").read_text())
+    assert split["val_ids"] == base["val_ids"] and set(split) == {"val_ids", "seed"}
     # the model card names the base folder and the feedback clips (the judgement comes after the export)
     card = (v1 / "model" / "README.md").read_text(encoding="utf-8")
     assert "Trained from the local folder `best_model`" in card and "on 12 feedback clips" in card

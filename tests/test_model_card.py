@@ -233,8 +233,11 @@ def test_final_weights_that_were_never_evaluated_say_so():
     # a best that no best_model/ holds is not sent there: the start's weights are never exported as one
     start_best = (Evaluation("start (before training), best", 0, {"val_mel": 2.0}),)
     text = card(base_model_facts(MMS), evaluations=start_best)
-    assert "is step 0's, the weights it started from (no trained weights scored better)." in text
+    assert "is step 0's, the weights it started from (no trained weights were evaluated)." in text
     assert "best_model" not in text
+    start_best_of_two = (*start_best, Evaluation("step 60", 60, {"val_mel": 2.5}))
+    text = card(base_model_facts(MMS), evaluations=start_best_of_two)
+    assert "is step 0's, the weights it started from (no trained weights scored better)." in text
     final = (*scored, Evaluation("final", 120, {"val_mel": 1.1}))
     assert "not evaluated" not in card(base_model_facts(MMS), evaluations=final)
     assert "not evaluated" not in card(base_model_facts(MMS))  # no evaluation at all: no table to misread

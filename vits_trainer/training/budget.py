@@ -114,6 +114,7 @@ class Plan:
     safety_seconds: float
     created_wall: float = field(default=0.0)
     after_loop_seconds: float = field(default=0.0)  # after the export: feedback samples, the hub upload
+    max_steps: int = field(default=0)  # --max_steps, when it ends training before the budget does
 
     def describe(self) -> str:
         """A few printable lines: the plan, the final reserve, and a warning when not even an epoch fits."""
@@ -121,7 +122,9 @@ class Plan:
         lines = [
             f"plan: {self.epochs:.1f} epochs ({self.full_epochs} full) of {self.steps_per_epoch:,} "
             f"step{'' if self.steps_per_epoch == 1 else 's'}, "
-            f"{self.optimizer_steps:,} steps, ~{self.samples_per_second:.1f} samples/s, "
+            f"{self.optimizer_steps:,} steps"
+            + (f" (to --max_steps {self.max_steps:,})" if self.max_steps else "")
+            + f", ~{self.samples_per_second:.1f} samples/s, "
             f"training ends ~{hhmm(self.train_end_wall, now)}, run ends ~{hhmm(self.run_end_wall, now)} "
             f"(budget {self.budget_seconds / 3600:.2f} h)",
             f"plan: {self.seconds_per_epoch:,.0f} s per epoch; final reserve: eval {self.eval_seconds:.0f} s "
@@ -154,6 +157,7 @@ class Budget:
         benchmark_samples: samples measured (after the skipped steps) before `benchmark_done`.
         benchmark_skip_steps: first optimizer steps of the session excluded from the throughput
             (compilation, allocator warm-up).
+        max_steps: --max_steps (global count; 0: none): a plan never promises steps beyond it.
     """
 
     def __init__(
@@ -167,6 +171,7 @@ class Budget:
         ema: float = 0.1,
         benchmark_samples: int = 64,
         benchmark_skip_steps: int = 2,
+        max_steps: int = 0,
     ) -> None:
         if not target_seconds > 0:
             raise ValueError(f"target_seconds must be > 0, got {target_seconds}")
@@ -183,6 +188,7 @@ class Budget:
         self.ema = ema
         self.benchmark_samples = max(0, int(benchmark_samples))
         self.benchmark_skip_steps = max(0, int(benchmark_skip_steps))
+        self.max_steps = max(0, int(max_steps))
 
         self.training_start: float | None = None
         self.global_step = 0  # optimizer steps across sessions (drives warmup)
@@ -542,17 +548,25 @@ class Budget:
         train_end = self.deadline() - (ev + sv + ex + after + safety + spare)
         left = max(0.0, train_end - now)
         remaining_epochs = left / seconds_per_epoch
-        epochs = self.session_samples / samples_per_epoch + remaining_epochs
         remaining_steps = int(remaining_epochs * steps_per_epoch)
+        # later sessions are assumed to train at this session's rate per second of budget left
+        rate = remaining_steps / max(self.deadline() - now, 1e-9)
+        to_max = self.max_steps - self.global_step
+        stops_at_max = bool(self.max_steps) and to_max < remaining_steps
+        if stops_at_max:  # --max_steps ends training first: its steps, and when they end
+            remaining_steps = max(0, to_max)
+            remaining_epochs = remaining_steps / steps_per_epoch
+            train_end = now + remaining_epochs * seconds_per_epoch
+        epochs = self.session_samples / samples_per_epoch + remaining_epochs
         optimizer_steps = self.session_steps + remaining_steps
         horizon_steps = optimizer_steps
         if self.total_seconds is not None:
-            # Later sessions are assumed to train at this session's rate per second of budget left.
             beyond = 0.0
             if not self.last_session():
                 beyond = max(0.0, self.total_seconds - self.spent_before - self.target_seconds)
-            rate = remaining_steps / max(self.deadline() - now, 1e-9)
             horizon_steps = self.global_step + remaining_steps + int(beyond * rate)
+            if self.max_steps:
+                horizon_steps = min(horizon_steps, self.max_steps)
         return Plan(
             samples_per_second=sps,
             seconds_per_epoch=seconds_per_epoch,
@@ -570,6 +584,7 @@ class Budget:
             safety_seconds=safety,
             created_wall=now,
             after_loop_seconds=after,
+            max_steps=self.max_steps if stops_at_max else 0,
         )
 
     def last_session(self) -> bool:

@@ -315,7 +315,11 @@ def _best_folder(facts: CardFacts, step: int) -> str:
     from are never exported as a best model."""
     if facts.best_model_step == step:
         return ", in its `best_model` folder"
-    return ", the weights it started from (no trained weights scored better)" if step == 0 else ""
+    if step != 0:
+        return ""
+    if any(e.step > 0 for e in facts.evaluations):
+        return ", the weights it started from (no trained weights scored better)"
+    return ", the weights it started from (no trained weights were evaluated)"  # stopped before any
 
 
 def _samples(facts: CardFacts) -> str:

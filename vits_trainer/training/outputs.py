@@ -286,8 +286,9 @@ class RunOutputs:
 
         def extras(tmp: Path) -> None:
             save_discriminator(s.discriminator_raw, tmp)
-            # the held-out clips, so a later feedback run keeps validating on clips never trained on
-            split = {"val_ids": s.data.val_ids, "data_dir": str(s.cfg.data_dir), "seed": s.cfg.seed}
+            # the held-out clips, so a later feedback run keeps validating on clips never trained on;
+            # no path of this machine's: the folder is what a hub push uploads
+            split = {"val_ids": s.data.val_ids, "seed": s.cfg.seed}
             (tmp / SPLIT_FILE).write_text(json.dumps(split, ensure_ascii=False), encoding="utf-8")
             try:
                 samples = self.copy_samples(tmp)

@@ -481,6 +481,7 @@ def _make_budget(cfg: TrainConfig, process_start: float, ckpt_bytes: int, saved:
         process_start,
         total_seconds=cfg.total_hours * 3600 if cfg.total_hours else None,
         benchmark_samples=cfg.benchmark_samples,
+        max_steps=cfg.max_steps,
     )
     budget.set_estimates(save_seconds=1.0 + ckpt_bytes / 150e6, export_seconds=2.0 + ckpt_bytes / 3 / 150e6)
     if saved is not None:
