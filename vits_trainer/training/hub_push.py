@@ -38,6 +38,8 @@ UPLOAD_FIXED_SECONDS = 5.0
 UPLOAD_BYTES_PER_SECOND = 10e6
 # local bookkeeping, not part of the model: the export marker and the run summary name this machine's paths
 NOT_UPLOADED = (EXPORT_MARKER, "train_summary.json")
+# an upload replaces these in the repo: an earlier push's sample WAVs would sit beside this card's
+STALE_IN_REPO = ("samples/*",)
 SNAPSHOT_PREFIX = ".hub_upload"  # <checkpoint_dir>/.hub_upload.N-<pid>: a best_model being uploaded
 TOKEN_HELP = "run `hf auth login` or set HF_TOKEN to a token with write access (https://huggingface.co/settings/tokens)"
 
@@ -210,8 +212,9 @@ def _network_words(err: BaseException, seconds: float) -> str:
 def manual_command(repo_id: str, folder, private: bool) -> str:
     """The command that uploads `folder` by hand, as the run would have (hf comes with huggingface_hub)."""
     excludes = " ".join(f"--exclude {shlex.quote(name)}" for name in NOT_UPLOADED)
+    deletes = "".join(f" --delete {shlex.quote(pattern)}" for pattern in STALE_IN_REPO)
     visibility = " --private" if private else ""
-    return f"hf upload {shlex.quote(repo_id)} {shlex.quote(str(folder))} . {excludes}{visibility}"
+    return f"hf upload {shlex.quote(repo_id)} {shlex.quote(str(folder))} . {excludes}{deletes}{visibility}"
 
 
 # ---- the uploads -----------------------------------------------------------------------------------------
@@ -230,6 +233,7 @@ def upload_folder(target: PushTarget, folder: Path, path_in_repo: str | None, me
             commit_message=message,
             token=target.token or None,
             ignore_patterns=list(NOT_UPLOADED),
+            delete_patterns=list(STALE_IN_REPO),  # relative to path_in_repo: best_model/samples/ there
         )
     except Exception as err:  # the network, the token, the hub: a warning, never the run
         # every line, joined: the hub's reason is often on the second ("Invalid metadata in README.md."
