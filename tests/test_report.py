@@ -638,3 +638,37 @@ def test_a_feedback_rounds_best_is_judged_on_its_feedback_set():
     scored = {**later, "feedback_val_mcd": 9.0}
     assert primary(scored, "val_mcd") == 9.0 and primary(scored, "val_mel") == 1.1
     assert primary(old, "val_mel") == 0.7
+
+
+def test_a_multi_speaker_runs_samples_name_their_speaker(tmp_path):
+    """Each sample's row says whose voice it is (the model card did; the report did not)."""
+    from vits_trainer.training.report import read_run, sample_table, write_references
+
+    class Items:  # the two validation clips write_references reads
+        sample_rate, speaker_ids = 16000, np.array([1, 0])
+
+        def __len__(self):
+            return 2
+
+        def clip_id(self, k):
+            return f"c{k}"
+
+        def text(self, k):
+            return f"sentence {k}"
+
+        def audio(self, k):
+            return np.zeros(160, dtype=np.float32)
+
+    write_references(tmp_path / "samples", Items(), 2, {"alice": 0, "bob": 1})
+    step = tmp_path / "samples" / "step_00000004"
+    step.mkdir()
+    for k in range(2):
+        tiny_wav(step / f"c{k}.wav")
+    table = sample_table(read_run(tmp_path), step)
+    assert "<b>c0</b> (speaker bob, speaker_id 1)<br>sentence 0" in table
+    assert "<b>c1</b> (speaker alice, speaker_id 0)<br>sentence 1" in table
+    write_references(tmp_path / "single" / "samples", Items(), 2)  # a single-speaker run: no names
+    assert (
+        "speaker_name"
+        not in (tmp_path / "single" / "samples" / REFERENCE_FOLDER / SENTENCES_FILE).read_text()
+    )

@@ -218,7 +218,8 @@ class RunOutputs:
         else:
             paths = synthesize(s.model, s.text, sentences, folder, s.device)
         log_audio_to_trackers(s.accelerator, paths, step, s.model.config.sampling_rate)
-        write_references(s.checkpoint_dir / "samples", items, count)  # the recordings, once per run
+        voices = s.speakers if s.model.config.num_speakers > 1 else None
+        write_references(s.checkpoint_dir / "samples", items, count, voices)  # the recordings, once per run
         names = [name for name, _, _ in sentences]
         alignments = alignment_paths(s.generator_raw, items, count, s.device)
         np.savez_compressed(folder / "alignments.npz", **dict(zip(names, alignments, strict=True)))

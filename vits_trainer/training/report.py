@@ -151,9 +151,10 @@ def read_run(folder: Path) -> RunFiles:
     return RunFiles(folder, records, summary, sentences or {}, best_model_step=kept)
 
 
-def write_references(samples_dir: Path, items, count: int) -> None:
+def write_references(samples_dir: Path, items, count: int, speakers: dict[str, int] | None = None) -> None:
     """The first `count` validation clips' recordings as samples/reference/<clip>.wav, and their texts
-    in sentences.json, once per run (a clip already written is kept)."""
+    in sentences.json, once per run (a clip already written is kept); `speakers` (name -> id, a
+    multi-speaker run's) adds each clip's speaker name."""
     import soundfile as sf
 
     folder = samples_dir / REFERENCE_FOLDER
@@ -167,6 +168,9 @@ def write_references(samples_dir: Path, items, count: int) -> None:
             continue
         sf.write(wav, items.audio(k), items.sample_rate, subtype="PCM_16")
         listing[clip] = {"text": items.text(k), "speaker": int(items.speaker_ids[k])}
+        names = [name for name, sid in (speakers or {}).items() if sid == int(items.speaker_ids[k])]
+        if names:
+            listing[clip]["speaker_name"] = names[0]
         changed = True
     if changed:
         write_json_atomic(folder / SENTENCES_FILE, listing)
@@ -383,7 +387,7 @@ def resume_section(command: str | None) -> str:
         return ""
     return (
         '<section id="resume"><h2>Resume</h2><p>Continues from the newest checkpoint with every setting '
-        "of the run (choose the hours H):</p>"
+        "of the run; <code>--target_hours</code> is this session's, set the next one's:</p>"
         f"<pre><code>{escape(command)}</code></pre></section>"
     )
 
@@ -412,7 +416,10 @@ def sitting_timeline(sitting: Sitting, number: int, ended: bool) -> tuple[Timeli
     training_end = (end.get("training_end") if end else None) or (max(times) if times else start["time"])
     tl.phases.append((training_from, training_end - t0, "train", "training"))
     if end is not None:
-        tl.phases.append((training_end - t0, end["time"] - t0, "end", "final evaluation, checkpoint, export"))
+        done = (
+            "checkpoint, export" if end.get("final_eval_skipped") else "final evaluation, checkpoint, export"
+        )
+        tl.phases.append((training_end - t0, end["time"] - t0, "end", done))
     for e in sitting.of("eval"):
         tl.phases.append(
             (
@@ -678,10 +685,12 @@ def sample_table(run: RunFiles, folder: Path) -> str:
     reference = run.folder / "samples" / REFERENCE_FOLDER
     rows = []
     for clip in clips:
-        text = (run.sentences.get(clip) or {}).get("text")
+        sentence = run.sentences.get(clip) or {}
+        text, voice = sentence.get("text"), sentence.get("speaker_name")
+        voice = f" (speaker {escape(str(voice))}, speaker_id {sentence.get('speaker')})" if voice else ""
         rel = folder.relative_to(run.folder).as_posix()
         cells = [
-            f"<b>{escape(clip)}</b><br>{escape(text) if text else ''}",
+            f"<b>{escape(clip)}</b>{voice}<br>{escape(text) if text else ''}",
             _audio(f"{rel}/{clip}.wav"),
             _audio(f"samples/{REFERENCE_FOLDER}/{clip}.wav")
             if (reference / f"{clip}.wav").is_file()
