@@ -270,6 +270,8 @@ def test_no_surviving_row_is_an_error_but_the_report_is_written(tmp_path):
     [
         ("sample_rate", 0, "--sample_rate"),
         ("sample_rate", -16000, "--sample_rate"),
+        ("sample_rate", 1, "between 4000 and 192000 Hz"),  # wrote 1 Hz WAVs
+        ("min_seconds", float("nan"), "--min_seconds must be a number"),  # every comparison false
         ("min_seconds", 25.0, "greater than --max_seconds"),
         ("max_seconds", 0.0, "--max_seconds"),
         ("max_samples", -1, "--max_samples"),
@@ -378,6 +380,11 @@ def test_other_sources_files_are_kept_and_never_replaced(tmp_path, pairs_corpus)
         run_prepare(pairs_corpus, out)
     assert (out / "wavs" / "c0.wav").read_bytes() == theirs and not (out / STATE_NAME).exists()
     (out / "wavs" / "c0.wav").rename(tmp_path / "c0.wav")  # the user moves it away
+    (out / "prepare_report.json").write_text('{"my": "notes"}', encoding="utf-8")  # a report of theirs
+    with pytest.raises(UserError, match="prepare_report.json would be replaced"):
+        run_prepare(pairs_corpus, out)
+    assert (out / "prepare_report.json").read_text(encoding="utf-8") == '{"my": "notes"}'
+    (out / "prepare_report.json").unlink()
 
     result, lines = run_prepare(pairs_corpus, out)
     assert (out / "wavs" / "theirs.wav").is_file()
@@ -509,3 +516,8 @@ def test_a_row_left_out_by_speaker_leaves_its_id_to_the_row_that_is_kept():
     assert filtered["filtered_speaker"] == 1
     assert [(s.origin, s.reason) for s in skipped] == [("t.csv:4", "duplicate_id")]  # a real duplicate
     assert "already used at t.csv:3" in skipped[0].detail
+    # a name with a space, as typed: matched as the rows' speakers are written (Ana_Lopez)
+    rows = [Candidate("u1", "for ana", "Ana Lopez", "t.csv:2", audio_path=Path("a.wav"))]
+    settings = PrepareSettings(source="t.csv", speakers=["Ana Lopez"])
+    planned, _, _, _ = plan_rows(Source("csv", "t.csv", rows), settings, None)
+    assert [(p.clip_id, p.speaker) for p in planned] == [("u1", "Ana_Lopez")]

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import shutil
 
 import numpy as np
 import pytest
@@ -317,6 +318,12 @@ def test_hf_path_column_and_id_column(tmp_path):
     Dataset.from_dict(data).save_to_disk(str(ds_dir))  # a plain string column: paths relative to the folder
     run_prepare(ds_dir, tmp_path / "out", id_column="key")
     assert output_rows(tmp_path / "out") == {"k-0": ("zero", "0"), "k_1": ("one", "0")}
+    # a column named `path` is found as --audio_column's help says (only `audio` was tried)
+    ds_dir2 = tmp_path / "ds2"
+    shutil.copytree(ds_dir / "audio", ds_dir2 / "audio")
+    Dataset.from_dict({"path": data["audio"], "text": data["text"]}).save_to_disk(str(ds_dir2))
+    run_prepare(ds_dir2, tmp_path / "out2")
+    assert output_rows(tmp_path / "out2") == {"0": ("zero", "0"), "1": ("one", "0")}
 
 
 def test_hf_parquet_folder(tmp_path):

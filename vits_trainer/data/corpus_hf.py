@@ -11,6 +11,7 @@ from pathlib import Path
 from ..errors import UserError
 from ..hub import download_hint, go_offline_if_unreachable
 from .corpus_rows import (
+    AUDIO_COLUMNS,
     TEXT_COLUMNS,
     Candidate,
     Problem,
@@ -32,9 +33,8 @@ def read_hf(
 ) -> Source:
     ds, split_name, folder = _load_dataset(source, split)
     columns = list(ds.column_names)
-    audio_column = audio_column or "audio"
-    if audio_column not in columns:
-        raise UserError(f"--source {source}: no {audio_column!r} column (columns: {', '.join(columns)})")
+    # as for tables: the first of audio, path, file_name, ... (a dataset of paths often names them `path`)
+    audio_column = pick_column(Path(source), columns, audio_column, AUDIO_COLUMNS, "--audio_column")
     text_column = pick_column(Path(source), columns, text_column, TEXT_COLUMNS, "--text_column")
     for name, flag in ((speaker_column, "--speaker_column"), (id_column, "--id_column")):
         if name is not None and name not in columns:

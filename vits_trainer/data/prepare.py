@@ -34,6 +34,7 @@ from .prepare_checks import (
     check_prepare_files,
     check_prepare_sources,
     check_prepare_wavs,
+    check_report_replaceable,
     clean_speaker,
     plan_rows,
     resolve_target,
@@ -106,6 +107,7 @@ def _prepare(settings: PrepareSettings, data_dir: Path, log: Callable[[str], Non
     wavs_dir = data_dir / WAVS_DIR
     old_state = load_state(data_dir)
     owned = check_prepare_wavs(wavs_dir, [p.clip_id for p in planned], old_state, settings.clean)
+    check_report_replaceable(data_dir / REPORT_NAME)
     wavs_dir.mkdir(parents=True, exist_ok=True)
     log(
         f"{source.location} read as {source.format}: {len(source.rows)} source rows; {len(planned)} pass the "

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
 import os
 import re
 import unicodedata
@@ -32,6 +33,7 @@ if TYPE_CHECKING:
 DEFAULT_SAMPLE_RATE = 16000
 LINE_BREAKS = frozenset("\n\r\x0b\x0c\x1c\x1d\x1e\x85\u2028\u2029")  # what str.splitlines() splits on
 MAX_ID_LENGTH = 120
+MIN_SAMPLE_RATE, MAX_SAMPLE_RATE = 4000, 192000  # telephone speech to studio masters
 
 
 @dataclass
@@ -73,8 +75,14 @@ class Vocabulary:
 
 
 def validate_settings(s: PrepareSettings) -> None:
-    if s.sample_rate is not None and s.sample_rate <= 0:
-        raise UserError(f"--sample_rate must be a positive number of Hz, got {s.sample_rate}")
+    if s.sample_rate is not None and not MIN_SAMPLE_RATE <= s.sample_rate <= MAX_SAMPLE_RATE:
+        raise UserError(
+            f"--sample_rate must be between {MIN_SAMPLE_RATE} and {MAX_SAMPLE_RATE} Hz (TTS models use "
+            f"16000-48000), got {s.sample_rate}"
+        )
+    for flag, value in (("--min_seconds", s.min_seconds), ("--max_seconds", s.max_seconds)):
+        if not math.isfinite(value):
+            raise UserError(f"{flag} must be a number of seconds, got {value}")
     if s.min_seconds < 0:
         raise UserError(f"--min_seconds must be >= 0, got {s.min_seconds}")
     if s.max_seconds <= 0:
@@ -182,7 +190,8 @@ def plan_rows(
     unknown_chars: Counter | None = Counter() if vocab is not None else None
     first_origin: dict[str, str] = {}  # id -> where the row kept with it comes from, and its source id
     first_source: dict[str, str] = {}
-    wanted_speakers = set(settings.speakers) if settings.speakers else None
+    # as the rows' speakers are written: `--speaker "Ana Lopez"` is Ana_Lopez
+    wanted_speakers = {clean_speaker(x) for x in settings.speakers} if settings.speakers else None
     for row in source.rows:
         if isinstance(row, Problem):
             skipped.append(
@@ -253,6 +262,23 @@ def check_prepare_wavs(wavs_dir: Path, ids: list[str], old_state: dict, clean: b
             f"it (not in {STATE_NAME}); move it away first, or run without --clean"
         )
     return owned
+
+
+def check_report_replaceable(report: Path) -> None:
+    """Before anything is written: a `prepare_report.json` already there is an earlier run's (its
+    counts and settings), else it is the user's and stays."""
+    if not report.exists():
+        return
+    try:
+        earlier = json.loads(report.read_text(encoding="utf-8"))
+        ours = isinstance(earlier, dict) and {"counts", "settings"} <= set(earlier)
+    except (OSError, ValueError):
+        ours = False
+    if not ours:
+        raise UserError(
+            f"--data_dir: {report} would be replaced, but prepare_data.py did not write it (not a report of "
+            "its own); move it away or choose another --data_dir"
+        )
 
 
 def check_prepare_sources(source, data_dir) -> None:
