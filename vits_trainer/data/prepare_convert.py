@@ -252,9 +252,13 @@ def convert_all(
     except OSError as err:
         raise UserError(f"writing to {wavs_dir} failed: {err}") from None
     finally:
-        bar.close()
         if pool is not None:
             pool.shutdown(wait=True, cancel_futures=True)
+            # interrupted: chunks the workers finished meanwhile are kept, not converted again next run
+            for future in in_flight:
+                if future.done() and not future.cancelled() and future.exception() is None:
+                    collect(future.result())
+        bar.close()
         # Saved even when interrupted: the WAVs finished so far are reused by the next run, and those
         # begun but never collected stay known as this tool's (claimed)
         run.begun = {k for k in claimed - set(run.state) if (wavs_dir / f"{k}.wav").is_file()}
