@@ -145,6 +145,18 @@ def test_command_line_hides_derived_settings_and_has_feedback_defaults():
         dataclasses.replace(cfg, replay_ratio=-1.0).validate()
 
 
+def test_a_small_replay_ratio_replays_at_least_one_clip():
+    from vits_trainer.feedback.replay import replay_per_epoch
+
+    assert [replay_per_epoch(r, n) for r, n in ((0.1, 4), (0.5, 1), (0.3, 10), (1.0, 7), (0.0, 9))] == [
+        1,
+        1,
+        3,
+        7,
+        0,
+    ]
+
+
 def test_promotion_rule():
     fb = ({"val_mel": 2.0}, {"val_mel": 1.5})
     clear = paired_judgement({"a": 2.0, "b": 2.1, "c": 1.9}, {"a": 1.5, "b": 1.62, "c": 1.41})
@@ -156,6 +168,9 @@ def test_promotion_rule():
     ok, why = promotion({"val_mel": 2.0}, {"val_mel": float("nan")}, {"val_mel": 1.0}, {"val_mel": 1.0}, 0.02)
     assert not ok and "not finite" in why
     assert not promotion(*fb, {}, {}, 0.02, clear)[0]  # forgetting not measurable: never promoted
+    for before in (float("nan"), float("inf"), 0.0):  # a broken "before": its change passed the limit
+        ok, why = promotion(*fb, {"val_mel": before}, {"val_mel": 9.9}, 0.02, clear)
+        assert not ok and "not finite" in why, before
     ok, why = promotion(*fb, {"val_mel": 1.0}, {"val_mel": 1.0}, 0.02)  # no per-clip judgement
     assert not ok and "not enough held-out clips" in why
 

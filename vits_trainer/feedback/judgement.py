@@ -5,7 +5,8 @@ improvement counts when at least MIN_JUDGED_CLIPS clips were measured both times
 difference is negative by more than t(0.95, n-1) x its standard error (a one-sided paired t-test at
 95 %). The "after" evaluation draws its posterior/duration noise with another seed than "before", so
 the differences carry the evaluation's own noise too: a model that barely moved (a -0.001 % change)
-cannot pass, however consistent the tiny change is.
+passes no more often than the test's false-positive rate. That rate is about 5 % (one-sided, 95 %):
+the same weights under two seeds passed 14 of 240 seed pairs (tiny model, 10 clips).
 """
 
 from __future__ import annotations

@@ -76,12 +76,13 @@ def promotion(
     feedback = f"{feedback}; held-out clips {judgement['why']}"
     if ov_b is None or ov_a is None:
         return False, f"{feedback}, but there is no original validation to check for forgetting"
-    if not math.isfinite(ov_a):
-        return False, f"{feedback}, but the original validation loss is not finite"
+    if not (math.isfinite(ov_a) and math.isfinite(ov_b) and ov_b > 0):
+        # a NaN "before" made the change NaN, which passed the limit check below
+        return False, f"{feedback}, but the original validation loss is not finite ({ov_b} -> {ov_a})"
     change = ov_a / ov_b - 1.0
     original = (
         f"original validation mel {ov_b:.4f} -> {ov_a:.4f} ({change:+.1%}, limit +{max_regression:.1%})"
     )
-    if change > max_regression:
+    if not change <= max_regression:
         return False, f"the original validation regressed beyond the limit: {original}; {feedback}"
     return True, f"{feedback}, {original}"

@@ -222,6 +222,12 @@ def _accelerate_state():
     return PartialState() if getattr(PartialState, "_shared_state", None) else None
 
 
+def replay_per_epoch(ratio: float, trained_clips: int) -> int:
+    """Original clips replayed per epoch: rounded up, so --replay_ratio 0.1 of 4 clips replays one
+    (round() made it none, and 0.5 of 1 too); only 0 means none."""
+    return math.ceil(ratio * trained_clips - 1e-9)  # 0.3 x 10 is 3.0000000000000004
+
+
 def _world() -> tuple[int, int]:
     """(processes, this rank)."""
     state = _accelerate_state()
@@ -282,7 +288,7 @@ class FeedbackData:
         train_pos, eval_pos = self.feedback_split(feedback.ids(), texts, protected, log)
         self.feedback_train, self.feedback_eval = subset(feedback, train_pos), subset(feedback, eval_pos)
 
-        replay_count = round(cfg.replay_ratio * len(self.feedback_train))
+        replay_count = replay_per_epoch(cfg.replay_ratio, len(self.feedback_train))
         if replay_count and len(replay_pool) == 0:
             raise UserError(f"--data_dir {cfg.data_dir}: no usable original training clip to replay")
         if replay_count == 0:
