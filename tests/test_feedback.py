@@ -230,6 +230,28 @@ def test_versions_resume_auto_takes_only_the_newest_unfinished(tmp_path):
         choose_version(root, str(v1))
 
 
+def test_a_users_own_vN_folder_is_never_taken_for_a_version(tmp_path, tiny_model_dir, tone_corpus):
+    """A `v1/` of the user's under --output_dir was taken for an unfinished version: its checkpoints/
+    and samples/ were deleted and the round wrote into it. It is refused, untouched."""
+    from vits_trainer.feedback.versions import VERSION_MARKER, claim_version
+
+    out = tmp_path / "models"
+    (out / "v1" / "checkpoints").mkdir(parents=True)
+    (out / "v1" / "checkpoints" / "my_notes.txt").write_text("precious")
+    feedback = tmp_path / "feedback"
+    make_corpus(feedback, num_clips=4, seed=1, id_prefix="fb")
+    base = {"model": tiny_model_dir, "data": tone_corpus}
+    proc = subprocess.run(
+        feedback_cmd(out, base, feedback), capture_output=True, text=True, timeout=120, env=quiet_env()
+    )
+    errors = [line for line in proc.stderr.splitlines() if line.strip()]
+    assert proc.returncode != 0 and len(errors) == 1 and "v1/ was not made by train_feedback.py" in errors[0]
+    assert sorted(p.name for p in (out / "v1").rglob("*")) == ["checkpoints", "my_notes.txt"]
+    # a version this tool makes carries its marker from the start; then it is its own
+    assert claim_version(out / "v2") and (out / "v2" / VERSION_MARKER).is_file()
+    assert not claim_version(out / "v2")
+
+
 def test_latest_pointer_is_replaced_atomically(tmp_path):
     for name in ("v1", "v2"):
         (tmp_path / name / "model").mkdir(parents=True)

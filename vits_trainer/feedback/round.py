@@ -49,7 +49,7 @@ from .config import HIDDEN_FLAGS, FeedbackConfig, check_feedback_paths
 from .judgement import SEED_AFTER, SEED_BEFORE, paired_judgement
 from .promotion import loss_values, mel_change, promotion, spoken_warning
 from .replay import FeedbackData, Inputs, check_feedback_inputs, subset
-from .versions import REPORT_NAME, RUN_NAME, choose_version, read_latest, write_latest
+from .versions import REPORT_NAME, RUN_NAME, choose_version, claim_version, read_latest, write_latest
 
 # torch/transformers are imported where used: a bad command line is reported without paying for them
 if TYPE_CHECKING:
@@ -169,7 +169,7 @@ class FeedbackRun(FeedbackData):
 
     def run(self) -> dict:
         self.open_version()
-        created = not self.version.exists()  # only a folder this process makes is removed on bad input
+        created = claim_version(self.version)  # only a folder this process makes is removed on bad input
         self.log(f"{'continuing' if self.resuming else 'starting'} {self.version}")
         self.clear_restarted_version()
         self.warn_without_discriminator()

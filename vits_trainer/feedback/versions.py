@@ -19,6 +19,7 @@ REPORT_NAME = "feedback_report.json"
 RUN_NAME = "feedback_run.json"
 LATEST_JSON = "latest.json"
 LATEST_LINK = "latest"
+VERSION_MARKER = ".feedback_version"  # in every vN/ this tool makes, from the moment it exists
 _VERSION = re.compile(r"^v(\d+)$")
 
 
@@ -69,6 +70,29 @@ def choose_version(root: Path, resume: str) -> tuple[Path, bool]:
             f"--resume {resume}: {version.name} is finished (it has {REPORT_NAME}); start a new version"
         )
     return version, True
+
+
+def claim_version(version: Path) -> bool:
+    """Make `version` (with its marker, in one rename: another rank sees it whole or not at all); True
+    when this process made it. One that exists must be this tool's: a `vN/` of the user's under
+    --output_dir is refused, never written into (its checkpoints/ and samples/ were cleared)."""
+    if not version.exists():
+        tmp = version.with_name(f".{version.name}.tmp-{os.getpid()}")
+        tmp.mkdir(parents=True, exist_ok=True)
+        (tmp / VERSION_MARKER).write_text(f"made by train_feedback.py, pid {os.getpid()}\n", encoding="utf-8")
+        try:
+            os.rename(tmp, version)
+            return True
+        except OSError:  # another rank made it meanwhile
+            for leftover in tmp.iterdir():
+                leftover.unlink()
+            tmp.rmdir()
+    if not any((version / name).is_file() for name in (VERSION_MARKER, RUN_NAME, REPORT_NAME)):
+        raise UserError(
+            f"--output_dir {version.parent}: {version.name}/ was not made by train_feedback.py (no "
+            f"{VERSION_MARKER}); move it away, or choose another --output_dir"
+        )
+    return False
 
 
 def read_latest(root: Path) -> dict | None:
