@@ -609,6 +609,29 @@ def test_data_fn_keeps_the_feedback_split_of_a_resumed_version(tmp_path, light_b
     assert np.array_equal(np.sort(split.val_sets["val"].ids()), np.sort(base["val_ids"]))
 
 
+def test_a_resumed_version_refuses_other_clips_under_its_ids(tmp_path, light_base, feedback_dir):
+    """Another recording session prepared into a new folder reuses the ids (file names): the resumed
+    version compared its 'before' numbers of the old clips with 'after' numbers of the new ones."""
+    import shutil
+
+    run, _, _ = data_of_a_round(tmp_path / "first", light_base, feedback_dir)
+    stored = run.info["feedback_split"]
+    assert set(stored["digests"]) == set(stored["train"]) | set(stored["eval"])
+    other = tmp_path / "other_session"
+    shutil.copytree(feedback_dir, other, ignore=shutil.ignore_patterns("cache"))
+    rows = (other / "metadata.csv").read_text(encoding="utf-8").splitlines()
+    clip = rows[0].split("|")[0]
+    rows[0] = with_text(rows[0], "a new take of another sentence")
+    (other / "metadata.csv").write_text("\n".join(rows) + "\n", encoding="utf-8")
+    cfg = feedback_cfg(tmp_path / "out", light_base, other)
+    resumed = FeedbackRun(cfg, time.time(), print)
+    resumed.inputs, resumed.version = check_feedback_inputs(cfg, print), tmp_path / "out" / "v1"
+    resumed.info = {"feedback_split": stored}
+    store, _ = load_clip_store(light_base["data"], 16000, log=print, progress=False)
+    with pytest.raises(UserError, match=f"{clip} now say or sound different.*--resume none"):
+        resumed.data_fn(cfg, store, resumed.inputs.text, {"0": 0}, 256, light_base["val_ids"], print)
+
+
 def test_a_rerecorded_validation_sentence_is_evaluated_never_trained(tmp_path, light_base, feedback_dir):
     import shutil
 

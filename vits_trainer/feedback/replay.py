@@ -8,6 +8,7 @@ Apart from round.py (the round and its report); `FeedbackData` is the data half 
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import json
 import math
 from dataclasses import dataclass, field
@@ -222,6 +223,15 @@ def _accelerate_state():
     return PartialState() if getattr(PartialState, "_shared_state", None) else None
 
 
+def clip_digest(text: str, audio: np.ndarray) -> str:
+    """What a feedback clip says and sounds like, in 16 hex digits: a resumed version checks that its
+    clips are still the ones its "before" numbers were taken on (prepare_data names clips by file name,
+    so another recording session easily reuses the ids)."""
+    digest = hashlib.blake2b(text.encode("utf-8"), digest_size=8)
+    digest.update(np.ascontiguousarray(audio, dtype=np.float32).tobytes())
+    return digest.hexdigest()
+
+
 def replay_per_epoch(ratio: float, trained_clips: int) -> int:
     """Original clips replayed per epoch: rounded up, so --replay_ratio 0.1 of 4 clips replays one
     (round() made it none, and 0.5 of 1 too); only 0 means none."""
@@ -285,7 +295,8 @@ class FeedbackData:
         # a re-recorded validation sentence must not be trained on: the original validation would leak
         protected = {_norm(store.texts[i]) for i in orig_val_idx}
         texts = [feedback.text(k) for k in range(len(feedback))]
-        train_pos, eval_pos = self.feedback_split(feedback.ids(), texts, protected, log)
+        digests = [clip_digest(text, feedback.audio(k)) for k, text in enumerate(texts)]
+        train_pos, eval_pos = self.feedback_split(feedback.ids(), texts, digests, protected, log)
         self.feedback_train, self.feedback_eval = subset(feedback, train_pos), subset(feedback, eval_pos)
 
         replay_count = replay_per_epoch(cfg.replay_ratio, len(self.feedback_train))
@@ -335,16 +346,30 @@ class FeedbackData:
             feedback_clips=len(feedback),
         )
 
+    def check_same_clips(self, stored: dict[str, str], position: dict[str, int], digests: list[str]) -> None:
+        """A resumed version's clips must be those it started with: its "before" numbers are theirs.
+        (`stored` is empty for a version from before digests were kept.)"""
+        changed = [i for i, d in stored.items() if i in position and digests[position[i]] != d]
+        if changed:
+            shown = ", ".join(changed[:3]) + (f" and {len(changed) - 3} more" if len(changed) > 3 else "")
+            raise UserError(
+                f"--feedback_dir {self.cfg.feedback_dir}: {shown} now say or sound different from when "
+                f"{self.version} started, and its 'before' numbers are of those: finish it with the clips it "
+                f"started with, or start a new version on these with --resume none"
+            )
+
     def feedback_split(
-        self, ids: list[str], texts: list[str], protected: set[str], log
+        self, ids: list[str], texts: list[str], digests: list[str], protected: set[str], log
     ) -> tuple[list[int], list[int]]:
         """(train, evaluation) positions into the usable feedback clips; fixed for the version's life.
-        Clips whose sentence is in `protected` (the original validation's) are evaluated, never trained."""
+        Clips whose sentence is in `protected` (the original validation's) are evaluated, never trained.
+        `digests` (clip_digest) tell a resumed version its own clips from others under the same ids."""
         from ..data.items import split_train_val
 
         stored = self.info.get("feedback_split")
         if stored is not None:  # a resumed version keeps the split its "before" numbers were taken on
             position = {clip_id: i for i, clip_id in enumerate(ids)}
+            self.check_same_clips(stored.get("digests") or {}, position, digests)
             eval_pos = [position[i] for i in stored["eval"] if i in position]
             train_pos = [position[i] for i in stored["train"] if i in position]
             new = len(set(ids) - set(stored["eval"]) - set(stored["train"]))
@@ -355,7 +380,8 @@ class FeedbackData:
                 )
             if not eval_pos or not train_pos:
                 raise UserError(
-                    f"{self.version}: the feedback clips it started with are gone from --feedback_dir"
+                    f"{self.version}: the feedback clips it started with are gone from --feedback_dir "
+                    f"{self.cfg.feedback_dir}; --resume none starts a new version on this folder"
                 )
             return train_pos, eval_pos
         in_val = [_norm(t) in protected for t in texts]
@@ -403,6 +429,7 @@ class FeedbackData:
             "train": [ids[i] for i in train_pos],
             "eval": [ids[i] for i in eval_pos],
             "held_out": held_out,
+            "digests": {ids[i]: digests[i] for i in sorted(set(train_pos) | set(eval_pos))},
         }
         self.info["feedback_eval"] = note
         return train_pos, eval_pos
