@@ -632,6 +632,24 @@ def test_a_resumed_version_refuses_other_clips_under_its_ids(tmp_path, light_bas
         resumed.data_fn(cfg, store, resumed.inputs.text, {"0": 0}, 256, light_base["val_ids"], print)
 
 
+def test_takes_of_one_sentence_are_held_out_together(tmp_path, light_base, feedback_dir):
+    """Two takes of a sentence could fall on both sides of the feedback split: the judgement then
+    measured memorising a sentence trained on."""
+    import shutil
+
+    feedback = tmp_path / "takes"
+    shutil.copytree(feedback_dir, feedback, ignore=shutil.ignore_patterns("cache"))
+    rows = (feedback / "metadata.csv").read_text(encoding="utf-8").splitlines()
+    rows = [with_text(row, f"sentence number {k // 2}") for k, row in enumerate(rows)]  # 2 takes each
+    (feedback / "metadata.csv").write_text("\n".join(rows) + "\n", encoding="utf-8")
+    run, _, _ = data_of_a_round(tmp_path, light_base, feedback)
+    said = {clip: row.split("|")[1] for clip, row in ((r.split("|")[0], r) for r in rows)}
+    trained = {said[c] for c in run.feedback_train.ids()}
+    held_out = {said[c] for c in run.feedback_eval.ids()}
+    assert held_out and trained and not held_out & trained
+    assert len(run.feedback_eval) == 6 and len(run.feedback_train) == 6  # 3 whole sentences: judgeable
+
+
 def test_a_rerecorded_validation_sentence_is_evaluated_never_trained(tmp_path, light_base, feedback_dir):
     import shutil
 

@@ -397,10 +397,18 @@ class FeedbackData:
             raise UserError(
                 "every usable feedback sentence is one of the original validation sentences: nothing to train on"
             )
-        n = len(rest)
+        # takes of one sentence stay together: held out, or trained on (a held-out take of a sentence
+        # trained on measures memorising it). A group is named by its first clip's id, so a set of
+        # distinct sentences splits as clip by clip.
+        sentences: dict[str, list[int]] = {}
+        for i in rest:
+            sentences.setdefault(_norm(texts[i]), []).append(i)
+        groups = list(sentences.values())
+        n = len(groups)
         if n < MIN_HELD_OUT_CLIPS or self.cfg.feedback_val_fraction == 0:
-            why = f"only {n} usable clip(s)" if n < MIN_HELD_OUT_CLIPS else "--feedback_val_fraction 0"
-            note = f"all {n}, also trained on: {why}, so the feedback numbers are not held-out"
+            usable = f"only {n} usable clip(s)" if n == len(rest) else f"only {n} distinct sentence(s)"
+            why = usable if n < MIN_HELD_OUT_CLIPS else "--feedback_val_fraction 0"
+            note = f"all {len(rest)}, also trained on: {why}, so the feedback numbers are not held-out"
             log(
                 f"feedback: {why}: evaluating on all of them, which are also trained on (not a held-out test)"
             )
@@ -408,14 +416,16 @@ class FeedbackData:
             held_out = False
         else:
             # enough held out for a promotion to be judged (see judgement.py), when that leaves enough to train
-            min_val = MIN_JUDGED_CLIPS if n >= MIN_JUDGED_CLIPS + MIN_HELD_OUT_CLIPS else 1
+            # (counted in clips: sentences held out are at least as many clips)
+            min_val = MIN_JUDGED_CLIPS if len(rest) >= MIN_JUDGED_CLIPS + MIN_HELD_OUT_CLIPS else 1
             train_sub, eval_sub = split_train_val(
-                [ids[i] for i in rest], self.cfg.feedback_val_fraction, min_val=min_val, seed=self.cfg.seed
+                [ids[g[0]] for g in groups],
+                self.cfg.feedback_val_fraction,
+                min_val=min_val,
+                seed=self.cfg.seed,
             )
-            train_pos, eval_pos = (
-                [rest[i] for i in train_sub],
-                sorted([rest[i] for i in eval_sub] + fixed_eval),
-            )
+            train_pos = sorted(i for k in train_sub for i in groups[k])
+            eval_pos = sorted([i for k in eval_sub for i in groups[k]] + fixed_eval)
             note = f"{len(eval_pos)} held out"
             held_out = True
         judged = len(set(eval_pos) - set(train_pos))  # the clips a promotion is judged on
