@@ -10,14 +10,13 @@ Examples:
 from __future__ import annotations
 
 import argparse
-import signal
 import sys
 from pathlib import Path
 
 from vits_trainer.data.corpus import FORMATS
 from vits_trainer.data.prepare import prepare
 from vits_trainer.data.prepare_settings import PrepareSettings, default_workers
-from vits_trainer.errors import ArgumentParser, run_cli
+from vits_trainer.errors import ArgumentParser, run_command
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -137,11 +136,5 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
-def stop_as_ctrl_c(signum, frame) -> None:
-    """SIGTERM (a job manager, `kill PID`) stops as Ctrl-C does: the WAVs converted so far are recorded."""
-    raise KeyboardInterrupt
-
-
 if __name__ == "__main__":
-    signal.signal(signal.SIGTERM, stop_as_ctrl_c)
-    sys.exit(run_cli(main))
+    sys.exit(run_command(main))  # SIGTERM stops as Ctrl-C does: the WAVs converted so far are recorded

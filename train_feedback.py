@@ -40,6 +40,6 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    from vits_trainer.errors import run_cli
+    from vits_trainer.errors import run_command
 
-    sys.exit(run_cli(main))
+    sys.exit(run_command(main))

@@ -108,6 +108,6 @@ def best_model_words(summary: dict) -> str:
 
 
 if __name__ == "__main__":
-    from vits_trainer.errors import run_cli
+    from vits_trainer.errors import run_command
 
-    sys.exit(run_cli(main))
+    sys.exit(run_command(main))

@@ -6,6 +6,7 @@ import argparse
 import contextlib
 import difflib
 import os
+import signal
 import sys
 import textwrap
 import traceback
@@ -42,6 +43,19 @@ def run_cli(main: Callable[[list[str] | None], int | None], argv: list[str] | No
     finally:
         _close_process_group()
     return int(code or 0)
+
+
+def run_command(main: Callable[[list[str] | None], int | None]) -> int:
+    """A script's entry point: run_cli, with SIGTERM (a job manager, `kill PID`, a notebook's stop)
+    stopping as Ctrl-C does until the training loop takes the signal over (it saves and prints the
+    resume command): set-up and the run's end release the run's lock and say "interrupted", where
+    Python's default ended the process with no word, its lock left behind."""
+    signal.signal(signal.SIGTERM, stop_as_ctrl_c)
+    return run_cli(main)
+
+
+def stop_as_ctrl_c(signum, frame) -> None:
+    raise KeyboardInterrupt
 
 
 def _close_process_group() -> None:

@@ -44,6 +44,7 @@ from typing import TYPE_CHECKING
 from ..errors import UserError
 from ..jsonfile import write_json_atomic
 from ..runlock import RunLock, is_main_process
+from ..safety import remove_dead_writers_temp
 from ..training.resume_settings import resume_command
 from .config import HIDDEN_FLAGS, FeedbackConfig, check_feedback_paths
 from .judgement import SEED_AFTER, SEED_BEFORE, paired_judgement
@@ -98,6 +99,7 @@ class FeedbackRun(FeedbackData):
         sentences = self.sample_sentences()
         tmp = folder.with_name(f".{folder.name}.tmp-{os.getpid()}")
         shutil.rmtree(tmp, ignore_errors=True)  # this pid's temp folder inside a version folder
+        remove_dead_writers_temp(folder.parent, f".{folder.name}.tmp-*")  # a killed run's
         tmp.mkdir(parents=True)
         done, slowest = [], 0.0
         for sentence in sentences:
