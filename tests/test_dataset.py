@@ -431,3 +431,34 @@ def test_the_warning_about_unusable_metadata_lines_says_how_many_it_does_not_sho
     assert len(rows) == 1
     assert lines[0].startswith(f"warning: {tmp_path / 'metadata.csv'}: 5 unusable line(s) ignored (line 2")
     assert lines[0].endswith("; and 2 more)")
+
+
+def test_the_data_line_of_a_feedback_round_counts_what_an_epoch_trains():
+    """A feedback round's pool (its clips and every original one it may replay) was printed as its
+    training clips: '151 training clips' for 14 trained per epoch."""
+    from types import SimpleNamespace
+
+    from vits_trainer.training.datasplit import DataSplit, describe_data
+
+    class Items:
+        sample_rate = 16000
+
+        def __init__(self, n):
+            self.n = n
+
+        def __len__(self):
+            return self.n
+
+        def audio_lengths(self):
+            return np.full(self.n, 16000 * 3)
+
+    report = SimpleNamespace(seconds=0.1, cache_hit=True, cache_path=None, in_ram=True)
+    lines = []
+    plain = DataSplit(None, Items(151), {"val": Items(16)}, [])
+    describe_data(plain, report, lines.append)
+    feedback = DataSplit(None, Items(151), {"feedback": Items(3), "val": Items(16)}, [], epoch_samples=14)
+    describe_data(feedback, report, lines.append)
+    assert lines[0].startswith("data: 151 training clips (0.13 h), 16 val;")
+    assert lines[1].startswith(
+        "data: 14 clips trained per epoch, drawn from 151 training clips (0.13 h), 3 feedback"
+    )

@@ -115,8 +115,11 @@ def _cache_word(report) -> str:
 
 
 def describe_data(data: DataSplit, report, log) -> None:
+    trained = f"{len(data.train)} training clips ({_hours(data.train):.2f} h)"
+    if data.samples_per_epoch != len(data.train):  # a feedback round: its clips and a replay draw
+        trained = f"{data.samples_per_epoch} clips trained per epoch, drawn from {trained}"
     log(
-        f"data: {len(data.train)} training clips ({_hours(data.train):.2f} h), "
+        f"data: {trained}, "
         + ", ".join(f"{len(v)} {k}" for k, v in data.val_sets.items())
         + f"; loaded in {report.seconds:.1f} s ({_cache_word(report)}, "
         f"{'RAM' if report.in_ram else 'memory-mapped'})"
