@@ -521,3 +521,17 @@ def test_a_row_left_out_by_speaker_leaves_its_id_to_the_row_that_is_kept():
     settings = PrepareSettings(source="t.csv", speakers=["Ana Lopez"])
     planned, _, _, _ = plan_rows(Source("csv", "t.csv", rows), settings, None)
     assert [(p.clip_id, p.speaker) for p in planned] == [("u1", "Ana_Lopez")]
+
+
+def test_audio_resampled_up_is_a_warning(tmp_path):
+    """8 kHz recordings made 16 kHz WAVs with no word: nothing above 4 kHz, a muffled voice."""
+    src = tmp_path / "pairs"
+    for name, rate in (("low", 8000), ("fine", 22050)):
+        write_audio(src / f"{name}.wav", speech("abc de", rate), rate)
+        (src / f"{name}.txt").write_text("abc de", encoding="utf-8")
+    result, lines = run_prepare(src, tmp_path / "out")
+    assert [(w["id"], w["warning"]) for w in result.report["warnings"]] == [("low", "low_sample_rate")]
+    assert "recorded at 8000 Hz, resampled up to 16000 Hz" in result.report["warnings"][0]["detail"]
+    assert any("low_sample_rate 1" in line for line in lines), lines
+    again, _ = run_prepare(src, tmp_path / "out")  # reused clips keep their warning
+    assert [w["id"] for w in again.report["warnings"]] == ["low"] and again.report["counts"]["reused"] == 2

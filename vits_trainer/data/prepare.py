@@ -129,6 +129,19 @@ def _prepare(settings: PrepareSettings, data_dir: Path, log: Callable[[str], Non
             continue
         rows.append(MetaRow(item.clip_id, item.text, item.speaker))
         durations.append(outcome.seconds)
+        if 0 < outcome.source_rate < sample_rate:  # resampled up: nothing above half the source's rate
+            detail = (
+                f"recorded at {outcome.source_rate} Hz, resampled up to {sample_rate} Hz: it has nothing above "
+                f"{outcome.source_rate // 2} Hz, and a voice trained on it sounds muffled"
+            )
+            warnings.append(
+                {
+                    "id": item.clip_id,
+                    "origin": item.row.origin,
+                    "warning": "low_sample_rate",
+                    "detail": detail,
+                }
+            )
         if outcome.clipped > CLIP_FRACTION:
             detail = f"{100 * outcome.clipped:.1f}% of samples at full scale"
             warnings.append(

@@ -74,6 +74,7 @@ class Outcome:
     seconds: float = 0.0
     wav_size: int = 0
     clipped: float = 0.0  # fraction of samples at full scale
+    source_rate: int = 0  # the decoded file's rate (0: unknown, a clip reused from an older state)
 
 
 # --- audio conversion (runs in worker processes) -----------------------------------------------------
@@ -127,6 +128,7 @@ def _check_and_write(out: Outcome, audio: np.ndarray, rate: int, job: Job, targe
 
         audio, _ = librosa.effects.trim(audio, top_db=target.trim_top_db)
     seconds = audio.shape[0] / rate
+    out.source_rate = int(rate)
     reason = duration_problem(seconds, target)
     if reason is not None:
         return _failed(out, reason, f"{seconds:.2f} s outside [{target.min_seconds}, {target.max_seconds}] s")
@@ -218,6 +220,7 @@ def convert_all(
                     "wav_size": outcome.wav_size,
                     "seconds": outcome.seconds,
                     "clipped": outcome.clipped,
+                    "source_rate": outcome.source_rate,
                 }
         bar.update(len(outcomes))
 
@@ -334,6 +337,7 @@ def _block_jobs(
                 seconds,
                 int(previous["wav_size"]),
                 float(previous.get("clipped", 0)),
+                int(previous.get("source_rate", 0)),
             )
             run.reused += reason is None
             continue
