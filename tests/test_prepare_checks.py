@@ -535,3 +535,19 @@ def test_audio_resampled_up_is_a_warning(tmp_path):
     assert any("low_sample_rate 1" in line for line in lines), lines
     again, _ = run_prepare(src, tmp_path / "out")  # reused clips keep their warning
     assert [w["id"] for w in again.report["warnings"]] == ["low"] and again.report["counts"]["reused"] == 2
+
+
+def test_a_file_cut_short_is_a_warning(tmp_path):
+    """Half an MP3 (a copy that stopped midway) decoded to a fraction of its header's 4 s and was kept
+    with its whole transcript, with no word but the decoder's own on stderr."""
+    src = tmp_path / "pairs"
+    whole = write_audio(src / "whole.mp3", speech("abc de fgh", 16000, seconds=4.0), 16000)
+    (src / "whole.txt").write_text("abc de fgh", encoding="utf-8")
+    data = whole.read_bytes()
+    (src / "cut.mp3").write_bytes(data[: len(data) // 2])
+    (src / "cut.txt").write_text("abc de fgh", encoding="utf-8")
+    result, _ = run_prepare(src, tmp_path / "out")
+    assert [(w["id"], w["warning"]) for w in result.report["warnings"]] == [("cut", "shorter_than_header")]
+    assert "where its header says 4.00 s" in result.report["warnings"][0]["detail"]
+    again, _ = run_prepare(src, tmp_path / "out")  # reused, still warned about
+    assert [w["id"] for w in again.report["warnings"]] == ["cut"] and again.report["counts"]["reused"] == 2

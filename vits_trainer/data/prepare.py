@@ -45,6 +45,7 @@ from .prepare_settings import PrepareSettings
 from .prepare_state import CLAIMS_NAME, STATE_NAME, load_state, save_state, source_key
 
 REPORT_NAME = "prepare_report.json"
+SHORT_DECODE = 0.8  # a file decoding to under this share of its header's length is warned about
 
 
 @dataclass
@@ -129,6 +130,19 @@ def _prepare(settings: PrepareSettings, data_dir: Path, log: Callable[[str], Non
             continue
         rows.append(MetaRow(item.clip_id, item.text, item.speaker))
         durations.append(outcome.seconds)
+        if outcome.decoded_seconds < SHORT_DECODE * outcome.header_seconds - 0.5:  # a file cut short
+            detail = (
+                f"decodes to {outcome.decoded_seconds:.2f} s where its header says {outcome.header_seconds:.2f} s: "
+                "cut short? (its transcript may say more than the audio)"
+            )
+            warnings.append(
+                {
+                    "id": item.clip_id,
+                    "origin": item.row.origin,
+                    "warning": "shorter_than_header",
+                    "detail": detail,
+                }
+            )
         if 0 < outcome.source_rate < sample_rate:  # resampled up: nothing above half the source's rate
             detail = (
                 f"recorded at {outcome.source_rate} Hz, resampled up to {sample_rate} Hz: it has nothing above "

@@ -75,6 +75,8 @@ class Outcome:
     wav_size: int = 0
     clipped: float = 0.0  # fraction of samples at full scale
     source_rate: int = 0  # the decoded file's rate (0: unknown, a clip reused from an older state)
+    header_seconds: float = 0.0  # what the file's header promised (0: unknown): a cut file decodes shorter
+    decoded_seconds: float = 0.0
 
 
 # --- audio conversion (runs in worker processes) -----------------------------------------------------
@@ -93,16 +95,17 @@ def convert_clip(job: Job, target: AudioTarget) -> Outcome:
             return _failed(out, "missing_audio", f"{path}: no such file")
         if path.stat().st_size == 0:
             return _failed(out, "empty_audio", f"{path}: 0 bytes")
-        if target.trim_top_db is None:
-            # Long-form audio (an hour-long file) is rejected from its header, without decoding it all.
-            seconds = audio_duration(path)
-            if seconds is not None and seconds > target.max_seconds * 1.1 + 1.0:
-                return _failed(out, "too_long", f"{seconds:.2f} s > {target.max_seconds} s")
+        seconds = audio_duration(path)
+        out.header_seconds = seconds or 0.0
+        # Long-form audio (an hour-long file) is rejected from its header, without decoding it all.
+        if target.trim_top_db is None and seconds is not None and seconds > target.max_seconds * 1.1 + 1.0:
+            return _failed(out, "too_long", f"{seconds:.2f} s > {target.max_seconds} s")
         source = str(path)
     try:
         audio, rate = read_audio(source)
     except AudioReadError as err:
         return _failed(out, "unreadable_audio", str(err))
+    out.decoded_seconds = audio.shape[0] / rate if rate else 0.0
     try:
         return _check_and_write(out, audio, rate, job, target)
     except OSError:
@@ -221,6 +224,8 @@ def convert_all(
                     "seconds": outcome.seconds,
                     "clipped": outcome.clipped,
                     "source_rate": outcome.source_rate,
+                    "header_seconds": outcome.header_seconds,
+                    "decoded_seconds": outcome.decoded_seconds,
                 }
         bar.update(len(outcomes))
 
@@ -338,6 +343,8 @@ def _block_jobs(
                 int(previous["wav_size"]),
                 float(previous.get("clipped", 0)),
                 int(previous.get("source_rate", 0)),
+                float(previous.get("header_seconds", 0)),
+                float(previous.get("decoded_seconds", 0)),
             )
             run.reused += reason is None
             continue
