@@ -436,6 +436,8 @@ def test_pairs_folder_all_formats(tmp_path):
     write_audio(src / "notext.wav", x, rate)
     (src / "orphan.txt").write_text("no audio", encoding="utf-8")
     (src / "orphan_lab.lab").write_text("no audio", encoding="utf-8")
+    (src / "phone.m4a").write_bytes(b"not read here")  # reported as such, not as a missing file
+    (src / "phone.txt").write_text("from a phone", encoding="utf-8")
     assert detect_format(str(src))[0] == "pairs"
     result, _ = run_prepare(src, tmp_path / "out")
     rows = output_rows(tmp_path / "out")
@@ -447,6 +449,7 @@ def test_pairs_folder_all_formats(tmp_path):
         "notext": "missing_text",
         "orphan": "missing_audio",
         "orphan_lab": "missing_audio",
+        "phone": "unsupported_audio",
     }
     # Lossless inputs give the same samples whatever their container; the stereo one is the channel mean.
     ref, _ = sf.read(tmp_path / "out" / "wavs" / "w16.wav", dtype="float32")
@@ -456,7 +459,11 @@ def test_pairs_folder_all_formats(tmp_path):
     stereo, _ = sf.read(tmp_path / "out" / "wavs" / "nested_st.wav", dtype="float32")
     assert len(stereo) == len(ref)
     assert np.max(np.abs(stereo - 0.75 * ref)) < 2e-4
-    assert result.report["counts"]["skipped_by_reason"] == {"missing_text": 1, "missing_audio": 2}
+    assert result.report["counts"]["skipped_by_reason"] == {
+        "missing_text": 1,
+        "missing_audio": 2,
+        "unsupported_audio": 1,
+    }
 
 
 def test_wavs_folder_given_instead_of_the_corpus_names_the_table(tmp_path):

@@ -531,9 +531,22 @@ def read_pairs(root: Path, exclude: Path | None = None) -> Source:
             rows.append(Problem(str(txt), "malformed_row", "transcript is not valid UTF-8", clip_id))
             continue
         rows.append(Candidate(clip_id, text, "0", str(wav), audio_path=wav))
+    others = {
+        p.with_suffix(""): p
+        for p in files
+        if p.suffix.lower() not in (*AUDIO_EXTENSIONS, *TRANSCRIPT_SUFFIXES)
+    }
     for txt in files:
         if txt.suffix.lower() in TRANSCRIPT_SUFFIXES and txt.with_suffix("") not in stems_with_audio:
             clip_id = _path_id(str(txt.relative_to(root)))
+            beside = others.get(txt.with_suffix(""))  # x.m4a, x.aac, x.wma: audio of a format not read
+            if beside is not None:
+                detail = (
+                    f"{beside.name} is not a format read here ({', '.join(AUDIO_EXTENSIONS)}): convert it, "
+                    "e.g. ffmpeg -i x.m4a x.wav"
+                )
+                rows.append(Problem(str(beside), "unsupported_audio", detail, clip_id))
+                continue
             rows.append(Problem(str(txt), "missing_audio", "transcript has no audio file", clip_id))
     return Source("pairs", str(root), rows, folder=root)
 
