@@ -172,3 +172,50 @@ def test_a_runs_error_line_and_crash_traceback_go_into_its_log_too(tmp_path, mon
         run_cli(fails_with(RuntimeError("a bug")))
     text = log.read_text(encoding="utf-8")
     assert "Traceback (most recent call last)" in text and text.rstrip().endswith("RuntimeError: a bug")
+
+
+@pytest.mark.parametrize(
+    ("field", "value", "message"),
+    [
+        ("max_grad_norm", -5.0, "--max_grad_norm must be positive"),  # flipped the gradient's sign
+        ("max_grad_norm", 0.0, "--max_grad_norm must be positive"),  # trained nothing
+        ("max_grad_norm", float("nan"), "--max_grad_norm must be positive"),
+        ("mel_weight", -45.0, "--mel_weight must be 0 or more"),
+        ("kl_weight", float("nan"), "--kl_weight must be 0 or more"),
+        ("weight_decay", float("nan"), "--weight_decay must be a number"),  # a traceback in AdamW
+        ("max_ram_gb", float("inf"), "--max_ram_gb must be a number"),
+        ("total_hours", float("inf"), "--total_hours must be positive"),  # a traceback at step 2
+        ("seed", -1, r"--seed must be in \[0, 2\*\*32\)"),  # a traceback after the start evaluation
+        ("seed", 2**64, r"--seed must be in"),
+    ],
+)
+def test_values_that_failed_later_or_trained_wrongly_are_refused_up_front(field, value, message):
+    import dataclasses
+
+    from vits_trainer.errors import UserError
+    from vits_trainer.training.config import TrainConfig
+
+    with pytest.raises(UserError, match=message):
+        dataclasses.replace(TrainConfig(), **{field: value}).validate()
+    TrainConfig().validate()  # the defaults pass
+
+
+def test_a_huge_step_is_refused_or_planned_at_once():
+    """--batch_size 100000 --gradient_accumulation_steps 100000: the divisors were found by a linear scan
+    (no output for minutes), and the error listed a thousand characters of them."""
+    import dataclasses
+    import time
+
+    from vits_trainer.errors import UserError
+    from vits_trainer.training.config import TrainConfig, divisors
+    from vits_trainer.training.microbatch import candidates
+
+    assert divisors(12) == [1, 2, 3, 4, 6, 12] and divisors(49) == [1, 7, 49] and divisors(1) == [1]
+    huge = dataclasses.replace(TrainConfig(), batch_size=100_000, gradient_accumulation_steps=100_000)
+    start = time.process_time()
+    with pytest.raises(
+        UserError, match="one of 1, 2, 4, 5, 8, 10, 16, 20, 25, 32, 40, 50 ... 10000000000, or auto"
+    ):
+        dataclasses.replace(huge, micro_batch_size="7").validate()
+    assert candidates(huge)[0] == 100_000 and candidates(huge)[-1] == 10**10
+    assert time.process_time() - start < 5  # CPU time: seconds where it was minutes, however loaded

@@ -46,7 +46,9 @@ class TrainConfig:
         "", "folder with discriminator.safetensors (default: the model folder's, else a fresh one)"
     )
     max_samples: int = _f(0, "use at most this many clips (0 = all)")
-    val_fraction: float = _f(0.02, "held-out validation share (at least a few clips, fixed across resumes)")
+    val_fraction: float = _f(
+        0.02, "held-out validation share (at least a few clips, fixed across resumes; 0 = no validation)"
+    )
     max_ram_gb: float = _f(0.0, "preload audio into RAM up to this size (0 = 75%% of available RAM)")
     num_workers: int = _f(2, "DataLoader worker processes")
     # --- budget ---
@@ -70,8 +72,9 @@ class TrainConfig:
     )
     micro_batch_size: str = _f(
         "auto",
-        "clips per forward/backward pass: auto (a trial of real steps at the start picks the fastest that "
-        "divides batch_size x gradient_accumulation_steps) | N (one such divisor); the effective batch is kept",
+        "clips per forward/backward pass: auto (a trial of real steps at the start picks the fastest of the "
+        "divisors of batch_size x gradient_accumulation_steps from batch_size up) | N (any divisor); the "
+        "effective batch is kept",
     )
     learning_rate: float = _f(2e-5, "peak learning rate of both generator and discriminator")
     warmup_steps: int = _f(
@@ -211,12 +214,28 @@ class TrainConfig:
             "log_every": self.log_every,
             "discriminator_width": self.discriminator_width,
             "max_consecutive_skips": self.max_consecutive_skips,
+            "max_grad_norm": self.max_grad_norm,  # 0 trained nothing, a negative one climbed the loss
         }
         for name, value in positive.items():
             if not (isinstance(value, int | float) and math.isfinite(value) and value > 0):
                 raise UserError(f"--{name} must be positive (got {value})")
-        if self.total_hours is not None and not self.total_hours > 0:
+        if self.total_hours is not None and not (math.isfinite(self.total_hours) and self.total_hours > 0):
             raise UserError(f"--total_hours must be positive (got {self.total_hours})")
+        for name in (
+            "mel_weight",
+            "kl_weight",
+            "duration_weight",
+            "adversarial_weight",
+            "feature_matching_weight",
+        ):
+            value = getattr(self, name)
+            if not (math.isfinite(value) and value >= 0):
+                raise UserError(f"--{name} must be 0 or more (got {value})")
+        for name in ("weight_decay", "max_ram_gb"):  # NaN and inf failed later, with a traceback
+            if not math.isfinite(getattr(self, name)):
+                raise UserError(f"--{name} must be a number (got {getattr(self, name)})")
+        if not 0 <= self.seed < 2**32:  # numpy's seeds; larger ones failed after the start evaluation
+            raise UserError(f"--seed must be in [0, 2**32) (got {self.seed})")
         for name in (
             "max_samples",
             "max_steps",
@@ -275,13 +294,20 @@ class TrainConfig:
             ) from None
         batch = self.batch_size * self.gradient_accumulation_steps
         if size < 1 or size > batch or batch % size:
-            divisors = ", ".join(str(d) for d in range(1, batch + 1) if batch % d == 0)
+            found = divisors(batch)
+            divisors_text = ", ".join(map(str, found[:12])) + (f" ... {found[-1]}" if len(found) > 12 else "")
             raise UserError(
                 f"--micro_batch_size {size} must divide the {batch} clips of an optimiser step per process "
                 f"(--batch_size {self.batch_size} x --gradient_accumulation_steps "
-                f"{self.gradient_accumulation_steps}): one of {divisors}, or auto"
+                f"{self.gradient_accumulation_steps}): one of {divisors_text}, or auto"
             )
         return size
+
+
+def divisors(n: int) -> list[int]:
+    """The divisors of `n`, ascending (pairs up to its square root: a step of 10^10 clips is instant)."""
+    small = [d for d in range(1, math.isqrt(n) + 1) if n % d == 0]
+    return small + [n // d for d in reversed(small) if d * d != n]
 
 
 def add_arguments(parser: argparse.ArgumentParser, cls=TrainConfig, skip: tuple[str, ...] = ()) -> None:

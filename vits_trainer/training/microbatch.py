@@ -25,6 +25,7 @@ from dataclasses import dataclass, field
 import torch
 
 from ..data.shapes import PadLengths, padded_widths
+from .config import divisors
 
 TRIAL_STEPS = 4  # per candidate: one warm-up step and three measured ones
 TRIAL_STEPS_SHORT = 2  # when the budget is short: one warm-up, one measured
@@ -38,8 +39,7 @@ def per_process_batch(cfg) -> int:
 
 def candidates(cfg) -> list[int]:
     """The sizes a trial tries: from --batch_size up to the whole step's batch, those that divide it."""
-    batch = per_process_batch(cfg)
-    return [m for m in range(cfg.batch_size, batch + 1) if batch % m == 0]
+    return [m for m in divisors(per_process_batch(cfg)) if m >= cfg.batch_size]
 
 
 def hardware_id(device: torch.device) -> str:
