@@ -40,10 +40,18 @@ def test_saved_settings_win_unless_a_flag_is_given():
         target_hours=0.1,
         num_workers=0,
         gradient_checkpointing=True,
-        extend_vocab=True,
+        overwrite_output_dir=True,
     ).to_dict()
     cfg = parse(
-        ["--learning_rate", "1e-4", "--target_hours", "2", "--warmup_steps", "20", "--no-extend_vocab"]
+        [
+            "--learning_rate",
+            "1e-4",
+            "--target_hours",
+            "2",
+            "--warmup_steps",
+            "20",
+            "--no-overwrite_output_dir",
+        ]
     )
     lines = []
     merged = restore_settings(cfg, saved, lines.append, source="step_00000072")
@@ -55,7 +63,7 @@ def test_saved_settings_win_unless_a_flag_is_given():
     assert "--gradient_accumulation_steps 1" in lines[-1] and "--output_dir elsewhere/model" in lines[-1]
     # a switch as it is typed (it read "--gradient_checkpointing True")
     assert "--gradient_checkpointing," in lines[-1] and "True" not in lines[-1]
-    assert "resume: --no-extend_vocab (the checkpoint's run used --extend_vocab)" in lines
+    assert "resume: --no-overwrite_output_dir (the checkpoint's run used --overwrite_output_dir)" in lines
     built_in_code = TrainConfig(learning_rate=3e-4)
     assert restore_settings(built_in_code, saved, lines.append, source="x") is built_in_code
 
@@ -149,6 +157,16 @@ def test_settings_fixed_for_the_run_are_kept_and_said_to_be_unused():
     assert "resume: --val_fraction 0.2 is not used: the validation clips are the checkpoint's" in lines[1]
     assert "resume: --seed 7 is not used: the random state is the checkpoint's (0 in this run)" in lines
     assert not any("--val_fraction 0.2 (the checkpoint" in line for line in lines)
+    # the vocabulary and the discriminator were printed as winning, while the checkpoint's were used
+    lines = []
+    cfg = parse(["--extend_vocab", "--discriminator_width", "0.25", "--discriminator", "elsewhere"])
+    merged = restore_settings(cfg, saved, lines.append, source="step_00000010")
+    assert (merged.extend_vocab, merged.discriminator_width, merged.discriminator) == (False, 1.0, "")
+    assert "resume: --extend_vocab is not used: the vocabulary is the checkpoint's" in " ".join(lines)
+    assert (
+        "resume: --discriminator_width 0.25 is not used: the discriminator is the checkpoint's (1.0"
+        in " ".join(lines)
+    )
 
 
 def test_a_resumed_run_keeps_the_model_it_was_trained_from():
@@ -377,3 +395,24 @@ def test_a_mid_epoch_resume_with_another_process_count_trains_each_batch_once(be
     old = TrainState(batch_in_epoch=6)
     rescale_epoch_position(old, 1, lines.append)
     assert (same.batch_in_epoch, old.batch_in_epoch, old.processes, len(lines)) == (6, 6, 1, 1)
+
+
+def test_a_resumed_runs_settings_are_checked_again(tmp_path, tone_corpus):
+    """--best_metric val_mel_dtw given on resume of a run of --freerun_samples 0 (refused at a fresh
+    start) was accepted: no val_mel_dtw was ever computed, and best_model stopped moving."""
+    from vits_trainer.errors import UserError
+    from vits_trainer.training.session import check_inputs
+
+    saved = TrainConfig(
+        freerun_samples=0, data_dir=str(tone_corpus), output_dir=str(tmp_path / "o")
+    ).to_dict()
+    cfg = parse(["--best_metric", "val_mel_dtw", "--checkpoint_dir", str(tmp_path / "c")])
+    merged = restore_settings(cfg, saved, [].append, source="step_00000003")
+    with pytest.raises(UserError, match="--best_metric val_mel_dtw needs --freerun_samples"):
+        check_inputs(merged, resumed=True)
+    # a restored --gradient_checkpointing with --compile on is no error there: compiling stays off
+    saved = TrainConfig(
+        gradient_checkpointing=True, data_dir=str(tone_corpus), output_dir=str(tmp_path / "o")
+    )
+    merged = restore_settings(parse(["--compile", "on"]), saved.to_dict(), [].append, source="step_00000003")
+    check_inputs(merged, resumed=True)

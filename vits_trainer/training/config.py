@@ -201,8 +201,10 @@ class TrainConfig:
     def target_seconds(self) -> float:
         return self.target_hours * 3600.0
 
-    def validate(self) -> None:
-        """Reject what the code does not support instead of ignoring it."""
+    def validate(self, resumed: bool = False) -> None:
+        """Reject what the code does not support instead of ignoring it. `resumed`: again, once a
+        checkpoint's settings are restored (a restored --gradient_checkpointing with --compile on is no
+        error there: compiling stays off and says so)."""
         positive = {
             "target_hours": self.target_hours,
             "batch_size": self.batch_size,
@@ -255,7 +257,7 @@ class TrainConfig:
         if self.best_metric == "val_mel_dtw" and self.freerun_samples == 0:
             raise UserError("--best_metric val_mel_dtw needs --freerun_samples of 1 or more")
         self.speakers_wanted()
-        if self.compile == "on" and self.gradient_checkpointing:
+        if self.compile == "on" and self.gradient_checkpointing and not resumed:
             raise UserError(
                 "--compile on and --gradient_checkpointing cannot be combined (the checkpointed decoder is "
                 "recomputed outside the compiled graph): choose one"

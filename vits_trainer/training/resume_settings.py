@@ -5,8 +5,9 @@ command line's values, except:
 - flags given explicitly on this command line (TrainConfig.explicit): they win, and each one that
   differs from the saved value is printed; but not --model_name (RUN_BASE): the checkpoint's weights
   came from the saved one, which the model card names, and a different one is said to be unused;
-  nor RUN_FIXED (--val_fraction, --seed): the validation clips and the random state are the
-  checkpoint's, so a different value would change nothing but what the run's settings say;
+  nor RUN_FIXED (--val_fraction, --seed, --extend_vocab, --discriminator, --discriminator_width): the
+  validation clips, the random state, the vocabulary and the discriminator are the checkpoint's, so a
+  different value would change nothing but what the run's settings say;
 - NOT_RESTORED: what belongs to this session or this machine, not to the run:
     --target_hours      this process's budget (--total_hours, the whole run's horizon, is restored)
     --resume            how this session finds the checkpoint
@@ -56,6 +57,9 @@ RUN_BASE = frozenset({"model_name"})
 RUN_FIXED = {
     "val_fraction": "the validation clips are the checkpoint's, the same in every session",
     "seed": "the random state is the checkpoint's",
+    "extend_vocab": "the vocabulary is the checkpoint's, settled when the run started",
+    "discriminator": "the discriminator is the checkpoint's",
+    "discriminator_width": "the discriminator is the checkpoint's",
 }
 
 
@@ -99,7 +103,9 @@ def restore_settings(
             )
         elif name in cfg.explicit and name in RUN_FIXED:
             changes[name] = old
-            log(f"resume: --{name} {_show(value)} is not used: {RUN_FIXED[name]} ({_show(old)} in this run)")
+            given = _flag(name, value) if isinstance(value, bool) else f"--{name} {_show(value)}"
+            was = _flag(name, old) if isinstance(old, bool) else _show(old)
+            log(f"resume: {given} is not used: {RUN_FIXED[name]} ({was} in this run)")
         elif name in cfg.explicit:
             if name not in hidden:
                 used = _flag(name, old) if isinstance(old, bool) else _show(old)

@@ -31,7 +31,15 @@ from .budget import Budget
 from .carry import carry_best_model, carry_history, set_aside_later_checkpoints
 from .checkpoint import find_resumable, list_checkpoints, verify_checkpoint
 from .config import TrainConfig, check_data_dir, check_resume_path
-from .datasplit import DataSplit, check_vocabulary, describe_data, load_store, make_loaders, split_data
+from .datasplit import (
+    DataSplit,
+    check_vocabulary,
+    describe_data,
+    load_store,
+    make_loaders,
+    report_unknown_characters,
+    split_data,
+)
 from .lr_schedule import BudgetLR, make_scheduler, set_peak_lr
 from .networks import (
     check_segment_size,
@@ -208,7 +216,9 @@ def check_inputs(cfg: TrainConfig, resumed: bool = False) -> None:
     ):
         if folder.exists() and not folder.is_dir():
             raise UserError(f"{flag} {folder}: exists and is not a folder")
-    cfg.forced_micro_batch()  # a resumed run's --micro_batch_size must still divide its step's batch
+    # the settings a resumed run took from its checkpoint, with the flags given: e.g. --best_metric
+    # val_mel_dtw on a run of --freerun_samples 0, or a --micro_batch_size its step no longer divides
+    cfg.validate(resumed=resumed)
 
 
 def check_disk_space(folders: list[Path], needed: int) -> None:
@@ -324,6 +334,8 @@ def _build_session(
     store, report = load_store(cfg, Path(cfg.data_dir), model.config.sampling_rate, accelerator, log)
     if ckpt is None:
         check_vocabulary(cfg, model, text, store, log)
+    else:  # the vocabulary is the checkpoint's; data given anew may say what it lacks
+        report_unknown_characters(text, store.texts, log)
     model, speakers = resolve_speakers(
         cfg.speakers_wanted(), model, store.speakers, trainer_state.get("speakers"), log
     )
