@@ -5,7 +5,8 @@ keep the cores busy, one of our threads is always waiting for a CPU, so two thre
 one; on a quiet machine two threads are the faster (figures: docs/performance.md, "Threads on a shared
 CPU", from bench/bench_threads.py). Load changes over a run of hours, so the
 count is not fixed at start-up: every `interval` seconds the CPU time others used on this process's
-CPUs is measured (/proc/stat's busy time minus this process's own, /proc/self/stat), and the thread
+CPUs is measured (/proc/stat's busy time minus this process's own, /proc/self/stat: the run's own
+DataLoader workers count among the others, as they too take CPUs from torch's threads), and the thread
 count becomes the CPUs they left free, rounded, between 1 and the configured count. A change needs two
 windows in a row agreeing, so one busy spell does not make the count flap. Linux only; elsewhere, or
 when the user set OMP_NUM_THREADS, the count stays as configured.
@@ -108,8 +109,8 @@ class CpuShare:
         self.apply(want)
         self.changes += 1
         return (
-            f"threads: {old} -> {want} (other processes used {self.others:.1f} of this run's "
-            f"{len(self.cpus)} CPUs over the last {t1 - t0:.0f} s)"
+            f"threads: {old} -> {want} (other processes, this run's data-loading workers included, used "
+            f"{self.others:.1f} of this run's {len(self.cpus)} CPUs over the last {t1 - t0:.0f} s)"
         )
 
 
