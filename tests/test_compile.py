@@ -506,6 +506,19 @@ def test_a_failing_scope_is_dropped_for_the_narrower_one():
     assert choice.failed(RuntimeError("again")) is True and choice.phase == "off" and calls[-1] is False
 
 
+def test_a_narrow_scope_failing_after_a_wide_one_measured_well_keeps_the_wide_one():
+    """The "graphs" scope measured at 3.3x eager, then the first "segments" step failed: the run went back to
+    eager, throwing the measured 3.3x away."""
+    choice, calls, lines = _choice("auto")
+    choice.begin(2 * HOUR, 1.0 / 8)
+    _steps(choice, [30.0, 2.0, 0.3, 0.3, 0.3])  # compiled, then measured
+    assert calls == ["graphs", "segments"]
+    assert choice.failed(RuntimeError("segments broke")) is True
+    assert calls[-1] == "graphs" and choice.phase == "on" and choice.summary()["scope"] == "graphs"
+    assert "judging the scopes measured before it" in lines[-2] and "compile: on, " in lines[-1]
+    assert choice.summary()["speedup"] == pytest.approx(1.0 / 0.3)
+
+
 def test_short_steps_are_not_compared():
     """An epoch's short last step (a new shape: it compiles again) is not a measurement."""
     choice, calls, _ = _choice("auto")

@@ -89,6 +89,7 @@ class CompileChoice:
         self.measured: dict[str, list[float]] = {}  # seconds per sample of compiled steps, by scope
         self.compile_seconds: float | None = None
         self.failures = 0
+        self.step_samples = 0  # samples of the last whole step
         # where compiled code is kept for a resume (None: torch's default, in the temporary folder)
         self.cache_folder = None if checkpoint_dir is None else Path(checkpoint_dir) / CACHE_FOLDER
         self.cache: str | None = None  # the folder in use once compiling
@@ -143,6 +144,8 @@ class CompileChoice:
         """One optimiser step ended. `clean`: a whole step at the run's micro-batch size, run once.
         Returns whether its time measures the run's speed (False for the compiling steps)."""
         per_sample = seconds / samples if samples else None
+        if clean:
+            self.step_samples = samples  # a whole step's: what a later judgement's figures are per step of
         if self.phase == "eager":
             if clean and per_sample is not None:
                 self.eager.append(per_sample)
@@ -186,11 +189,15 @@ class CompileChoice:
         first_line = (str(err).strip().splitlines() or [type(err).__name__])[0][:300]
         what = f"the compiled step failed ({type(err).__name__}: {first_line})"
         narrower = self._narrower()
-        if narrower is not None:  # the failed scope's figures go: it cannot be chosen
-            self.measured.pop(self.scope, None)
+        self.measured.pop(self.scope, None)  # the failed scope's figures go: it cannot be chosen
+        if narrower is not None:
             self.scope = narrower
             self.use(True, scope=narrower)
             self.log(f"compile: {what}; now compiling only {describe(self.scope)}, redoing the step")
+            return True
+        if self._best() is not None and self.step_samples:  # a wider scope measured well before it
+            self.log(f"compile: {what}; judging the scopes measured before it, redoing the step")
+            self._judge(self.step_samples)
             return True
         self.use(False)
         self.phase, self.reason = "off", what
