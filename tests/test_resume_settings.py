@@ -395,6 +395,14 @@ def test_a_mid_epoch_resume_with_another_process_count_trains_each_batch_once(be
     old = TrainState(batch_in_epoch=6)
     rescale_epoch_position(old, 1, lines.append)
     assert (same.batch_in_epoch, old.batch_in_epoch, old.processes, len(lines)) == (6, 6, 1, 1)
+    # another --batch_size groups the epoch anew: no batch position maps, the epoch starts again (batch
+    # 4 -> 8 at batch 6 skipped clips of the epoch and trained others twice)
+    regrouped = TrainState(epoch=5, batch_in_epoch=6, processes=1)
+    rescale_epoch_position(regrouped, 1, lines.append, batch_size=8, saved_batch_size=4)
+    assert regrouped.batch_in_epoch == 0 and "starts again from its beginning" in lines[-1]
+    kept = TrainState(epoch=5, batch_in_epoch=6, processes=1)
+    rescale_epoch_position(kept, 1, lines.append, batch_size=4, saved_batch_size=4)
+    assert kept.batch_in_epoch == 6
 
 
 def test_a_resumed_runs_settings_are_checked_again(tmp_path, tone_corpus):

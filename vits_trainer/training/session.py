@@ -330,7 +330,8 @@ def _build_session(
     accelerator = make_accelerator(precision, cfg.cpu, cfg.report_to, Path(cfg.checkpoint_dir))
     log = Logger(accelerator.is_main_process)
     _describe_start(accelerator, precision, model, model_source, ckpt, log)
-    rescale_epoch_position(state, accelerator.num_processes, log)
+    saved_batch = (trainer_state.get("config") or {}).get("batch_size") if ckpt is not None else None
+    rescale_epoch_position(state, accelerator.num_processes, log, cfg.batch_size, saved_batch)
     store, report = load_store(cfg, Path(cfg.data_dir), model.config.sampling_rate, accelerator, log)
     if ckpt is None:
         check_vocabulary(cfg, model, text, store, log)
@@ -397,11 +398,21 @@ def _build_session(
 # ---- the steps of _build_session ------------------------------------------------------------------
 
 
-def rescale_epoch_position(state: TrainState, processes: int, log) -> None:
+def rescale_epoch_position(
+    state: TrainState, processes: int, log, batch_size: int | None = None, saved_batch_size: int | None = None
+) -> None:
     """A run resumed mid-epoch with another process count: each rank counts its own batches, dealt out
     in turn from the epoch's order (sampler.py), so the position is converted, rounded down (a batch
     or two again rather than some never; the first step may be short). Without it 2 -> 1 processes
-    trained the epoch's first batches twice, and 1 -> 2 never trained half of those after them."""
+    trained the epoch's first batches twice, and 1 -> 2 never trained half of those after them.
+    With another --batch_size the epoch's batches are grouped anew, so no position in them maps: the
+    epoch starts again (some clips twice in it, none never; before, batch 4 -> 8 skipped 20 of 36)."""
+    if saved_batch_size not in (None, batch_size) and state.batch_in_epoch:
+        log(
+            f"resume: --batch_size {batch_size} (the checkpoint's run used {saved_batch_size}) groups epoch "
+            f"{state.epoch + 1}'s clips anew: it starts again from its beginning"
+        )
+        state.batch_in_epoch = 0
     old, state.processes = state.processes, processes
     if old is None or old == processes or state.batch_in_epoch == 0:
         return
