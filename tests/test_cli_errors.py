@@ -47,6 +47,11 @@ def make_cases(tmp: Path, corpus: Path, model: Path) -> dict[str, tuple[list[str
             [*ok, "--resume", str(tmp / "a_run")],
             f"holds checkpoints, it is not one; pass its newest, --resume {tmp / 'a_run' / 'step_00000003'}",
         ),
+        # a folder that never was a checkpoint (it read "no manifest (interrupted while saving)")
+        "resume names a data folder": (
+            [*ok, "--resume", str(corpus)],
+            "not a checkpoint (a step_NNNNNNNN folder",
+        ),
         # a prefix is no longer taken for the flag it begins (it named another setting than meant)
         "a flag's prefix": (
             [*ok, "--target_hour", "1"],

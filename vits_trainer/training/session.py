@@ -29,7 +29,7 @@ from ..runlock import RunLock, is_main_process
 from ..safety import remove_created_on_error
 from .budget import Budget
 from .carry import carry_best_model, carry_history, set_aside_later_checkpoints
-from .checkpoint import find_resumable, list_checkpoints, verify_checkpoint
+from .checkpoint import MANIFEST, find_resumable, list_checkpoints, verify_checkpoint
 from .config import TrainConfig, check_data_dir, check_resume_path
 from .datasplit import (
     DataSplit,
@@ -151,6 +151,10 @@ def find_checkpoint(cfg: TrainConfig, checkpoint_dir: Path, log) -> LoadedCheckp
     if inside:  # the folder of a run's checkpoints, not one of them
         raise UserError(
             f"--resume {cfg.resume}: holds checkpoints, it is not one; pass its newest, --resume {inside[0]}"
+        )
+    if not path.name.startswith(("step_", ".step_")) and not (path / MANIFEST).is_file():
+        raise UserError(  # a data or model folder, not a half-saved checkpoint
+            f"--resume {cfg.resume}: not a checkpoint (a step_NNNNNNNN folder of a run's --checkpoint_dir)"
         )
     try:
         manifest = verify_checkpoint(path)
