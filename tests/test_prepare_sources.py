@@ -249,6 +249,28 @@ def test_a_pipe_filelist_keeps_its_quotes_and_commas(tmp_path):
     }
 
 
+def test_a_tables_bad_rows_are_reported_by_their_id_and_first_line(tmp_path):
+    """A malformed row was reported by its first field (a speaker, here) and a quoted record spanning
+    lines by its last line."""
+    src = tmp_path / "t"
+    for stem in ("a", "b"):
+        write_audio(src / "clips" / f"{stem}.wav", speech("abc", 16000), 16000)
+    lines = [
+        "speaker,path,text",
+        "bob,clips/a.wav,hello",
+        'ann,clips/b.wav,"two',
+        'lines"',
+        "bob,clips/c.wav,x,extra",
+    ]
+    (src / "t.csv").write_text("\n".join(lines) + "\n", encoding="utf-8")
+    run_prepare(src / "t.csv", tmp_path / "out", speaker_column="speaker")
+    report = json.loads((tmp_path / "out" / "prepare_report.json").read_text(encoding="utf-8"))
+    assert [(r["id"], r["origin"], r["reason"]) for r in report["skipped_rows"]] == [
+        ("clips_b", "t.csv:3", "text_has_newline"),
+        ("clips_c", "t.csv:5", "malformed_row"),
+    ]
+
+
 def test_csv_default_columns_and_quoted_text(tmp_path):
     src = tmp_path / "t"
     write_audio(src / "x.wav", speech("abc", 16000), 16000)

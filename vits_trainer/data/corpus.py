@@ -360,13 +360,24 @@ def _table_rows(
         if notes is not None:
             notes += unused_speaker_note(header, speaker_column)
         index = {name: i for i, name in enumerate(header)}
+
+        def id_of(fields: list[str]) -> str:
+            """The id a row would have had, for the report (not its first field: that may be a speaker)."""
+            column = index[id_column] if id_column is not None else index[audio_column]
+            value = fields[column].strip() if column < len(fields) else ""
+            if not value or id_column is not None:
+                return value
+            return Path(value).stem if id_from == "stem" else _path_id(value)
+
+        line = reader.line_num + 1  # where the next record starts (a quoted one may span lines)
         for fields in itertools.chain(pending, reader):
-            origin = f"{path.name}:{reader.line_num}"
+            origin = f"{path.name}:{line if not pending or fields is not pending[0] else 1}"
+            line = reader.line_num + 1
             if not any(x.strip() for x in fields):
                 continue
             if len(fields) != len(header):
                 detail = f"expected {len(header)} fields, got {len(fields)}"
-                yield Problem(origin, "malformed_row", detail, fields[0] if fields else "")
+                yield Problem(origin, "malformed_row", detail, id_of(fields))
                 continue
             if any(_has_bad_utf8(x) for x in fields):
                 yield Problem(origin, "malformed_row", "not valid UTF-8")
