@@ -194,10 +194,10 @@ def _third_column_is_speaker(rows: list[list[str]]) -> bool:
 
     Normalized text of a multi-word sentence has spaces, so a 3rd column of single short tokens next
     to multi-word texts can only be speakers; one with spaces is normalized text when it shares a word
-    with the text in at least half the rows, else speaker names ("Ana Lopez"). A corpus of single words (a keyword or digit corpus) is
-    read as speakers too when every row has a 3rd column, none equal to its text, with at most half as
-    many distinct values as rows (normalized words are mostly the words themselves, and many);
-    otherwise it stays on the LJSpeech reading.
+    with the text in at least half the rows, else speaker names ("Ana Lopez"). A corpus of single
+    words (a keyword or digit corpus) is read as speakers too when every row has a 3rd column, none
+    equal to its text, with at most half as many distinct values as rows (normalized words are mostly
+    the words themselves, and many); otherwise it stays on the LJSpeech reading.
     """
     thirds = [r for r in rows if len(r) == 3]
     if not thirds:
