@@ -84,7 +84,7 @@ def test_the_compiled_step_gives_the_eager_losses_and_new_lengths_compile_nothin
     The utterance parts see each batch's own text and frame lengths: captured once (aot_eager) for
     every length, later shapes compile nothing (on a GPU a compile costs seconds to minutes, so a run
     must not meet one per shape). An evaluation forward (full length, no gradients) runs eager and
-    compiles nothing."""
+    compiles nothing; nor does speaking a sentence under the duration bound's forward hook."""
     from torch._dynamo.backends.registry import lookup_backend
 
     from vits_trainer.data.loader import ClipDataset, collate_batch
@@ -140,6 +140,16 @@ def test_the_compiled_step_gives_the_eager_losses_and_new_lengths_compile_nothin
             batches[0]["audio_lengths"],
             full_length=True,
         )
+    assert len(graphs) == compiled_once
+    # speaking a sentence (samples, free-running scores) bounds the durations with a forward hook on
+    # the duration predictor, removed after it: the next compiled step compiles nothing again
+    from vits_trainer.model.synthesis import bounded_durations
+
+    with torch.no_grad(), bounded_durations(s.model):
+        s.model(input_ids=batches[0]["input_ids"][:1], attention_mask=batches[0]["attention_mask"][:1])
+    s.generator.train()
+    torch.manual_seed(0)
+    assert not step(batches[0]).skipped
     assert len(graphs) == compiled_once
 
 
