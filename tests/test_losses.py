@@ -182,3 +182,12 @@ def test_loss_weights_and_total() -> None:
     assert generator_total({"mel": t(0.1), "kl": t(2.0)}, weights).item() == pytest.approx(6.5)
     with pytest.raises(ValueError, match="no generator loss"):
         generator_total({"other": t(1.0)}, weights)
+
+
+def test_every_loss_term_has_its_weight_flag():
+    """A term added to LossWeights without its --<name>_weight flag (or the other way) is never trained."""
+    from vits_trainer.model.losses import LOSS_KEYS
+    from vits_trainer.training.config import LOSS_WEIGHT_FLAGS, TrainConfig
+
+    assert tuple(f"{key}_weight" for key in LOSS_KEYS) == LOSS_WEIGHT_FLAGS
+    assert set(LOSS_WEIGHT_FLAGS) <= set(TrainConfig.__dataclass_fields__)

@@ -406,18 +406,24 @@ def test_a_mid_epoch_resume_with_another_process_count_trains_each_batch_once(be
 
 
 def test_a_resumed_runs_settings_are_checked_again(tmp_path, tone_corpus):
-    """--best_metric val_mel_dtw given on resume of a run of --freerun_samples 0 (refused at a fresh
-    start) was accepted: no val_mel_dtw was ever computed, and best_model stopped moving."""
+    """A flag given on resume that the run's restored settings cannot go with (refused at a fresh
+    start) was accepted: --freerun_samples 0 on a run of --best_metric val_mel_dtw computed no
+    val_mel_dtw again, and best_model stopped moving."""
     from vits_trainer.errors import UserError
     from vits_trainer.training.session import check_inputs
 
-    saved = TrainConfig(
-        freerun_samples=0, data_dir=str(tone_corpus), output_dir=str(tmp_path / "o")
-    ).to_dict()
-    cfg = parse(["--best_metric", "val_mel_dtw", "--checkpoint_dir", str(tmp_path / "c")])
+    folders = dict(data_dir=str(tone_corpus), output_dir=str(tmp_path / "o"))
+    saved = TrainConfig(best_metric="val_mel_dtw", **folders).to_dict()
+    cfg = parse(["--freerun_samples", "0", "--checkpoint_dir", str(tmp_path / "c")])
     merged = restore_settings(cfg, saved, [].append, source="step_00000003")
     with pytest.raises(UserError, match="--best_metric val_mel_dtw needs --freerun_samples"):
         check_inputs(merged, resumed=True)
+    # and another --best_metric is not used: best_model's score is of the run's own metric
+    lines = []
+    merged = restore_settings(
+        parse(["--best_metric", "val_mel"]), saved, lines.append, source="step_00000003"
+    )
+    assert merged.best_metric == "val_mel_dtw" and "--best_metric val_mel is not used" in lines[0]
     # a restored --gradient_checkpointing with --compile on is no error there: compiling stays off
     saved = TrainConfig(
         gradient_checkpointing=True, data_dir=str(tone_corpus), output_dir=str(tmp_path / "o")

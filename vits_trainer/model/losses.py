@@ -14,8 +14,6 @@ from typing import Any
 import torch
 from torch import Tensor
 
-LOSS_KEYS = ("mel", "kl", "duration", "adversarial", "feature_matching")
-
 
 def columns(maps: list[Tensor], items: int | None = None) -> tuple[Tensor, tuple[int, ...]]:
     """Discriminator outputs as one matrix: (values [items, K] float32, each map's values per item);
@@ -136,6 +134,11 @@ class LossWeights:
     def from_dict(cls, data: dict[str, Any]) -> LossWeights:
         known = {f.name for f in fields(cls)}
         return cls(**{k: float(v) for k, v in data.items() if k in known})
+
+
+# the generator's loss terms, one per LossWeights field: a new term is a field here, a `--<name>_weight`
+# flag (config.LOSS_WEIGHT_FLAGS) and an entry of step.py's `losses`
+LOSS_KEYS = tuple(f.name for f in fields(LossWeights))
 
 
 def generator_total(losses: dict[str, Tensor], weights: LossWeights) -> Tensor:

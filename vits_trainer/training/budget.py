@@ -21,7 +21,8 @@ Typical loop::
         if budget.benchmark_done() and budget.current_plan is None:
             print(budget.plan(len(train_set), effective_batch).describe())
             if lr.warmup_message(): print(lr.warmup_message())
-        if eval_due and budget.can_afford(budget.eval_seconds()): evaluate()  # then observe_eval(...)
+        if eval_due and budget.can_afford(budget.eval_seconds() + budget.export_seconds()):
+            evaluate()  # then observe_eval(...); a new best is exported
     final eval, save (state_dict() goes into the checkpoint), export: observe_* each
 
 Multi-process: only the main process's clock decides. `should_stop` is a pure function of this object's

@@ -20,6 +20,16 @@ from ..hub import looks_like_path, resolve_model_dir
 from ..runlock import refuse_if_being_written
 from ..safety import check_disjoint, check_output_vs_data, check_replaceable, made_by, read_marker
 
+# one flag per losses.LossWeights field (`--mel_weight` -> LossWeights.mel); kept here, not imported:
+# this module is read before torch
+LOSS_WEIGHT_FLAGS = (
+    "mel_weight",
+    "kl_weight",
+    "duration_weight",
+    "adversarial_weight",
+    "feature_matching_weight",
+)
+
 
 def _f(default, help: str, **kw):
     return field(default=default, metadata={"help": help, **kw})
@@ -143,6 +153,8 @@ class TrainConfig:
     freerun_samples: int = _f(
         8, "validation sentences spoken from text alone and scored (val_mel_dtw, val_mcd) at each evaluation"
     )
+    # lower is better for every choice (outputs.RunOutputs.run_eval, carry.best_model_score and
+    # report.best_eval keep the minimum); a free-running one needs validate()'s --freerun_samples check
     best_metric: str = _f(
         "val_mel",
         "validation metric that chooses best_model: val_mel (teacher-forced) | val_mel_dtw (free-running)",
@@ -187,11 +199,7 @@ class TrainConfig:
         from ..model.losses import LossWeights
 
         return LossWeights(
-            mel=self.mel_weight,
-            kl=self.kl_weight,
-            duration=self.duration_weight,
-            adversarial=self.adversarial_weight,
-            feature_matching=self.feature_matching_weight,
+            **{flag.removesuffix("_weight"): getattr(self, flag) for flag in LOSS_WEIGHT_FLAGS}
         )
 
     def to_dict(self) -> dict:
@@ -223,13 +231,7 @@ class TrainConfig:
                 raise UserError(f"--{name} must be positive (got {value})")
         if self.total_hours is not None and not (math.isfinite(self.total_hours) and self.total_hours > 0):
             raise UserError(f"--total_hours must be positive (got {self.total_hours})")
-        for name in (
-            "mel_weight",
-            "kl_weight",
-            "duration_weight",
-            "adversarial_weight",
-            "feature_matching_weight",
-        ):
+        for name in LOSS_WEIGHT_FLAGS:
             value = getattr(self, name)
             if not (math.isfinite(value) and value >= 0):
                 raise UserError(f"--{name} must be 0 or more (got {value})")

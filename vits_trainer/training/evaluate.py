@@ -19,6 +19,12 @@ from ..model.losses import LossWeights
 from ..model.synthesis import bounded_durations
 
 
+def set_prefix(name: str) -> str:
+    """What an evaluation's results of validation set `name` are prefixed with: none for "val", the
+    primary set of train_vits.py; "<name>_" for the others (a feedback round's "feedback_val_mel")."""
+    return "" if name == "val" else f"{name}_"
+
+
 def _teacher_forced(generator, batch: dict[str, torch.Tensor], autocast=None):
     """The generator's full-length training forward on one validation batch (already on the device)."""
     with autocast() if autocast else contextlib.nullcontext():
@@ -56,6 +62,8 @@ def evaluate(generator, loader, device: torch.device, autocast=None, seed: int =
     if count == 0:
         return {}
     result = {f"val_{k}": v / count for k, v in sums.items()}
+    # the teacher-forced terms only: the adversarial ones need the discriminator (a new
+    # reconstruction term belongs here too)
     result["val_loss"] = (
         weights.mel * result["val_mel"]
         + weights.kl * result["val_kl"]

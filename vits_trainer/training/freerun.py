@@ -19,7 +19,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from .evaluate import speak_texts, write_wav
+from .evaluate import set_prefix, speak_texts, write_wav
 
 MCD_COEFFICIENTS = 24  # c1..c24, the usual order of mel-cepstral distortion
 MCD_SCALE = 10.0 / math.log(10.0) * math.sqrt(2.0)  # dB from natural-log cepstra
@@ -105,6 +105,5 @@ def free_running_eval(session) -> tuple[dict[str, float], list[Spoken]]:
     if items is None or count == 0:
         return {}, []
     spoken = speak(s.model, s.generator_raw.frontend, s.text, items, count, s.device)
-    prefix = "" if name == "val" else f"{name}_"
     metrics = freerun_metrics(spoken[: cfg.freerun_samples])
-    return {prefix + k: v for k, v in metrics.items()}, spoken
+    return {set_prefix(name) + k: v for k, v in metrics.items()}, spoken

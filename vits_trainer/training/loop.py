@@ -231,17 +231,14 @@ class Trainer:
         (the next step's LR) and the run's counters, a skipped step's recovery (which may reload weights
         and set a new peak LR), the thread count, the plan and a metric line when due, an interval
         checkpoint. The stop reason, if the run ends here."""
-        s, cfg, budget, state = self.s, self.s.cfg, self.s.budget, self.s.state
+        s, state = self.s, self.s.state
         # the size being tried, read before the step: an out-of-memory error inside it can end the trial
         trial_size = self.micro.trial.current() if self.micro.trial is not None else None
         result, micro, clean = self.run_step(pending)
         seconds = time.perf_counter() - t_step
         samples = sum(x["indices"].numel() for x in pending) * s.accelerator.num_processes
         self.measure_step(seconds, samples, trial_size, micro, clean)
-        save_due = time.time() - self.outputs.last_save >= cfg.save_minutes * 60
-        stop_reason, save_now = self.stop_decision(
-            signals, save_due and budget.can_afford(budget.save_seconds())
-        )
+        stop_reason, save_now = self.stop_decision(signals, self.outputs.interval_save_due())
         s.g_scheduler.step()  # after the decision: every rank now has the same LR progress
         s.d_scheduler.step()
         self.train_seconds += seconds
@@ -250,7 +247,7 @@ class Trainer:
         state.batch_in_epoch = position  # a checkpoint from here on resumes after this step
         self.recovery.after_step(result, pending)
         self.follow_load()
-        self.report_progress(progress, n_batches - position)
+        self.plan_and_report(progress, n_batches - position)
         if save_now and not stop_reason:  # a stop saves anyway, at the end
             self.outputs.save_checkpoint("interval")
         return stop_reason
@@ -274,7 +271,7 @@ class Trainer:
         if self.micro.trial is None and not self.compiler.decided:
             self.begin_compile()
 
-    def report_progress(self, progress: Progress, batches_left: int) -> None:
+    def plan_and_report(self, progress: Progress, batches_left: int) -> None:
         """The plan once the benchmark samples are measured, the warmup cap's line, and a metric line every
         --log_every steps (or LOG_SECONDS, whichever comes first)."""
         budget, cfg = self.s.budget, self.s.cfg

@@ -23,7 +23,7 @@ from ..model.vits import export_model
 from ..safety import UnsafeOverwrite
 from .carry import best_model_score
 from .checkpoint import checkpoint_name, prune_checkpoints, write_checkpoint
-from .evaluate import evaluate, synthesize
+from .evaluate import evaluate, set_prefix, synthesize
 from .freerun import dtw_scores, free_running_eval, write_wavs
 from .model_card import CARD_FILE, Sample, model_card, run_facts
 from .pictures import alignment_paths, log_images_to_trackers, warm_up_pictures, write_pictures
@@ -79,7 +79,7 @@ class RunOutputs:
         """The result that decides the best model: --best_metric on the first validation set."""
         primary = next(iter(self.s.val_loaders))
         metric = self.s.cfg.best_metric
-        return metric if primary == "val" else f"{primary}_{metric}"
+        return set_prefix(primary) + metric
 
     def keep_better_best_model(self) -> None:
         """A resumed run's best_model/ may hold weights that scored better than anything its checkpoint
@@ -126,8 +126,7 @@ class RunOutputs:
             values = evaluate(
                 s.generator_raw, loader, s.device, s.accelerator.autocast, weights=s.cfg.loss_weights()
             )
-            prefix = "" if name == "val" else f"{name}_"
-            results.update({prefix + k: v for k, v in values.items()})
+            results.update({set_prefix(name) + k: v for k, v in values.items()})
         freerun, spoken = free_running_eval(s)  # spoken from text alone, scored against the recordings
         results.update(freerun)
         step = s.budget.global_step
@@ -355,6 +354,13 @@ class RunOutputs:
         evals = share(budget.eval_seconds()) if s.val_loaders else 0.0
         interval = epoch_seconds / (60 * s.cfg.save_minutes) if s.cfg.save_minutes > 0 else 0.0
         return evals, max(share(budget.save_seconds()), interval)
+
+    def interval_save_due(self) -> bool:
+        """--save_minutes passed since the last checkpoint and one still fits (rank 0's clock: the loop
+        sends the answer to every rank with its stop decision and saves after the step)."""
+        budget = self.s.budget
+        save_due = time.time() - self.last_save >= self.s.cfg.save_minutes * 60
+        return save_due and budget.can_afford(budget.save_seconds())
 
     def epoch_end_housekeeping(self) -> None:
         s, budget = self.s, self.s.budget

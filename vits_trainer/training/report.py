@@ -35,7 +35,6 @@ REPORT_FILE = "report.html"
 REFERENCE_FOLDER = "reference"  # samples/reference/: the validation recordings, written once per run
 SENTENCES_FILE = "sentences.json"  # samples/reference/sentences.json: clip id -> text, speaker
 RECENT_WITH_PLAYERS = 5  # evaluations whose samples get players (plus the best one)
-STEP_KEYS = ("mel", "kl", "duration", "loss_g", "loss_d", "gen", "fm", "disc")
 STOP_WORDS = {
     "budget": "the time budget: the next step and the final reserve no longer fitted before the deadline",
     "max_steps": "--max_steps reached",

@@ -5,9 +5,10 @@ command line's values, except:
 - flags given explicitly on this command line (TrainConfig.explicit): they win, and each one that
   differs from the saved value is printed; but not --model_name (RUN_BASE): the checkpoint's weights
   came from the saved one, which the model card names, and a different one is said to be unused;
-  nor RUN_FIXED (--val_fraction, --seed, --extend_vocab, --discriminator, --discriminator_width): the
-  validation clips, the random state, the vocabulary and the discriminator are the checkpoint's, so a
-  different value would change nothing but what the run's settings say;
+  nor RUN_FIXED (--val_fraction, --seed, --extend_vocab, --discriminator, --discriminator_width,
+  --best_metric): the validation clips, the random state, the vocabulary, the discriminator and the
+  best model's score are the checkpoint's, so a different value would change nothing but what the
+  run's settings say (or, for --best_metric, compare one metric's scores with another's);
 - NOT_RESTORED: what belongs to this session or this machine, not to the run:
     --target_hours      this process's budget (--total_hours, the whole run's horizon, is restored)
     --resume            how this session finds the checkpoint
@@ -60,6 +61,9 @@ RUN_FIXED = {
     "extend_vocab": "the vocabulary is the checkpoint's, settled when the run started",
     "discriminator": "the discriminator is the checkpoint's",
     "discriminator_width": "the discriminator is the checkpoint's",
+    # best_val and best_model/ are scores and weights of the run's metric: another would be compared
+    # with the old one's values
+    "best_metric": "best_model is chosen by the run's own metric, which its best so far is a score of",
 }
 
 
