@@ -123,6 +123,23 @@ def test_speaker_names_with_spaces_are_not_taken_for_normalized_text(tmp_path):
     _, printed = run_prepare(src, tmp_path / "out")
     assert output_rows(tmp_path / "out") == {i: (t, s.replace(" ", "_")) for i, t, s in rows}
     assert any("used as speaker" in line for line in printed), printed
+    # names sharing only short words with the texts ("The Narrator"), and a single-word corpus of names
+    for rows in (
+        [("s1", "the cat sat down", "The Narrator"), ("s2", "a dog ran off", "A Reader")]
+        + [("s3", "the sun is up", "The Narrator"), ("s4", "a bird flew by", "A Reader")],
+        [
+            (f"s{k}", word, name)
+            for k, (word, name) in enumerate(
+                zip(["yes", "no", "one", "two"], ["Bob Smith", "Ana Lopez"] * 2, strict=True)
+            )
+        ],
+    ):
+        for clip_id, _, _ in rows:
+            write_audio(src / "wavs" / f"{clip_id}.wav", speech("abc de", 16000), 16000)
+        (src / "metadata.csv").write_text("".join(f"{i}|{t}|{n}\n" for i, t, n in rows), encoding="utf-8")
+        out = tmp_path / f"out_{rows[0][1].split()[0]}"
+        run_prepare(src, out)
+        assert output_rows(out) == {i: (t, n.replace(" ", "_")) for i, t, n in rows}
     # normalized text shares words with the text: it is used, and a note says so
     lines = ["s1|Dr. Smith came at 2.|doctor smith came at two", "s2|Hi there|hi there"]
     lines += ["s3|St. Paul, 1869|saint paul eighteen sixty-nine", "s4|No change.|No change."]

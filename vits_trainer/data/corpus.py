@@ -202,21 +202,24 @@ def _third_column_is_speaker(rows: list[list[str]]) -> bool:
     thirds = [r for r in rows if len(r) == 3]
     if not thirds:
         return False
-    speaker_like = all(len(r[2].strip()) <= 64 and not re.search(r"\s", r[2].strip()) for r in thirds)
+    short = all(len(r[2].strip()) <= 64 for r in thirds)
     if any(len(r[1].split()) > 1 for r in thirds):
-        if speaker_like:
+        if short and not any(re.search(r"\s", r[2].strip()) for r in thirds):
             return True
-        # names with spaces ("Ana Lopez") share no word with the texts; normalized text shares most
+        # names with spaces ("Ana Lopez", "The Narrator") share no word with the texts; normalized
+        # text shares most
         filled = [r for r in thirds if r[2].strip()]
         return 2 * sum(_shares_a_word(r[1], r[2]) for r in filled) < len(filled)
     few_values = len({r[2].strip() for r in thirds}) <= len(thirds) // 2
     unlike_text = all(r[2].strip() != r[1].strip() for r in thirds)
-    return speaker_like and len(thirds) == len(rows) >= 4 and few_values and unlike_text
+    return short and len(thirds) == len(rows) >= 4 and few_values and unlike_text
 
 
 def _shares_a_word(text: str, other: str) -> bool:
+    """Whether the two share a word of four letters or more ("the", "a" are in names and texts alike)."""
+
     def words(x: str) -> set[str]:
-        return set(re.findall(r"\w+", unicodedata.normalize("NFC", x).casefold()))
+        return {w for w in re.findall(r"\w+", unicodedata.normalize("NFC", x).casefold()) if len(w) >= 4}
 
     return bool(words(text) & words(other))
 
