@@ -38,7 +38,7 @@ def main(argv: list[str] | None = None) -> int:
     cfg = parse_config(parser, argv, TrainConfig)  # cfg.explicit: the flags given (a resume keeps the rest)
     if cfg.demo:
         cfg = apply_demo_settings(cfg, explicit=cfg.explicit)
-    cfg.validate()
+    cfg.validate(final=not cfg.may_restore())  # a resume's batch settings: checked once restored
     if not cfg.demo:  # the demo writes its own data and model
         check_given_paths(cfg)  # a mistyped folder: one line before torch loads
     check_train_paths(cfg)  # overlapping folders, a folder the export would wrongly replace: before any work

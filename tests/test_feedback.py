@@ -647,7 +647,8 @@ def test_takes_of_one_sentence_are_held_out_together(tmp_path, light_base, feedb
     trained = {said[c] for c in run.feedback_train.ids()}
     held_out = {said[c] for c in run.feedback_eval.ids()}
     assert held_out and trained and not held_out & trained
-    assert len(run.feedback_eval) == 6 and len(run.feedback_train) == 6  # 3 whole sentences: judgeable
+    # the share asked for, in clips: 20 % of 12, at least 3 to judge, in whole sentences: 2 of 6 (4 clips)
+    assert len(run.feedback_eval) == 4 and len(run.feedback_train) == 8
 
 
 def test_a_rerecorded_validation_sentence_is_evaluated_never_trained(tmp_path, light_base, feedback_dir):

@@ -430,3 +430,19 @@ def test_a_resumed_runs_settings_are_checked_again(tmp_path, tone_corpus):
     )
     merged = restore_settings(parse(["--compile", "on"]), saved.to_dict(), [].append, source="step_00000003")
     check_inputs(merged, resumed=True)
+
+
+def test_a_micro_batch_size_given_on_resume_is_checked_against_the_runs_batch(tmp_path, tone_corpus):
+    """--micro_batch_size 3 on resume of a --batch_size 6 run was refused against the default batch
+    (8 x 4 = 32 clips) before the run's own settings were read."""
+    from vits_trainer.errors import UserError
+    from vits_trainer.training.session import check_inputs
+
+    (tmp_path / "c" / "step_00000001").mkdir(parents=True)
+    cfg = parse(["--micro_batch_size", "3", "--checkpoint_dir", str(tmp_path / "c")])
+    assert cfg.may_restore()
+    cfg.validate(final=not cfg.may_restore())  # the command line alone: no error yet
+    saved = TrainConfig(batch_size=6, gradient_accumulation_steps=1, data_dir=str(tone_corpus)).to_dict()
+    check_inputs(restore_settings(cfg, saved, [].append, source="step_00000001"), resumed=True)
+    with pytest.raises(UserError, match="--micro_batch_size 3 must divide the 32 clips"):  # a fresh run
+        parse(["--micro_batch_size", "3", "--resume", "none"]).validate(final=True)

@@ -148,11 +148,15 @@ def split_train_val(
     if max_val is not None:
         k = min(k, max_val)
     k = max(0, min(k, n - 1))  # never leave training empty
-    keys = [hashlib.blake2b(f"{seed}\0{clip_id}".encode(), digest_size=8).digest() for clip_id in ids]
-    order = sorted(range(n), key=lambda i: (keys[i], ids[i]))
-    val = sorted(order[:k])
+    val = sorted(hash_order(ids, seed)[:k])
     val_set = set(val)
     return [i for i in range(n) if i not in val_set], val
+
+
+def hash_order(ids: Sequence[str], seed: int) -> list[int]:
+    """Positions into `ids` in the order a validation split takes them: by a hash of (seed, id)."""
+    keys = [hashlib.blake2b(f"{seed}\0{clip_id}".encode(), digest_size=8).digest() for clip_id in ids]
+    return sorted(range(len(ids)), key=lambda i: (keys[i], ids[i]))
 
 
 def held_out_positions(ids: Sequence[str], val_fraction: float, seed: int) -> list[int]:

@@ -82,8 +82,8 @@ class FeedbackConfig(TrainConfig):
         "new version) | PATH of a checkpoint folder inside a version",
     )
 
-    def validate(self, resumed: bool = False) -> None:
-        super().validate(resumed)
+    def validate(self, resumed: bool = False, final: bool = True) -> None:
+        super().validate(resumed, final)
         if not (math.isfinite(self.replay_ratio) and self.replay_ratio >= 0):
             raise UserError(f"--replay_ratio must be 0 or more (got {self.replay_ratio})")
         if not (math.isfinite(self.max_regression) and self.max_regression >= 0):

@@ -364,7 +364,7 @@ class FeedbackData:
         """(train, evaluation) positions into the usable feedback clips; fixed for the version's life.
         Clips whose sentence is in `protected` (the original validation's) are evaluated, never trained.
         `digests` (clip_digest) tell a resumed version its own clips from others under the same ids."""
-        from ..data.items import split_train_val
+        from ..data.items import hash_order
 
         stored = self.info.get("feedback_split")
         if stored is not None:  # a resumed version keeps the split its "before" numbers were taken on
@@ -416,16 +416,17 @@ class FeedbackData:
             held_out = False
         else:
             # enough held out for a promotion to be judged (see judgement.py), when that leaves enough to train
-            # (counted in clips: sentences held out are at least as many clips)
             min_val = MIN_JUDGED_CLIPS if len(rest) >= MIN_JUDGED_CLIPS + MIN_HELD_OUT_CLIPS else 1
-            train_sub, eval_sub = split_train_val(
-                [ids[g[0]] for g in groups],
-                self.cfg.feedback_val_fraction,
-                min_val=min_val,
-                seed=self.cfg.seed,
-            )
-            train_pos = sorted(i for k in train_sub for i in groups[k])
-            eval_pos = sorted([i for k in eval_sub for i in groups[k]] + fixed_eval)
+            # whole sentences held out, in the split's hash order, until the clips held out reach the
+            # share asked for (counted in clips: a sentence of many takes counts as many)
+            wanted = max(min_val, round(self.cfg.feedback_val_fraction * len(rest)))
+            held: list[int] = []
+            for k in hash_order([ids[g[0]] for g in groups], self.cfg.seed)[: n - 1]:
+                if len(held) >= wanted:
+                    break
+                held += groups[k]
+            train_pos = sorted(set(rest) - set(held))
+            eval_pos = sorted(held + fixed_eval)
             note = f"{len(eval_pos)} held out"
             held_out = True
         judged = len(set(eval_pos) - set(train_pos))  # the clips a promotion is judged on

@@ -442,7 +442,7 @@ class FeedbackRun(FeedbackData):
 def run_feedback(cfg: FeedbackConfig, process_start: float, log=None) -> dict:
     """The whole feedback run (train_feedback.py calls this); returns the report, or a status dict
     when it was interrupted."""
-    cfg.validate()
+    cfg.validate(final=cfg.resume == "none")  # a resumed version's batch settings: checked once restored
     check_feedback_paths(cfg)  # overlapping folders: refused before any work or write
     if log is None:
         from ..training.runtime import Logger

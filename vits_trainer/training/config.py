@@ -209,10 +209,11 @@ class TrainConfig:
     def target_seconds(self) -> float:
         return self.target_hours * 3600.0
 
-    def validate(self, resumed: bool = False) -> None:
+    def validate(self, resumed: bool = False, final: bool = True) -> None:
         """Reject what the code does not support instead of ignoring it. `resumed`: again, once a
         checkpoint's settings are restored (a restored --gradient_checkpointing with --compile on is no
-        error there: compiling stays off and says so)."""
+        error there: compiling stays off and says so). `final`: False before a checkpoint may restore
+        the batch settings, which a --micro_batch_size must divide (checked once they are known)."""
         positive = {
             "target_hours": self.target_hours,
             "batch_size": self.batch_size,
@@ -266,10 +267,16 @@ class TrainConfig:
             )
         if self.max_ram_gb < 0:
             raise UserError(f"--max_ram_gb must be 0 or more (got {self.max_ram_gb})")
-        self.forced_micro_batch()
+        self.forced_micro_batch(check_divides=final)
         for name in ("hub_public", "push_best"):
             if getattr(self, name) and not self.push_to_hub:
                 raise UserError(f"--{name} needs --push_to_hub USER/NAME")
+
+    def may_restore(self) -> bool:
+        """Whether a checkpoint's settings may replace these (--resume, or a checkpoint folder with one)."""
+        if self.resume == "none":
+            return False
+        return self.resume != "auto" or any(Path(self.checkpoint_dir).glob("step_*"))
 
     def buckets_on(self, device_type: str) -> bool:
         """--length_buckets resolved for a device ("cuda", "cpu", ...)."""
@@ -284,7 +291,7 @@ class TrainConfig:
             return int(value)
         raise UserError(f"--num_speakers must be auto or a positive integer (got {value!r})")
 
-    def forced_micro_batch(self) -> int | None:
+    def forced_micro_batch(self, check_divides: bool = True) -> int | None:
         """--micro_batch_size N as an int (None for auto); it must divide the clips of an optimiser step
         per process (a size that does not would change the effective batch: an error, not a rounding)."""
         value = str(self.micro_batch_size).strip().lower()
@@ -297,7 +304,7 @@ class TrainConfig:
                 f"--micro_batch_size must be auto or a number of clips (got {self.micro_batch_size})"
             ) from None
         batch = self.batch_size * self.gradient_accumulation_steps
-        if size < 1 or size > batch or batch % size:
+        if size < 1 or (check_divides and (size > batch or batch % size)):
             found = divisors(batch)
             divisors_text = ", ".join(map(str, found[:12])) + (f" ... {found[-1]}" if len(found) > 12 else "")
             raise UserError(
