@@ -11,8 +11,8 @@ Beside train_vits.py so that it runs from any folder, as they do; the command is
 
 import sys
 
-from vits_trainer.errors import run_cli
+from vits_trainer.errors import run_command
 from vits_trainer.speak import main
 
 if __name__ == "__main__":
-    sys.exit(run_cli(main))
+    sys.exit(run_command(main))  # SIGTERM stops as Ctrl-C does: "interrupted"

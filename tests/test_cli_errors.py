@@ -20,6 +20,8 @@ def make_cases(tmp: Path, corpus: Path, model: Path) -> dict[str, tuple[list[str
     (junk / "metadata.csv").write_text("only-one-field\n\n||\n", encoding="utf-8")
     ok = ["--data_dir", str(corpus), "--model_name", str(model)]
     (tmp / "a_run" / "step_00000003").mkdir(parents=True)  # a run's checkpoint folder, given as --resume
+    (tmp / "a_run" / "step_00000003" / "manifest.json").write_text("{}", encoding="utf-8")
+    (tmp / "a_run" / "step_00000005").mkdir()  # newer, but never completed: not the one to suggest
     return {
         "zero budget": ([*ok, "--target_hours", "0"], "--target_hours must be positive"),
         "negative budget": ([*ok, "--target_hours", "-2"], "--target_hours must be positive"),
@@ -203,6 +205,18 @@ def test_values_that_failed_later_or_trained_wrongly_are_refused_up_front(field,
     with pytest.raises(UserError, match=message):
         dataclasses.replace(TrainConfig(), **{field: value}).validate()
     TrainConfig().validate()  # the defaults pass
+
+
+def test_all_loss_weights_zero_is_refused():
+    import dataclasses
+
+    from vits_trainer.errors import UserError
+    from vits_trainer.training.config import LOSS_WEIGHT_FLAGS, TrainConfig
+
+    zero = dataclasses.replace(TrainConfig(), **dict.fromkeys(LOSS_WEIGHT_FLAGS, 0.0))
+    with pytest.raises(UserError, match="every loss weight is 0"):  # it trained nothing, 'loss 0.000'
+        zero.validate()
+    dataclasses.replace(zero, mel_weight=1.0).validate()  # one term is a choice
 
 
 def test_a_huge_step_is_refused_or_planned_at_once():

@@ -164,6 +164,10 @@ def test_settings_fixed_for_the_run_are_kept_and_said_to_be_unused():
     assert (merged.extend_vocab, merged.discriminator_width, merged.discriminator) == (False, 1.0, "")
     assert "resume: --extend_vocab is not used: the vocabulary is the checkpoint's" in " ".join(lines)
     assert (
+        "resume: --discriminator elsewhere is not used: the discriminator is the checkpoint's (none"
+        in lines[0]
+    )
+    assert (
         "resume: --discriminator_width 0.25 is not used: the discriminator is the checkpoint's (1.0"
         in " ".join(lines)
     )

@@ -108,10 +108,15 @@ def test_bad_input_is_one_error_line(tmp_path, capsys, tiny_model_dir, multi_mod
     (truncated / "model.safetensors").write_bytes((tiny_model_dir / "model.safetensors").read_bytes()[:100])
     step = shutil.copytree(tiny_model_dir, tmp_path / "checkpoints" / "step_00000010")
     (step / MANIFEST).write_text("{}", encoding="utf-8")
+    half = tmp_path / "checkpoints" / "step_00000020"  # a save cut before its manifest
+    half.mkdir()
+    (half / "generator.safetensors").write_bytes(b"partial")
+    (half / "config.json").write_text("{}", encoding="utf-8")
     cases = {
         "no vocab.json": (["--model", no_vocab, "--text", "abc", "--out", wav], "no vocab.json"),
         "damaged weights": (["--model", truncated, "--text", "abc", "--out", wav], "damaged or incomplete"),
         "a damaged checkpoint": (["--model", step, "--text", "abc", "--out", wav], "damaged checkpoint"),
+        "a half-saved checkpoint": (["--model", half, "--text", "abc", "--out", wav], "no manifest"),
         "out under a file": (
             ["--model", tiny_model_dir, "--text", "abc", "--out", blank / "x.wav"],
             "cannot be written",

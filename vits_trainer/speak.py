@@ -21,7 +21,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from .errors import ArgumentParser, UserError, run_cli
+from .errors import ArgumentParser, UserError, run_command
 from .hub import read_model_config, resolve_model_dir
 
 SPEAKERS_FILE = "speakers.json"  # speaker name -> id, written beside exported multi-speaker models
@@ -207,7 +207,9 @@ def main(argv: list[str] | None = None) -> int:
     from .training.modelfolder import check_model_folder, is_training_checkpoint
 
     checkpoint = None
-    if is_training_checkpoint(model_dir):  # a step_* folder of a run: heard as it is, nothing exported
+    # a step_* folder of a run (or one that lost its manifest): heard as it is, nothing exported
+    half_saved = model_dir.name.startswith("step_") and not (model_dir / "vocab.json").is_file()
+    if is_training_checkpoint(model_dir) or half_saved:
         checkpoint = open_checkpoint(model_dir, "--model")
     else:  # config.json unreadable or not VITS, no vocab.json, damaged weights
         check_model_folder(model_dir, "--model")
@@ -263,4 +265,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(run_cli(main))
+    sys.exit(run_command(main))

@@ -236,6 +236,10 @@ class TrainConfig:
             value = getattr(self, name)
             if not (math.isfinite(value) and value >= 0):
                 raise UserError(f"--{name} must be 0 or more (got {value})")
+        if not any(getattr(self, name) for name in LOSS_WEIGHT_FLAGS):
+            raise UserError(
+                f"every loss weight is 0 (--{', --'.join(LOSS_WEIGHT_FLAGS)}): nothing would train"
+            )
         for name in ("weight_decay", "max_ram_gb"):  # NaN and inf failed later, with a traceback
             if not math.isfinite(getattr(self, name)):
                 raise UserError(f"--{name} must be a number (got {getattr(self, name)})")

@@ -187,7 +187,7 @@ class RunEnd:
             "wall_seconds": budget.elapsed(),
             "steps": budget.global_step,
             "session_steps": budget.session_steps,
-            "epochs_planned": first.epochs if first else None,
+            "epochs_planned": round(first.epochs, 3) if first else None,
             "epochs_completed": state.epoch,
             "epochs_trained": state.samples_seen / max(1, s.data.samples_per_epoch),
             "samples_per_second": loop_figures["samples_per_second"],

@@ -149,9 +149,9 @@ def find_checkpoint(cfg: TrainConfig, checkpoint_dir: Path, log) -> LoadedCheckp
     path = check_resume_path(cfg.resume)
     inside = list_checkpoints(path)
     if inside:  # the folder of a run's checkpoints, not one of them
-        raise UserError(
-            f"--resume {cfg.resume}: holds checkpoints, it is not one; pass its newest, --resume {inside[0]}"
-        )
+        complete = [p for p in inside if (p / MANIFEST).is_file()]
+        advice = f"pass its newest, --resume {complete[0]}" if complete else "none of its step_* is complete"
+        raise UserError(f"--resume {cfg.resume}: holds checkpoints, it is not one; {advice}")
     if not path.name.startswith(("step_", ".step_")) and not (path / MANIFEST).is_file():
         raise UserError(  # a data or model folder, not a half-saved checkpoint
             f"--resume {cfg.resume}: not a checkpoint (a step_NNNNNNNN folder of a run's --checkpoint_dir)"
