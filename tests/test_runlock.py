@@ -208,3 +208,20 @@ def test_a_file_system_without_locks_warns_and_the_run_goes_on(tmp_path, monkeyp
     assert json.loads((tmp_path / "checkpoints" / LOCK_NAME).read_text())["pid"] == os.getpid()
     lock.release()
     assert not (tmp_path / "checkpoints").exists()  # created by it, left empty: removed
+
+
+def test_a_signal_while_the_lock_is_taken_leaves_no_lock_file(tmp_path, monkeypatch):
+    """Ctrl-C or SIGTERM (which stops as Ctrl-C does) between creating the lock file and handing the
+    lock to the run left the file behind: the next run warned of a run that never released it."""
+    from vits_trainer import runlock
+
+    def interrupted(fd):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(runlock.os, "fsync", interrupted)
+    with pytest.raises(KeyboardInterrupt):
+        RunLock.acquire(tmp_path / "ckpt", "--checkpoint_dir", log=print)
+    assert not (tmp_path / "ckpt" / ".lock").exists()
+    monkeypatch.undo()
+    lock = RunLock.acquire(tmp_path / "ckpt", "--checkpoint_dir", log=print)  # free, and no warning
+    lock.release()

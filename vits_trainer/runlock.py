@@ -10,6 +10,7 @@ Multi-process runs (accelerate launch) take it in the main process only (RANK 0)
 from __future__ import annotations
 
 import atexit
+import contextlib
 import errno
 import json
 import os
@@ -135,6 +136,19 @@ class RunLock:
             os.close(fd)  # the holder released (and removed) the file between our open and lock: again
         else:  # pragma: no cover
             raise UserError(f"{flag} {folder}: could not take its lock (it keeps changing)")
+        try:
+            return cls._hold(folder, path, fd, created, locks, log)
+        except BaseException:  # a signal (Ctrl-C, SIGTERM) while taking it: the lock file goes too
+            if locks:
+                with contextlib.suppress(OSError):
+                    os.unlink(path)  # ours: locked by this fd, checked above to be the file at `path`
+            os.close(fd)
+            raise
+
+    @classmethod
+    def _hold(cls, folder: Path, path: Path, fd: int, created: list[Path], locks: bool, log) -> RunLock:
+        """The lock just taken: an earlier holder that never released it is named, and this run's record
+        written into the file."""
         previous = _read(fd)
         if locks and previous.get("pid") and previous.get("pid") != os.getpid():
             gone = (
@@ -167,7 +181,8 @@ class RunLock:
                 os.unlink(self.path)
         except OSError:
             pass
-        os.close(self.fd)
+        with contextlib.suppress(OSError):  # closed already by a signal inside acquire
+            os.close(self.fd)
         self.fd = None
         atexit.unregister(self.release)
         for folder in self.created:  # deepest first
