@@ -240,7 +240,7 @@ def test_the_final_model_is_uploaded_with_its_card(monkeypatch, tmp_path, export
     [call] = calls
     assert call["repo_id"] == REPO and call["folder_path"] == str(exported) and call["path_in_repo"] is None
     assert EXPORT_MARKER in call["ignore_patterns"] and call["token"] == "hf_test_token"
-    assert call["delete_patterns"] == ["samples/*"]  # an earlier push's samples go with its card
+    assert call["delete_patterns"] == ["samples/sample_*.wav"]  # an earlier push's samples go with its card
     assert (exported / "README.md").is_file()  # the card is in the uploaded folder
     assert any("final model uploaded" in line for line in lines), lines
     assert budget.final_reserve() >= hub_push.upload_estimate(10_000_000)  # the upload is in the reserve

@@ -38,8 +38,9 @@ UPLOAD_FIXED_SECONDS = 5.0
 UPLOAD_BYTES_PER_SECOND = 10e6
 # local bookkeeping, not part of the model: the export marker and the run summary name this machine's paths
 NOT_UPLOADED = (EXPORT_MARKER, "train_summary.json")
-# an upload replaces these in the repo: an earlier push's sample WAVs would sit beside this card's
-STALE_IN_REPO = ("samples/*",)
+# an upload replaces these in the repo: an earlier push's sample WAVs would sit beside this card's (only
+# the names an export gives them, outputs.copy_samples: other files in the repo stay)
+STALE_IN_REPO = ("samples/sample_*.wav",)
 SNAPSHOT_PREFIX = ".hub_upload"  # <checkpoint_dir>/.hub_upload.N-<pid>: a best_model being uploaded
 TOKEN_HELP = "run `hf auth login` or set HF_TOKEN to a token with write access (https://huggingface.co/settings/tokens)"
 
