@@ -130,37 +130,10 @@ def _prepare(settings: PrepareSettings, data_dir: Path, log: Callable[[str], Non
             continue
         rows.append(MetaRow(item.clip_id, item.text, item.speaker))
         durations.append(outcome.seconds)
-        if outcome.decoded_seconds < SHORT_DECODE * outcome.header_seconds - 0.5:  # a file cut short
-            detail = (
-                f"decodes to {outcome.decoded_seconds:.2f} s where its header says {outcome.header_seconds:.2f} s: "
-                "cut short? (its transcript may say more than the audio)"
-            )
-            warnings.append(
-                {
-                    "id": item.clip_id,
-                    "origin": item.row.origin,
-                    "warning": "shorter_than_header",
-                    "detail": detail,
-                }
-            )
-        if 0 < outcome.source_rate < sample_rate:  # resampled up: nothing above half the source's rate
-            detail = (
-                f"recorded at {outcome.source_rate} Hz, resampled up to {sample_rate} Hz: it has nothing above "
-                f"{outcome.source_rate // 2} Hz, and a voice trained on it sounds muffled"
-            )
-            warnings.append(
-                {
-                    "id": item.clip_id,
-                    "origin": item.row.origin,
-                    "warning": "low_sample_rate",
-                    "detail": detail,
-                }
-            )
-        if outcome.clipped > CLIP_FRACTION:
-            detail = f"{100 * outcome.clipped:.1f}% of samples at full scale"
-            warnings.append(
-                {"id": item.clip_id, "origin": item.row.origin, "warning": "clipping", "detail": detail}
-            )
+        warnings += [
+            {"id": item.clip_id, "origin": item.row.origin, "warning": kind, "detail": detail}
+            for kind, detail in clip_warnings(outcome, sample_rate)
+        ]
 
     kept_ids = {r.id for r in rows}
     unlisted = sorted(p for p in wavs_dir.glob("*.wav") if p.stem not in kept_ids)
@@ -205,6 +178,30 @@ def _prepare(settings: PrepareSettings, data_dir: Path, log: Callable[[str], Non
 
 
 # --- report, output folder ---------------------------------------------------------------------------
+
+
+def clip_warnings(outcome, sample_rate: int) -> list[tuple[str, str]]:
+    """(warning, detail) of a kept clip: cut short, recorded below the target rate, clipped."""
+    found = []
+    if outcome.decoded_seconds < SHORT_DECODE * outcome.header_seconds - 0.5:
+        found.append(
+            (
+                "shorter_than_header",
+                f"decodes to {outcome.decoded_seconds:.2f} s where its header says {outcome.header_seconds:.2f} s: "
+                "cut short? (its transcript may say more than the audio)",
+            )
+        )
+    if 0 < outcome.source_rate < sample_rate:  # resampled up: nothing above half the source's rate
+        found.append(
+            (
+                "low_sample_rate",
+                f"recorded at {outcome.source_rate} Hz, resampled up to {sample_rate} Hz: it has nothing above "
+                f"{outcome.source_rate // 2} Hz, and a voice trained on it sounds muffled",
+            )
+        )
+    if outcome.clipped > CLIP_FRACTION:
+        found.append(("clipping", f"{100 * outcome.clipped:.1f}% of samples at full scale"))
+    return found
 
 
 def encoding_notes(source: Source) -> list[str]:

@@ -78,6 +78,19 @@ class Outcome:
     header_seconds: float = 0.0  # what the file's header promised (0: unknown): a cut file decodes shorter
     decoded_seconds: float = 0.0
 
+    # what a converted clip's state keeps, so that a re-run reusing its WAV has the same figures and warnings
+    KEPT = ("wav_size", "seconds", "clipped", "source_rate", "header_seconds", "decoded_seconds")
+
+    def kept(self) -> dict:
+        return {name: getattr(self, name) for name in self.KEPT}
+
+    @classmethod
+    def reused(cls, clip_id: str, reason: str | None, detail: str, previous: dict) -> Outcome:
+        """The outcome of a WAV reused as an earlier run left it (`previous`: its state; a state from
+        before a figure was kept has its default, 0)."""
+        kept = {name: type(getattr(cls, name))(previous.get(name, 0)) for name in cls.KEPT}
+        return cls(clip_id, reason, detail, **kept)
+
 
 # --- audio conversion (runs in worker processes) -----------------------------------------------------
 
@@ -217,16 +230,7 @@ def convert_all(
             if outcome.reason is None:
                 run.converted += 1
                 run.written.add(outcome.clip_id)
-                run.state[outcome.clip_id] = {
-                    "source": fingerprint,
-                    "target": target.key(),
-                    "wav_size": outcome.wav_size,
-                    "seconds": outcome.seconds,
-                    "clipped": outcome.clipped,
-                    "source_rate": outcome.source_rate,
-                    "header_seconds": outcome.header_seconds,
-                    "decoded_seconds": outcome.decoded_seconds,
-                }
+                run.state[outcome.clip_id] = {"source": fingerprint, "target": target.key(), **outcome.kept()}
         bar.update(len(outcomes))
 
     def drain(limit: int) -> None:
@@ -335,17 +339,7 @@ def _block_jobs(
             detail = (
                 f"{seconds:.2f} s outside [{target.min_seconds}, {target.max_seconds}] s" if reason else ""
             )
-            run.outcomes[item.clip_id] = Outcome(
-                item.clip_id,
-                reason,
-                detail,
-                seconds,
-                int(previous["wav_size"]),
-                float(previous.get("clipped", 0)),
-                int(previous.get("source_rate", 0)),
-                float(previous.get("header_seconds", 0)),
-                float(previous.get("decoded_seconds", 0)),
-            )
+            run.outcomes[item.clip_id] = Outcome.reused(item.clip_id, reason, detail, previous)
             run.reused += reason is None
             continue
         if previous is None and out_path.exists():
