@@ -207,9 +207,7 @@ def main(argv: list[str] | None = None) -> int:
     from .training.modelfolder import check_model_folder, is_training_checkpoint
 
     checkpoint = None
-    # a step_* folder of a run (or one that lost its manifest): heard as it is, nothing exported
-    half_saved = model_dir.name.startswith("step_") and not (model_dir / "vocab.json").is_file()
-    if is_training_checkpoint(model_dir) or half_saved:
+    if is_training_checkpoint(model_dir):  # a step_* folder of a run: heard as it is, nothing exported
         checkpoint = open_checkpoint(model_dir, "--model")
     else:  # config.json unreadable or not VITS, no vocab.json, damaged weights
         check_model_folder(model_dir, "--model")

@@ -16,10 +16,12 @@ from .checkpoint import MANIFEST
 
 
 def is_training_checkpoint(folder: Path) -> bool:
-    """A `step_*` folder written by the trainer (its manifest is written last, so it is complete or absent)."""
-    return (folder / MANIFEST).is_file() and (
-        folder.name.startswith("step_") or (folder / "generator.safetensors").is_file()
-    )
+    """A `step_*` folder written by the trainer (its manifest is written last, so it is complete or absent),
+    or one that has lost its manifest: only a checkpoint holds `generator.safetensors` (a model folder's
+    weights are `model.safetensors`), and reading it as a model would fail on a missing tokenizer."""
+    if (folder / "generator.safetensors").is_file():
+        return True
+    return (folder / MANIFEST).is_file() and folder.name.startswith("step_")
 
 
 def check_model_folder(folder: Path, flag: str) -> None:
