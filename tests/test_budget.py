@@ -143,8 +143,10 @@ def test_plan_arithmetic():
     assert plan.train_end_wall == pytest.approx(3600 - 126 - spare)
     assert plan.run_end_wall == pytest.approx(3600 - 36 - spare)
     text = plan.describe()
-    assert text.startswith(f"plan: {plan.epochs:.1f} epochs ({plan.full_epochs} full) of 200 steps, ")
-    assert f"{plan.optimizer_steps:,} steps, ~32.0 samples/s" in text
+    assert text.startswith(
+        f"plan: {plan.optimizer_steps:,} steps this session, {plan.epochs:.1f} epochs of 200 steps "
+        f"({plan.full_epochs} full), ~32.0 samples/s, "
+    )
     assert "(budget 1.00 h)" in text and "training ends ~" in text and "run ends ~" in text
     d = plan.to_dict()
     assert d["full_epochs"] == plan.full_epochs and "T" in d["train_end_iso"] and "T" in d["run_end_iso"]
@@ -161,7 +163,7 @@ def test_the_plan_ends_at_max_steps_when_it_comes_first():
     assert plan.epochs == pytest.approx(30 * 16 / 3200)
     assert plan.train_end_wall == pytest.approx(clock() + 25 * 0.5)  # 25 steps of 0.5 s
     assert plan.run_end_wall - plan.train_end_wall == pytest.approx(free.run_end_wall - free.train_end_wall)
-    assert "30 steps (to --max_steps 30)," in plan.describe()
+    assert "plan: 30 steps this session (to --max_steps 30), " in plan.describe()
     b.max_steps = 10_000  # the budget ends training first: the plan is the budget's
     assert (
         b.plan(3200, 16).optimizer_steps == free.optimizer_steps

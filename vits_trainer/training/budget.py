@@ -121,11 +121,11 @@ class Plan:
         """A few printable lines: the plan, the final reserve, and a warning when not even an epoch fits."""
         now = self.created_wall
         lines = [
-            f"plan: {self.epochs:.1f} epochs ({self.full_epochs} full) of {self.steps_per_epoch:,} "
-            f"step{'' if self.steps_per_epoch == 1 else 's'}, "
-            f"{self.optimizer_steps:,} steps"
+            f"plan: {self.optimizer_steps:,} steps this session"
             + (f" (to --max_steps {self.max_steps:,})" if self.max_steps else "")
-            + f", ~{self.samples_per_second:.1f} samples/s, "
+            + f", {self.epochs:.1f} epochs of {self.steps_per_epoch:,} "
+            f"step{'' if self.steps_per_epoch == 1 else 's'} ({self.full_epochs} full), "
+            f"~{self.samples_per_second:.1f} samples/s, "
             f"training ends ~{hhmm(self.train_end_wall, now)}, run ends ~{hhmm(self.run_end_wall, now)} "
             f"(budget {self.budget_seconds / 3600:.2f} h)",
             f"plan: {self.seconds_per_epoch:,.0f} s per epoch; final reserve: eval {self.eval_seconds:.0f} s "
