@@ -176,6 +176,18 @@ def test_memmap_mode_gives_same_clips(corpus: Path) -> None:
     assert_same_store(in_ram, back)
 
 
+def test_ram_limit_is_shared_by_the_processes_of_a_launch(corpus: Path, monkeypatch) -> None:
+    # every process of an accelerate launch preloads its own copy: two copies must fit, not one
+    _, report = load(corpus)
+    limit_gb = 1.5 * report.bytes / 2**30
+    monkeypatch.setenv("LOCAL_WORLD_SIZE", "2")
+    _, report = load(corpus, max_ram_gb=limit_gb)
+    assert report.cache_hit and not report.in_ram
+    monkeypatch.setenv("LOCAL_WORLD_SIZE", "1")
+    _, report = load(corpus, max_ram_gb=limit_gb)
+    assert report.in_ram
+
+
 def test_unwritable_cache_dir_loads_into_ram(corpus: Path, tmp_path: Path) -> None:
     blocker = tmp_path / "file_not_dir"
     blocker.write_text("x")

@@ -225,12 +225,16 @@ def _read_all(
 
 
 def _ram_limit_bytes(max_ram_gb: float) -> int:
+    """This process's share of the RAM limit: every process of a launch on this machine
+    (LOCAL_WORLD_SIZE) preloads its own copy, so N copies must fit, not one (above its share a
+    process memory-maps the cache, whose pages all processes share)."""
+    local = max(1, int(os.environ.get("LOCAL_WORLD_SIZE", "1") or 1))
     if max_ram_gb > 0:
-        return int(max_ram_gb * 2**30)
+        return int(max_ram_gb * 2**30) // local
     try:
         import psutil
 
-        return int(psutil.virtual_memory().available * RAM_FRACTION)
+        return int(psutil.virtual_memory().available * RAM_FRACTION) // local
     except Exception:  # no psutil: assume it fits
         return 2**62
 

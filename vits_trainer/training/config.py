@@ -59,7 +59,11 @@ class TrainConfig:
     val_fraction: float = _f(
         0.02, "held-out validation share (at least a few clips, fixed across resumes; 0 = no validation)"
     )
-    max_ram_gb: float = _f(0.0, "preload audio into RAM up to this size (0 = 75%% of available RAM)")
+    max_ram_gb: float = _f(
+        0.0,
+        "preload audio into RAM up to this size, shared by the processes of a launch on this machine "
+        "(0 = 75%% of available RAM)",
+    )
     num_workers: int = _f(2, "DataLoader worker processes")
     # --- budget ---
     target_hours: float = _f(9.5, "wall-clock budget of this process, start-up to exit included")
