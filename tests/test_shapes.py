@@ -79,6 +79,16 @@ def test_micro_batches_keep_bucket_edges_when_a_step_is_cut():
     ]
 
 
+def test_micro_batches_cut_from_a_step_are_contiguous():
+    # a trimmed view is strided: its copy to a GPU would go through pageable memory, however pinned
+    pad = PadLengths(256)
+    a = collate_batch(_items(4, [10, 11, 60, 61], [256 * 40, 256 * 41, 256 * 200, 256 * 201]), pad)
+    b = collate_batch(_items(2, [12, 25], [256 * 45, 256 * 70]), pad)
+    for parts in (micro_batches([a, b], 2, pad), split_batch(a, 2, pad)):
+        assert parts[0]["audio"].size(-1) < a["audio"].size(-1)  # trimmed
+        assert all(v.is_contiguous() for part in parts for v in part.values())
+
+
 @pytest.fixture
 def session(tmp_path, tiny_model_dir, tone_corpus):
     cfg = tiny_config(tmp_path, tone_corpus, tiny_model_dir, max_steps=1, length_buckets="on")

@@ -99,9 +99,11 @@ def split_batch(
         text_max, audio_max = padded_widths(
             pad, int(part["attention_mask"].sum(-1).max()), int(part["audio_lengths"].max())
         )
-        part["input_ids"] = part["input_ids"][:, :text_max]
-        part["attention_mask"] = part["attention_mask"][:, :text_max]
-        part["audio"] = part["audio"][..., :audio_max]
+        # contiguous: a strided tensor is copied to a GPU through a pageable temporary however it was
+        # pinned (ATen's copy_kernel_cuda), which makes move_batch's copy wait on the queued kernels
+        part["input_ids"] = part["input_ids"][:, :text_max].contiguous()
+        part["attention_mask"] = part["attention_mask"][:, :text_max].contiguous()
+        part["audio"] = part["audio"][..., :audio_max].contiguous()
         out.append(part)
     return out
 
