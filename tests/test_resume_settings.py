@@ -409,6 +409,46 @@ def test_a_mid_epoch_resume_with_another_process_count_trains_each_batch_once(be
     assert kept.batch_in_epoch == 6
 
 
+def test_a_mid_epoch_resume_on_other_training_clips_starts_the_epoch_again():
+    """The epoch's order is drawn from the clips and their lengths: resumed on another set (a clip
+    added), the saved position skipped clips of the epoch that the first session never trained."""
+    import numpy as np
+
+    from vits_trainer.data.clipstore import ClipStore
+    from vits_trainer.data.items import TrainingItems
+    from vits_trainer.data.sampler import BucketBatchSampler
+    from vits_trainer.training.session import epoch_clips_key, restart_epoch_if_clips_changed
+    from vits_trainer.training.trainstate import TrainState
+
+    def items(n: int) -> TrainingItems:
+        lengths = np.array([100 + (k * 37) % 400 for k in range(n)], dtype=np.int64)
+        offsets = np.concatenate([[0], np.cumsum(lengths)])
+        store = ClipStore(
+            [f"c{k}" for k in range(n)], ["a"] * n, ["0"] * n, offsets, np.zeros(offsets[-1], np.int16), 16000
+        )
+        return TrainingItems(store, np.arange(n), [np.ones(1, np.int64)] * n, np.zeros(n, np.int64))
+
+    def epoch(train: TrainingItems, start: int = 0) -> list[int]:
+        sampler = BucketBatchSampler(train.audio_lengths(), 4, seed=3)
+        sampler.set_epoch(2)
+        sampler.set_start(start)
+        return [train.clip_id(i) for b in sampler for i in b]
+
+    before, after = items(96), items(97)
+    state, lines = TrainState(epoch=2, batch_in_epoch=6), []
+    restart_epoch_if_clips_changed(state, epoch_clips_key(before), lines.append)  # the first session
+    done = epoch(before)[: 6 * 4]
+    restart_epoch_if_clips_changed(state, epoch_clips_key(after), lines.append)  # resumed on 97 clips
+    rest = epoch(after, state.batch_in_epoch)
+    assert {f"c{k}" for k in range(97)} <= set(done + rest)
+    assert state.batch_in_epoch == 0 and "starts again from its beginning" in lines[-1]
+    same = TrainState(epoch=2, batch_in_epoch=6, epoch_clips=epoch_clips_key(items(96)))
+    restart_epoch_if_clips_changed(same, epoch_clips_key(before), lines.append)
+    old = TrainState(epoch=2, batch_in_epoch=6)  # a checkpoint from before: as saved
+    restart_epoch_if_clips_changed(old, epoch_clips_key(after), lines.append)
+    assert (same.batch_in_epoch, old.batch_in_epoch, len(lines)) == (6, 6, 1)
+
+
 def test_a_resumed_runs_settings_are_checked_again(tmp_path, tone_corpus):
     """A flag given on resume that the run's restored settings cannot go with (refused at a fresh
     start) was accepted: --freerun_samples 0 on a run of --best_metric val_mel_dtw computed no

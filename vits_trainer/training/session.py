@@ -8,6 +8,7 @@ line per set-up step, in order. The data steps are in datasplit.py, the model st
 from __future__ import annotations
 
 import functools
+import hashlib
 import shutil
 import sys
 import tempfile
@@ -349,6 +350,7 @@ def _build_session(
         cfg, store, text, speakers, generator.hop_length, trainer_state.get("val_ids"), log
     )
     describe_data(data, report, log)
+    restart_epoch_if_clips_changed(state, epoch_clips_key(data.train), log)
     pad = PadLengths(generator.hop_length) if cfg.buckets_on(accelerator.device.type) else None
     sampler, loader, val_loaders = make_loaders(cfg, data, accelerator, pad)
     g_opt, d_opt = _make_optimizers(cfg, generator, discriminator, ckpt)
@@ -426,6 +428,28 @@ def rescale_epoch_position(
         f"resume: {old} process(es) had trained {taken} batches of epoch {state.epoch + 1}; with {processes}, "
         f"each starts at its batch {state.batch_in_epoch}"
     )
+
+
+def epoch_clips_key(train) -> str:
+    """A digest of what the sampler orders an epoch by: the training clips' ids and lengths, in order."""
+    h = hashlib.blake2b(digest_size=16)
+    for clip_id in train.ids():
+        h.update(clip_id.encode() + b"\0")
+    h.update(train.audio_lengths().astype("<i8").tobytes())
+    return h.hexdigest()
+
+
+def restart_epoch_if_clips_changed(state: TrainState, key: str, log) -> None:
+    """A run resumed mid-epoch on other training clips (data added or removed, --max_samples, a WAV
+    replaced): the epoch's batch order is drawn anew, so its position maps to other batches, and some
+    clips would be skipped in it and others trained twice. The epoch starts again instead."""
+    if state.batch_in_epoch and state.epoch_clips not in (None, key):
+        log(
+            f"resume: the training clips differ from the checkpoint's run; epoch {state.epoch + 1} is "
+            "ordered anew and starts again from its beginning"
+        )
+        state.batch_in_epoch = 0
+    state.epoch_clips = key
 
 
 def _resumed_state(

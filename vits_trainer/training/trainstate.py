@@ -41,6 +41,8 @@ class TrainState:
     # resume with another process count: session.rescale_epoch_position)
     batch_in_epoch: int = 0
     processes: int | None = None  # the processes it counts per rank (None: a checkpoint from before)
+    # what the epoch's batch order is drawn from (session.epoch_clips_key); None: a checkpoint from before
+    epoch_clips: str | None = None
     samples_seen: int = 0
     best_val: float | None = None  # lowest --best_metric value (on the first validation set) so far
     best_step: int | None = None
