@@ -107,6 +107,22 @@ def test_cache_invalidated_by_metadata_and_wav_changes(corpus: Path) -> None:
     assert not report.cache_hit and report.resampled == 23
 
 
+def test_an_edited_transcript_keeps_the_cache_and_is_read_afresh(corpus: Path) -> None:
+    store, _ = load(corpus)
+    meta = corpus / "metadata.csv"
+    lines = meta.read_text().splitlines()
+    clip_id, _, _ = lines[3].split("|")
+    lines[3] = f"{clip_id}|edited text|someone"
+    meta.write_text("\n".join(lines) + "\n")
+    again, report = load(corpus)
+    assert report.cache_hit  # the audio is the same: no wav is read again
+    assert (again.texts[3], again.speakers[3]) == ("edited text", "someone")
+    np.testing.assert_array_equal(np.asarray(again.audio), np.asarray(store.audio))
+    meta.write_text("\n".join([lines[1], lines[0], *lines[2:]]) + "\n")  # another order: rebuilt
+    reordered, report = load(corpus)
+    assert not report.cache_hit and reordered.ids[:2] == [store.ids[1], store.ids[0]]
+
+
 def test_half_written_cache_is_never_used(corpus: Path) -> None:
     store, _ = load(corpus)
     bin_path = corpus / "cache" / AUDIO_NAME

@@ -116,17 +116,18 @@ def _wav_path(data_dir: Path, clip_id: str) -> Path:
     return data_dir / WAVS_DIR / f"{clip_id}.wav"
 
 
-def _fingerprint(metadata_bytes: bytes, wav_paths: list[Path], sample_rate: int) -> tuple[str, int]:
-    """Hash of everything the cache depends on; also returns the total wav bytes (a size estimate).
+def _fingerprint(rows: list[MetaRow], wav_paths: list[Path], sample_rate: int) -> tuple[str, int]:
+    """Hash of everything the cached audio depends on; also returns the total wav bytes (a size estimate).
 
-    (size, mtime_ns) per wav instead of content hashes: stat is ~1000x cheaper than reading, and a
-    rewritten file changes its mtime.
+    The clips' ids in order, not metadata.csv's bytes: texts and speakers are read from the listing at
+    every start, so an edited transcript does not re-read every wav. (size, mtime_ns) per wav instead
+    of content hashes: stat is ~1000x cheaper than reading, and a rewritten file changes its mtime.
     """
     h = hashlib.sha256()
     h.update(f"vits-trainer clip cache v{CACHE_VERSION} sr={sample_rate}\n".encode())
-    h.update(hashlib.sha256(metadata_bytes).digest())
     total = 0
-    for path in wav_paths:
+    for row, path in zip(rows, wav_paths, strict=True):
+        h.update(f"{row.id}\0".encode())
         try:
             st = os.stat(path)
             h.update(f"{st.st_size}:{st.st_mtime_ns}\n".encode())
@@ -262,7 +263,7 @@ def load_clip_store(
     data_dir = Path(data_dir)
     meta_path, rows, report = _read_listing(data_dir, log)
     wav_paths = [_wav_path(data_dir, r.id) for r in rows]
-    fingerprint, wav_bytes = _fingerprint(meta_path.read_bytes(), wav_paths, sample_rate)
+    fingerprint, wav_bytes = _fingerprint(rows, wav_paths, sample_rate)
     report.timings["fingerprint"] = time.perf_counter() - t0
 
     cache_dir = Path(cache_dir) if cache_dir is not None else data_dir / "cache"
@@ -271,7 +272,7 @@ def load_clip_store(
     if index is not None:
         report.cache_hit = True
         report.cache_path = str(cache_dir)
-        store = _open_cache(index, cache_dir / AUDIO_NAME, sample_rate, ram_limit, report, log)
+        store = _open_cache(index, rows, cache_dir / AUDIO_NAME, sample_rate, ram_limit, report, log)
     else:
         threads = _threads(num_workers)
         store = _build_store(
@@ -339,7 +340,7 @@ def _build_store(
     report.timings["build"] = time.perf_counter() - t_build
     if in_ram is not None:
         return in_ram
-    return _open_cache(index, cache_dir / AUDIO_NAME, sample_rate, ram_limit, report, log)
+    return _open_cache(index, rows, cache_dir / AUDIO_NAME, sample_rate, ram_limit, report, log)
 
 
 def _try_build_cache(
@@ -381,9 +382,16 @@ def _try_build_cache(
 
 
 def _open_cache(
-    index: dict[str, Any], audio_path: Path, sample_rate: int, ram_limit: int, report: LoadReport, log: Log
+    index: dict[str, Any],
+    rows: list[MetaRow],
+    audio_path: Path,
+    sample_rate: int,
+    ram_limit: int,
+    report: LoadReport,
+    log: Log,
 ) -> ClipStore:
-    """The store of a complete cache: read into RAM, or memory-mapped when it exceeds `ram_limit`."""
+    """The store of a complete cache: read into RAM, or memory-mapped when it exceeds `ram_limit`.
+    Texts and speakers are the listing's (`rows`), not the index's: they may have been edited since."""
     offsets = np.asarray(index["offsets"], dtype=np.int64)
     report.skipped = [(s[0], s[1]) for s in index["skipped"]]
     report.resampled = int(index["resampled"])
@@ -407,10 +415,11 @@ def _open_cache(
             f"{audio_path}; clips are read from disk on demand (the OS page cache helps after epoch 1)"
         )
     report.timings["load"] = time.perf_counter() - t_load
+    listed = {r.id: r for r in rows}
     return ClipStore(
         ids=list(index["ids"]),
-        texts=list(index["texts"]),
-        speakers=list(index["speakers"]),
+        texts=[listed[i].text for i in index["ids"]],
+        speakers=[listed[i].speaker for i in index["ids"]],
         offsets=offsets,
         audio=audio,
         sample_rate=sample_rate,
