@@ -91,7 +91,6 @@ class Session:
     output_dir: Path
     resumed_from: Path | None
     preload_seconds: float
-    load_report: dict
     model_source: str
     run_lock: object | None = None  # runlock.RunLock of --checkpoint_dir (main process), released by the loop
     resume_command: str | None = None  # report.html's command to continue (None: train_vits.py's)
@@ -393,7 +392,6 @@ def _build_session(
         output_dir=Path(cfg.output_dir),
         resumed_from=ckpt.path if ckpt is not None else None,
         preload_seconds=report.seconds,
-        load_report=report.to_dict(),
         model_source=model_source,
     )
     # the peak is always this session's --learning_rate (x recoveries' scale)
