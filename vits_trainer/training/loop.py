@@ -329,7 +329,7 @@ class Trainer:
         if s.resumed_from is None and s.val_loaders:
             self.outputs.warm_up_first_calls()
             self.outputs.run_eval("start", export_best=False)  # baseline, and an eval time for the plan
-            self.outputs.estimate_step_from_eval(self.micro.clips_per_step())
+            self.outputs.estimate_step_from_eval(self.micro.clips_trained_per_step())
         warning = s.budget_lr.horizon_warning()
         if warning:
             s.log(f"warning: {warning}")

@@ -29,15 +29,17 @@ class MicroBatchPolicy:
         self.s = session
         self.metrics = metrics
         self.agreement = agreement
-        self.step_clips = per_process_batch(session.cfg)  # clips per optimiser step, per process
+        # clips per optimiser step, per process, as configured (clips_trained_per_step: as trained)
+        self.step_clips = per_process_batch(session.cfg)
         # an epoch's training clips per process: when fewer than a step's, every step trains on all of them
         self.epoch_clips = session.data.samples_per_epoch // session.accelerator.num_processes
         self.trial: MicroBatchTrial | None = None  # the trial while it runs
         self.trial_steps: list[tuple[int, float, int, bool]] = []  # (size, seconds, samples, clean)
         self.last_micro: int | None = None  # the micro-batch size the last step ran at
 
-    def clips_per_step(self) -> int:
-        """The clips one optimiser step trains on, per process: the step's, or the epoch's when fewer."""
+    def clips_trained_per_step(self) -> int:
+        """The clips one optimiser step trains on, per process: `step_clips` (the configured step), or the
+        epoch's when fewer."""
         return max(1, min(self.step_clips, self.epoch_clips))
 
     def size(self) -> int:

@@ -394,16 +394,16 @@ class RunOutputs:
         if cfg.eval_samples and s.is_main:
             warm_up_pictures()
 
-    def estimate_step_from_eval(self, step_clips: int) -> None:
+    def estimate_step_from_eval(self, clips_trained: int) -> None:
         """The budget's step time before the first step: the start evaluation's time per clip, scaled to
-        a step of `step_clips` clips per process (each process evaluates every clip, and trains its own
-        `step_clips` beside the others)."""
+        a step of `clips_trained` clips per process (each process evaluates every clip, and trains its own
+        `clips_trained` beside the others)."""
         s = self.s
         clips = sum(len(v) for v in s.data.val_sets.values())
         if clips <= 0:
             return
         per_clip = s.budget.eval_seconds() / clips
-        s.budget.set_estimates(step_seconds=STEP_SECONDS_PER_EVAL_CLIP_SECONDS * per_clip * step_clips)
+        s.budget.set_estimates(step_seconds=STEP_SECONDS_PER_EVAL_CLIP_SECONDS * per_clip * clips_trained)
 
 
 def _version(package: str) -> str | None:
