@@ -30,6 +30,7 @@ from .pictures import alignment_paths, log_images_to_trackers, warm_up_pictures,
 from .report import sample_folder, write_references, write_report
 from .reporting import log_audio_to_trackers
 from .resume_settings import resume_command
+from .run_end import install_best_model
 from .runtime import git_revision
 from .trainstate import checkpoint_files
 
@@ -45,7 +46,8 @@ class RunOutputs:
     """Evaluations, checkpoints and exports of a run. Owns when each last happened (`last_eval`,
     `last_save`), the newest checkpoint written (`last_checkpoint`, on every rank), the last evaluation's
     results (`last_val`, at `last_val_step`, by the evaluation tagged `last_val_tag`) and why the newest
-    best weights have no best_model/ (`best_model_refused`, main process only)."""
+    best weights have no best_model/ (`best_model_refused`, main process only: set by the two ways into
+    best_model/, run_eval's export and copy_final_to_best)."""
 
     def __init__(self, session, metrics, agreement, threads: dict, micro_used: Callable[[], dict]) -> None:
         self.s = session
@@ -242,6 +244,22 @@ class RunOutputs:
             **self.micro_used(),
             "versions": {"torch": torch.__version__, "transformers": _version("transformers")},
         }
+
+    def copy_final_to_best(self, exported: Path | None, earlier_best_model: int | None) -> bool:
+        """The exported final weights, the best ones, copied to best_model/ (RunEnd.finish); whether a copy
+        was made (not when an epoch's evaluation of these very weights exported them already, or the copy
+        failed)."""
+        s, step = self.s, self.s.budget.global_step
+        if not exported or earlier_best_model == step:
+            return False
+        try:
+            install_best_model(exported, s.checkpoint_dir, step)
+        except (OSError, UnsafeOverwrite) as err:  # the final model is exported; only this copy failed
+            self.best_model_refused = str(getattr(err, "strerror", None) or err)
+            s.log(f"warning: best model not updated ({self.best_model_refused})")
+            return False
+        self.best_model_refused = None  # best_model/ holds the best weights now
+        return True
 
     def save_checkpoint(self, why: str) -> Path | None:
         """Write a complete checkpoint (main process); a failed write warns and training goes on."""

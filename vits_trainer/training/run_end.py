@@ -51,7 +51,7 @@ class RunEnd:
         outputs.save_checkpoint(stop_reason or "end")
         t0 = time.perf_counter()
         exported = self.export_final()
-        best_updated = final_is_best and self.copy_final_to_best(exported, earlier_best_model)
+        best_updated = final_is_best and outputs.copy_final_to_best(exported, earlier_best_model)
         if final_is_best and not best_updated:  # no copy made: best_model/ holds what it held
             s.state.best_model_step = earlier_best_model
         budget.observe_export(time.perf_counter() - t0)
@@ -133,21 +133,6 @@ class RunEnd:
                 f"the last good checkpoint is {self.outputs.last_checkpoint}"
             )
             return None
-
-    def copy_final_to_best(self, exported: Path | None, earlier_best_model: int | None) -> bool:
-        """The exported final weights, the best ones, copied to best_model/; whether a copy was made (not
-        when an epoch's evaluation of these very weights exported them already, or the copy failed)."""
-        s, outputs, step = self.s, self.outputs, self.s.budget.global_step
-        if not exported or earlier_best_model == step:
-            return False
-        try:
-            install_best_model(exported, s.checkpoint_dir, step)
-        except (OSError, UnsafeOverwrite) as err:  # the final model is exported; only this copy failed
-            outputs.best_model_refused = str(getattr(err, "strerror", None) or err)
-            s.log(f"warning: best model not updated ({outputs.best_model_refused})")
-            return False
-        outputs.best_model_refused = None  # best_model/ holds the best weights now
-        return True
 
     def push(self, stop_reason: str | None, exported: Path | None, best_updated: bool) -> dict | None:
         """--push_to_hub (main process): the background best_model uploads finished within the time left,
