@@ -362,9 +362,7 @@ def _build_session(
         )
     g_sched = make_scheduler(g_opt, budget_lr)
     d_sched = make_scheduler(d_opt, budget_lr)
-    generator_prepared, discriminator_prepared = _prepare(
-        cfg, accelerator, generator, discriminator, ckpt, state
-    )
+    generator_prepared, discriminator_prepared = _prepare(cfg, accelerator, generator, discriminator, ckpt)
     session = Session(
         cfg=cfg,
         accelerator=accelerator,
@@ -453,8 +451,12 @@ def restart_epoch_if_clips_changed(state: TrainState, key: str, log) -> None:
 def _resumed_state(
     cfg: TrainConfig, ckpt: LoadedCheckpoint | None, trainer_state: dict, log
 ) -> tuple[TrainState, str]:
-    """(the run's state, the precision to train in): a resumed run keeps a recovery's precision."""
-    state = TrainState.from_dict(trainer_state.get("train_state", {})) if ckpt is not None else TrainState()
+    """(the run's state, the precision to train in): a resumed run's state counts this session, and
+    keeps a recovery's precision."""
+    state = TrainState()
+    if ckpt is not None:
+        state = TrainState.from_dict(trainer_state.get("train_state", {}))
+        state.sessions += 1
     precision = resolve_precision(cfg.mixed_precision, cfg.cpu, log=log)
     kept = state.precision
     if kept == "bf16" and precision == "fp16":  # this GPU has no native bf16 (the recovery's GPU had):
@@ -538,14 +540,13 @@ def _make_budget(cfg: TrainConfig, process_start: float, ckpt_bytes: int, saved:
     return budget
 
 
-def _prepare(cfg: TrainConfig, accelerator, generator, discriminator, ckpt: LoadedCheckpoint | None, state):
+def _prepare(cfg: TrainConfig, accelerator, generator, discriminator, ckpt: LoadedCheckpoint | None):
     """The networks prepared by accelerate; a resumed run's scaler and RNG restored; per-rank seeds."""
     generator_prepared, discriminator_prepared = accelerator.prepare(generator, discriminator)
     if ckpt is not None:
         if ckpt.has("scaler.pt") and accelerator.scaler is not None:
             accelerator.scaler.load_state_dict(ckpt.object("scaler.pt"))
         set_rng_state(ckpt.object("rng.pt"))
-        state.sessions += 1
     if accelerator.process_index > 0:  # ranks draw their own noise and segments
         torch.manual_seed(cfg.seed + 1_000_003 * (ckpt.step if ckpt else 0) + accelerator.process_index)
     return generator_prepared, discriminator_prepared

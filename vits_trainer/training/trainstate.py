@@ -34,7 +34,18 @@ TOKENIZER_FILES = ("vocab.json", "tokenizer_config.json", "special_tokens_map.js
 
 @dataclass
 class TrainState:
-    """Where the run is. Saved as JSON in every checkpoint."""
+    """Where the run is. Saved as JSON in every checkpoint.
+
+    One object, shared by the session and the Trainer's parts; each field has one writer:
+    - session.py, at set-up only: `sessions` (a resume), `processes` and a resumed `batch_in_epoch`
+      (rescale_epoch_position);
+    - loop.Trainer: `epoch`, `batch_in_epoch`, `samples_seen`;
+    - recovery.Recovery: `skipped_steps`, `consecutive_skips`, `recoveries`, `lr_scale`, `precision`;
+    - microbatch_choice.MicroBatchPolicy: `split`, `micro_batch_size`, `micro_batch_hardware`,
+      `micro_batch_trial`;
+    - outputs.RunOutputs: `val_history`, `best_val`, `best_step`, `best_model_step` (RunEnd.finish also
+      sets `best_model_step` for the final checkpoint, and puts it back when the final copy fails).
+    """
 
     epoch: int = 0  # epochs completed: the 0-based index of the epoch being trained
     # batches of the current epoch already trained, per rank (a cycle boundary, unless converted for a
