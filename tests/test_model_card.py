@@ -252,3 +252,12 @@ def test_a_run_of_several_sessions_says_its_budget_is_each_sessions():
     )
     one = card(base_model_facts(MMS), target_seconds=54.0, spent_seconds=50.0)
     assert "- Budget: --target_hours 0.015 (54 s); 50 s spent when" in one
+
+
+def test_a_multi_speaker_card_says_to_give_a_speaker_id_also_to_the_pipeline():
+    """transformers' VitsModel speaks with no speaker embedding when speaker_id is None (the pipeline's
+    default): a voice no speaker was trained as. The card's usage gives one on every path it shows."""
+    usage = card(base_model_facts(MMS), voices=3).split("## Usage")[1]
+    assert "model(**inputs, speaker_id=0)" in usage
+    assert 'forward_params={"speaker_id": 0}' in usage and "never trained on" in usage
+    assert "forward_params" not in card(base_model_facts(MMS)).split("## Usage")[1]  # one voice: none needed

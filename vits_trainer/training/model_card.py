@@ -370,9 +370,17 @@ def _usage(facts: CardFacts) -> str:
         "```",
     ]
     if facts.voices > 1:
+        # transformers' VitsModel drops the speaker embedding when speaker_id is None (the pipeline's
+        # default): every layer trained with one then gets none, a voice no speaker was trained as
         lines.append(
             f"\nThe model has {facts.voices} voices (`speaker_id`); `speakers.json` maps the speakers' "
-            "names in the training data to them."
+            "names in the training data to them. Always give a `speaker_id`: without one, the model "
+            "speaks with no speaker embedding, a voice it was never trained on. With the pipeline:\n\n"
+            "```python\n"
+            "from transformers import pipeline\n\n"
+            'tts = pipeline("text-to-speech", model="path/to/this/folder")\n'
+            'speech = tts("Text to speak.", forward_params={"speaker_id": 0})\n'
+            "```"
         )
     return "\n".join(lines)
 
