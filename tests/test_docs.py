@@ -126,3 +126,15 @@ def test_every_requirement_is_explained_in_the_docs():
     assert bullets - required == set(), (
         f"packages the docs explain but requirements.txt lacks: {bullets - required}"
     )
+
+
+def test_every_hf_upload_shown_leaves_out_the_files_naming_this_machines_folders():
+    """An upload by hand (a feedback version, a failed push) must leave out what --push_to_hub leaves out:
+    the export marker holds this machine's absolute checkpoint path."""
+    from vits_trainer.training.hub_push import NOT_UPLOADED
+
+    command = re.compile(r"hf upload [\w.-]+/[\w.-]+ ")  # a repo and a folder: a command to run
+    shown = [part for doc in DOCS for part in _code(doc.read_text(encoding="utf-8")) if command.search(part)]
+    assert len(shown) >= 2, shown  # the failed push's and the feedback version's
+    for part in shown:
+        assert all(f"--exclude {name}" in part for name in NOT_UPLOADED), part
