@@ -340,7 +340,10 @@ def test_too_few_feedback_clips_to_judge_are_said_before_training(tmp_path, ligh
     """6 clips hold 1 out, 3 are all trained on: neither round can be promoted, which is said at the
     start rather than only in the verdict at the end."""
     feedback = make_feedback(tmp_path / "fb", num_clips=clips)
-    run, _, lines = data_of_a_round(tmp_path, light_base, feedback)
+    run, split, lines = data_of_a_round(tmp_path, light_base, feedback)
+    # the model card's facts: the trained-on feedback clips, and the evaluated ones also trained on
+    assert split.feedback_clips == len(run.feedback_train)
+    assert split.val_trained_clips == (clips if judged == 0 else 0)
     warning = (
         f"warning: {judged} feedback clip(s) held out and never trained on: this round cannot be promoted"
     )

@@ -261,3 +261,20 @@ def test_a_multi_speaker_card_says_to_give_a_speaker_id_also_to_the_pipeline():
     assert "model(**inputs, speaker_id=0)" in usage
     assert 'forward_params={"speaker_id": 0}' in usage and "never trained on" in usage
     assert "forward_params" not in card(base_model_facts(MMS)).split("## Usage")[1]  # one voice: none needed
+
+
+def test_a_card_never_calls_clips_also_trained_on_held_out():
+    """A feedback round of fewer than 5 clips evaluates on clips it also trains on: its card must not
+    call its samples and scores held out."""
+    samples = (Sample("samples/sample_1.wav", "a b", "fb1"),)
+    scores = (Evaluation("final", 120, {"val_mel": 1.0}),)
+    trained = card(
+        base_model_facts(MMS),
+        samples=samples,
+        evaluations=scores,
+        eval_set="feedback clips",
+        eval_trained=True,
+    )
+    assert "never trained on" not in trained and trained.count("also trained on") == 2
+    held = card(base_model_facts(MMS), samples=samples, evaluations=scores)
+    assert held.count("held out, never trained on") == 2

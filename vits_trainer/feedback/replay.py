@@ -343,7 +343,9 @@ class FeedbackData:
             dropped=dropped + dropped_val + dropped_fb,
             sampler=sampler,
             epoch_samples=sampler.epoch_size,
-            feedback_clips=len(feedback),
+            feedback_clips=len(self.feedback_train),
+            # too few clips to hold any out: the feedback evaluation is of clips also trained on
+            val_trained_clips=len(set(self.feedback_eval.ids()) & set(self.feedback_train.ids())),
         )
 
     def check_same_clips(self, stored: dict[str, str], position: dict[str, int], digests: list[str]) -> None:

@@ -35,6 +35,7 @@ class DataSplit:
     sampler: object | None = None
     epoch_samples: int | None = None  # samples one epoch of `sampler` yields; None = len(train)
     feedback_clips: int | None = None  # usable feedback clips among `train` (train_feedback.py), else None
+    val_trained_clips: int = 0  # clips of the first validation set also trained on (a small feedback round)
 
     @property
     def samples_per_epoch(self) -> int:

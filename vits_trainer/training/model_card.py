@@ -86,6 +86,7 @@ class CardFacts:
     hardware: str | None = None
     precision: str | None = None
     eval_set: str = "validation clips"
+    eval_trained: bool = False  # the eval set's clips are also trained on (a feedback round of few clips)
     evaluations: tuple[Evaluation, ...] = ()
     best_model_step: int | None = None  # the step of the weights the run's best_model/ holds (None: none)
     uroman: bool = False  # the tokenizer expects romanised text
@@ -325,8 +326,8 @@ def _best_folder(facts: CardFacts, step: int) -> str:
 def _samples(facts: CardFacts) -> str:
     voices = facts.voices > 1
     lines = [
-        "Validation sentences (held out, never trained on) spoken by these weights from their text alone, "
-        f"as at inference, at the evaluation of step {facts.step}:",
+        f"Sentences of the {facts.eval_set} ({_held_out(facts)}) spoken by these weights from their text "
+        f"alone, as at inference, at the evaluation of step {facts.step}:",
         "",
     ]
     for sample in facts.samples:
@@ -406,9 +407,9 @@ def _training_lines(facts: CardFacts) -> list[str]:
         lines.append(data + ".")
     if facts.feedback_clips is not None:
         lines.append(
-            f"- Feedback: a feedback round (train_feedback.py) on {facts.feedback_clips} feedback clips, "
-            "trained together with original clips replayed from the base model's data (both counted "
-            "above). Whether this version was promoted, judged on held-out feedback clips, is in "
+            f"- Feedback: a feedback round (train_feedback.py): {facts.feedback_clips} feedback clips trained "
+            "on together with original clips replayed from the base model's data (both counted above). "
+            "Whether this version was promoted, judged on held-out feedback clips, is in "
             "`feedback_report.json` in the version folder, written after this export."
         )
     if facts.target_seconds is not None:
@@ -430,10 +431,16 @@ def _training_lines(facts: CardFacts) -> list[str]:
     return lines
 
 
+def _held_out(facts: CardFacts) -> str:
+    if facts.eval_trained:
+        return "also trained on, too few clips to hold any out: not a test on unseen sentences"
+    return "held out, never trained on"
+
+
 def _evaluation(facts: CardFacts) -> str:
     columns = [k for k in SCORES if any(k in e.scores for e in facts.evaluations)]
     intro = (
-        f"Scores on the {facts.eval_set} (held out, never trained on); lower is better, except "
+        f"Scores on the {facts.eval_set} ({_held_out(facts)}); lower is better, except "
         "`val_duration_ratio`, where 1.0 is the recordings' speaking rate. `val_mel` is teacher-forced "
         "(the recording guides the model); `val_mel_dtw`, `val_mcd` and `val_duration_ratio` are "
         "free-running: the sentences spoken from their text alone, compared with the recordings after "
@@ -492,6 +499,10 @@ def run_facts(s, kind: str, samples: tuple[Sample, ...] = ()) -> CardFacts:
         hardware = f"{s.accelerator.num_processes} x {hardware}"
     precision = s.accelerator.mixed_precision
     lengths = data.train.audio_lengths()
+    trained = data.val_trained_clips > 0
+    eval_set = f"{primary} clips" if trained else f"held-out {primary} clips"
+    if primary == "val":
+        eval_set = "validation clips"
     return CardFacts(
         kind=kind,
         base=base,
@@ -499,7 +510,7 @@ def run_facts(s, kind: str, samples: tuple[Sample, ...] = ()) -> CardFacts:
         best_metric=cfg.best_metric,
         hours=float(lengths.sum()) / data.train.sample_rate / 3600,
         clips=len(data.train),
-        val_clips=sum(len(v) for v in data.val_sets.values()),
+        val_clips=sum(len(v) for v in data.val_sets.values()) - data.val_trained_clips,
         speakers=len(s.speakers),
         voices=s.model.config.num_speakers,
         feedback_clips=data.feedback_clips,
@@ -509,7 +520,8 @@ def run_facts(s, kind: str, samples: tuple[Sample, ...] = ()) -> CardFacts:
         sessions=s.state.sessions + 1,  # state.sessions counts the resumes
         hardware=hardware,
         precision="fp32" if precision == "no" else precision,
-        eval_set="validation clips" if primary == "val" else f"held-out {primary} clips",
+        eval_set=eval_set,
+        eval_trained=trained,
         evaluations=evaluations_known(
             s.state.val_history,
             s.state.best_step,
