@@ -34,7 +34,7 @@ class DataSplit:
     # a custom batch sampler (e.g. feedback + a fresh replay draw each epoch); None = bucketed over `train`
     sampler: object | None = None
     epoch_samples: int | None = None  # samples one epoch of `sampler` yields; None = len(train)
-    feedback_clips: int | None = None  # usable feedback clips among `train` (train_feedback.py), else None
+    feedback_clips: int | None = None  # feedback clips among `train` (train_feedback.py), else None
     val_trained_clips: int = 0  # clips of the first validation set also trained on (a small feedback round)
 
     @property
