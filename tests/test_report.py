@@ -25,7 +25,7 @@ import numpy as np
 import pytest
 import soundfile as sf
 
-from vits_trainer.training.report import REFERENCE_FOLDER, SENTENCES_FILE, write_report
+from vits_trainer.training.report import REFERENCE_FOLDER, SENTENCES_FILE, STOP_WORDS, write_report
 
 NASTY = '<script>alert("x")</script> & more'
 CLIP = "clip #1"  # a space and a '#': the src must be URL-quoted to find the file
@@ -672,3 +672,11 @@ def test_a_multi_speaker_runs_samples_name_their_speaker(tmp_path):
         "speaker_name"
         not in (tmp_path / "single" / "samples" / REFERENCE_FOLDER / SENTENCES_FILE).read_text()
     )
+
+
+def test_every_reason_a_run_may_stop_for_has_its_words_in_the_report():
+    """The loop's stop reasons and the report's words for them are two lists: a reason added to one and
+    not the other would print its raw key on the page."""
+    from vits_trainer.training.loop import STOP_REASONS
+
+    assert set(STOP_WORDS) == {*STOP_REASONS[1:], "end"} and STOP_REASONS[0] is None

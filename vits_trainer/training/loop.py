@@ -38,6 +38,9 @@ from .step import GanStep
 
 LOG_SECONDS = 60.0  # a metric line at least this often, so a run of slow steps never looks hung
 REPLAN_NEWS = 0.25  # a re-plan moving the session's steps by more than this share gets a log line
+# what may end the loop (None: nothing yet); train_summary.json's stopped_reason is one of them or "end",
+# and report.STOP_WORDS says each in words
+STOP_REASONS = (None, "budget", "signal", "max_steps")
 
 
 def gan_step(session: Session) -> GanStep:
@@ -423,15 +426,16 @@ class Trainer:
         """(stop reason, save now?) as the main process sees them (its clock, its signals), the same on
         every rank; in multi-process runs rank 0's LR progress and warmup cap travel along."""
         s = self.s
-        code = 0
+        reason = None
         if s.is_main:
             if signals.received:
-                code = 2
+                reason = "signal"
             elif s.budget.should_stop():
-                code = 1
+                reason = "budget"
                 self.budget_stop = s.budget.stop_state()
             elif s.cfg.max_steps and s.budget.global_step >= s.cfg.max_steps:
-                code = 3
+                reason = "max_steps"
+        code = STOP_REASONS.index(reason)  # a number, to travel to the other ranks
         if s.accelerator.num_processes > 1:
             from accelerate.utils import broadcast
 
@@ -442,7 +446,7 @@ class Trainer:
             code, save, progress, warmup = broadcast(packet, from_process=0).tolist()
             code, want_save = int(code), bool(save)
             lr.share_progress(progress, int(warmup))  # every rank, rank 0 too: one LR for all
-        return {0: None, 1: "budget", 2: "signal", 3: "max_steps"}[code], want_save
+        return STOP_REASONS[code], want_save
 
     def follow_load(self) -> None:
         """Fewer threads while other processes keep this run's CPUs busy, all of them again once they stop."""

@@ -35,7 +35,7 @@ REPORT_FILE = "report.html"
 REFERENCE_FOLDER = "reference"  # samples/reference/: the validation recordings, written once per run
 SENTENCES_FILE = "sentences.json"  # samples/reference/sentences.json: clip id -> text, speaker
 RECENT_WITH_PLAYERS = 5  # evaluations whose samples get players (plus the best one)
-STOP_WORDS = {
+STOP_WORDS = {  # loop.STOP_REASONS in words, and "end"
     "budget": "the time budget: the next step and the final reserve no longer fitted before the deadline",
     "max_steps": "--max_steps reached",
     "signal": "stopped by a signal (SIGINT/SIGTERM); it can be resumed",
