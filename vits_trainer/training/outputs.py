@@ -121,16 +121,12 @@ class RunOutputs:
         )
 
     def run_eval(self, tag: str, export_best: bool = True) -> dict:
+        """An evaluation: the scores (`score`), recorded in the run's history, metrics.jsonl, the log
+        and the trackers, the samples written, best_model/ exported when --best_metric improved (and
+        `export_best`), report.html rewritten; the scores."""
         s = self.s
         t0 = time.perf_counter()
-        results = {}
-        for name, loader in s.val_loaders.items():
-            values = evaluate(
-                s.generator_raw, loader, s.device, s.accelerator.autocast, weights=s.cfg.loss_weights()
-            )
-            results.update({set_prefix(name) + k: v for k, v in values.items()})
-        freerun, spoken = free_running_eval(s)  # spoken from text alone, scored against the recordings
-        results.update(freerun)
+        results, spoken = self.score()
         step = s.budget.global_step
         best_key = self.best_key()
         score = results.get(best_key)
@@ -163,23 +159,43 @@ class RunOutputs:
         s.budget.observe_eval(time.perf_counter() - t0)
         self.last_eval = time.time()
         if improved and export_best:
-            t1 = time.perf_counter()
-            try:
-                if self.export(s.checkpoint_dir / "best_model"):
-                    s.state.best_model_step = step
-                    self.best_model_refused = None
-                    if self.hub is not None and s.cfg.push_best:  # queued: uploaded in the background
-                        self.hub.best(s.checkpoint_dir / "best_model", step)
-            except UnsafeOverwrite as err:  # a file the user put into best_model/ is never deleted
-                self.best_model_refused = str(err)
-                s.log(f"warning: best model not exported: {err}")
-            s.budget.observe_export(time.perf_counter() - t1)
+            self.export_best(step)
         self.last_val = results
         self.last_val_step = step
         self.last_val_tag = tag
         if s.is_main:
             self.write_report()
         return results
+
+    def score(self) -> tuple[dict, list]:
+        """Every validation set scored teacher-forced (its prefix on each key), then the free-running
+        scores; (scores, the sentences spoken from text alone, for the samples)."""
+        s = self.s
+        results = {}
+        for name, loader in s.val_loaders.items():
+            values = evaluate(
+                s.generator_raw, loader, s.device, s.accelerator.autocast, weights=s.cfg.loss_weights()
+            )
+            results.update({set_prefix(name) + k: v for k, v in values.items()})
+        freerun, spoken = free_running_eval(s)  # spoken from text alone, scored against the recordings
+        results.update(freerun)
+        return results, spoken
+
+    def export_best(self, step: int) -> None:
+        """The weights that just scored best exported to best_model/ (and queued for the hub with
+        --push_best); a file of the user's there refuses it, with a warning."""
+        s = self.s
+        t0 = time.perf_counter()
+        try:
+            if self.export(s.checkpoint_dir / "best_model"):
+                s.state.best_model_step = step
+                self.best_model_refused = None
+                if self.hub is not None and s.cfg.push_best:  # queued: uploaded in the background
+                    self.hub.best(s.checkpoint_dir / "best_model", step)
+        except UnsafeOverwrite as err:  # a file the user put into best_model/ is never deleted
+            self.best_model_refused = str(err)
+            s.log(f"warning: best model not exported: {err}")
+        s.budget.observe_export(time.perf_counter() - t0)
 
     def write_report(self) -> None:
         """report.html from the folder's files (main process); a failure is a warning, never fatal."""
