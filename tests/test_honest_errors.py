@@ -318,7 +318,7 @@ def test_an_epoch_evaluation_of_the_final_weights_stands_for_the_final_one(
         self.run_eval(f"epoch {self.s.state.epoch}")
         evaluated.append(self.s.state.epoch)
 
-    monkeypatch.setattr(RunOutputs, "epoch_end_housekeeping", evaluate_every_epoch)
+    monkeypatch.setattr(RunOutputs, "evaluate_and_save_if_due", evaluate_every_epoch)
     monkeypatch.setattr(Budget, "should_stop", lambda self: bool(evaluated))  # after the first epoch
     _, summary = train_tiny(tmp_path / "run", data, tiny_model_dir, max_steps=5, val_fraction=0.02)
     out = capsys.readouterr().out

@@ -387,7 +387,7 @@ class Trainer:
         state.batch_in_epoch = 0
         if budget.current_plan is not None:
             self.announce_replan(budget.replan(), progress)
-        self.outputs.epoch_end_housekeeping()
+        self.outputs.evaluate_and_save_if_due()
         stop_reason, _ = self.stop_decision(signals)
         return stop_reason
 

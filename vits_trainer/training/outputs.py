@@ -378,7 +378,7 @@ class RunOutputs:
 
     def expected_per_epoch(self, epoch_seconds: float) -> tuple[float, float]:
         """(evaluations, checkpoints) to expect per epoch of `epoch_seconds` of training, for the plan: by
-        epoch_end_housekeeping's rule each costs at most OVERHEAD_SHARE of the time since the last one,
+        evaluate_and_save_if_due's rule each costs at most OVERHEAD_SHARE of the time since the last one,
         and a checkpoint comes at least every --save_minutes."""
         s, budget = self.s, self.s.budget
 
@@ -396,7 +396,10 @@ class RunOutputs:
         save_due = time.time() - self.last_save >= self.s.cfg.save_minutes * 60
         return save_due and budget.can_afford(budget.save_seconds())
 
-    def epoch_end_housekeeping(self) -> None:
+    def evaluate_and_save_if_due(self) -> None:
+        """At an epoch's end: an evaluation when it takes at most OVERHEAD_SHARE of the time since the
+        last one (and still fits in the budget), then a checkpoint by the same rule; every rank does what
+        rank 0 decides."""
         s, budget = self.s, self.s.budget
         since_eval = time.time() - self.last_eval
         eval_due = bool(s.val_loaders) and since_eval * OVERHEAD_SHARE >= budget.eval_seconds()
