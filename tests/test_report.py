@@ -680,3 +680,24 @@ def test_every_reason_a_run_may_stop_for_has_its_words_in_the_report():
     from vits_trainer.training.loop import STOP_REASONS
 
     assert set(STOP_WORDS) == {*STOP_REASONS[1:], "end"} and STOP_REASONS[0] is None
+
+
+def test_a_constant_learning_rate_averaged_down_still_draws_its_chart():
+    """A constant LR (--min_lr_ratio 1 --warmup_steps 0) over 3,601 log lines: averaging it down leaves
+    values one rounding error apart, whose tick step was below their float resolution, and the tick loop
+    never ended: the run hung in write_report at its next evaluation."""
+    from vits_trainer.training.report_svg import line_chart, series
+
+    def hung(*_):
+        raise TimeoutError("the chart's ticks never ended")
+
+    lr = series("learning rate", list(range(3601)), [1e-4] * 3601)
+    assert len({y for _, y in lr.points}) > 1  # the averaging's rounding, as in a real run
+    previous = signal.signal(signal.SIGALRM, hung)
+    signal.alarm(5)
+    try:
+        svg = line_chart("learning rate", [lr], "lr")
+    finally:
+        signal.alarm(0)
+        signal.signal(signal.SIGALRM, previous)
+    assert ">0.0001<" in svg  # the value is on the axis

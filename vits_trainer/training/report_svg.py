@@ -57,18 +57,16 @@ def _finite(value) -> bool:
 
 def nice_ticks(low: float, high: float, count: int = 5) -> list[float]:
     """About `count` round tick values covering [low, high]."""
-    if high <= low:  # one value: a band of +-10 % around it
+    # one value, or values a rounding error apart (a constant learning rate averaged down by `thin`):
+    # a band of +-10 % around it. A step below the values' float resolution never advanced the loop.
+    if high - low <= 1e-9 * max(abs(low), abs(high)):
         low, high = low - (0.1 * abs(low) or 1.0), high + (0.1 * abs(high) or 1.0)
     raw = (high - low) / max(1, count)
     magnitude = 10 ** math.floor(math.log10(raw))
     step = next(m * magnitude for m in (1, 2, 2.5, 5, 10) if m * magnitude >= raw)
-    first = math.ceil(low / step) * step
-    ticks = []
-    value = first
-    while value <= high + step * 1e-9:
-        ticks.append(round(value, 10))
-        value += step
-    return ticks
+    first = math.ceil(low / step)
+    last = math.floor(high / step + 1e-9)
+    return [round(k * step, 10) for k in range(first, last + 1)]
 
 
 def _label(value: float) -> str:
