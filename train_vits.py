@@ -64,7 +64,7 @@ def main(argv: list[str] | None = None) -> int:
         return 1  # the export failed; the error line named the last good checkpoint
     report = Path(cfg.checkpoint_dir) / REPORT_FILE
     log(
-        f"done: {summary['steps']} steps in {summary['wall_seconds'] / 60:.1f} min "
+        f"done: {steps_words(summary)} in {summary['wall_seconds'] / 60:.1f} min "
         f"(budget {cfg.target_hours * 60:.1f} min); final model: {summary['final_model']}; "
         + best_model_words(summary)
         + (f"; report: {report}" if report.is_file() else "")
@@ -86,6 +86,14 @@ def check_hub(cfg) -> None:
         f"the end{' and best_model/ whenever it changes' if cfg.push_best else ''}",
         flush=True,
     )
+
+
+def steps_words(summary: dict) -> str:
+    """The steps the done line counts: a resumed session's minutes trained only its own steps."""
+    steps, session = summary["steps"], summary.get("session_steps")
+    if summary.get("resumed_from_step") is None or session is None:
+        return f"{steps} steps"
+    return f"step {steps} ({session} steps this session)"
 
 
 def best_model_words(summary: dict) -> str:

@@ -394,3 +394,14 @@ def test_a_run_resumed_at_max_steps_does_not_evaluate_the_same_weights_again(
     assert "final evaluation skipped: no training step since the final evaluation" in capsys.readouterr().out
     records = [json.loads(x) for x in (tmp_path / "checkpoints" / "metrics.jsonl").read_text().splitlines()]
     assert [r["step"] for r in records if r.get("event") == "eval"] == [0, 2]
+
+
+def test_a_resumed_sessions_done_line_counts_its_own_steps_against_its_minutes():
+    """`done: 68 steps in 1.1 min` after a session resumed at step 34 read as twice its speed: the
+    minutes are this session's, the 68 the run's."""
+    from train_vits import steps_words
+
+    fresh = {"steps": 84, "session_steps": 84, "resumed_from_step": None}
+    assert steps_words(fresh) == "84 steps"
+    resumed = {"steps": 68, "session_steps": 34, "resumed_from_step": 34}
+    assert steps_words(resumed) == "step 68 (34 steps this session)"
