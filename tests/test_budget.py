@@ -164,6 +164,8 @@ def test_the_plan_ends_at_max_steps_when_it_comes_first():
     assert plan.train_end_wall == pytest.approx(clock() + 25 * 0.5)  # 25 steps of 0.5 s
     assert plan.run_end_wall - plan.train_end_wall == pytest.approx(free.run_end_wall - free.train_end_wall)
     assert "plan: 30 steps this session (to --max_steps 30), " in plan.describe()
+    # 30 steps of 200 per epoch: --max_steps, not the hour's budget, is what fits less than an epoch
+    assert "less than one epoch fits in --max_steps 30" in plan.describe()
     b.max_steps = 10_000  # the budget ends training first: the plan is the budget's
     assert (
         b.plan(3200, 16).optimizer_steps == free.optimizer_steps

@@ -133,8 +133,9 @@ class Plan:
             f"+ safety {self.safety_seconds:.0f} s"
             + (f" + after the export {self.after_loop_seconds:.0f} s" if self.after_loop_seconds else ""),
         ]
-        if self.epochs < 1.0:
-            lines.append("warning: less than one epoch fits in the time budget")
+        if self.epochs < 1.0:  # --max_steps, when set here, is what ends training, not the budget
+            limit = f"--max_steps {self.max_steps:,}" if self.max_steps else "the time budget"
+            lines.append(f"warning: less than one epoch fits in {limit}")
         return "\n".join(lines)
 
     def to_dict(self) -> dict[str, Any]:
