@@ -701,3 +701,17 @@ def test_a_constant_learning_rate_averaged_down_still_draws_its_chart():
         signal.alarm(0)
         signal.signal(signal.SIGALRM, previous)
     assert ">0.0001<" in svg  # the value is on the axis
+
+
+def test_a_short_runs_step_axis_has_whole_steps_from_zero():
+    """A run stopped before its first step has one evaluation, at step 0: its axis read -1, -0.5, 0, 0.5,
+    1; a 3-step run's had a step 1.5."""
+    from vits_trainer.training.report_svg import line_chart, series
+
+    def step_ticks(xs):
+        svg = line_chart("mel", [series("val", xs, [1.0] * len(xs), markers=True)], "mel")
+        return re.findall(r'<text class="tick" x="[\d.]+" y="239"[^>]*>([^<]*)<', svg)
+
+    assert step_ticks([0]) == ["0", "1"]
+    assert step_ticks([1, 2, 3]) == ["1", "2", "3"]
+    assert step_ticks([0, 84]) == ["0", "20", "40", "60", "80"]

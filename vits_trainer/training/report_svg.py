@@ -55,15 +55,15 @@ def _finite(value) -> bool:
     return isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value)
 
 
-def nice_ticks(low: float, high: float, count: int = 5) -> list[float]:
-    """About `count` round tick values covering [low, high]."""
+def nice_ticks(low: float, high: float, count: int = 5, min_step: float = 0.0) -> list[float]:
+    """About `count` round tick values covering [low, high], at least `min_step` apart."""
     # one value, or values a rounding error apart (a constant learning rate averaged down by `thin`):
     # a band of +-10 % around it. A step below the values' float resolution never advanced the loop.
     if high - low <= 1e-9 * max(abs(low), abs(high)):
         low, high = low - (0.1 * abs(low) or 1.0), high + (0.1 * abs(high) or 1.0)
     raw = (high - low) / max(1, count)
     magnitude = 10 ** math.floor(math.log10(raw))
-    step = next(m * magnitude for m in (1, 2, 2.5, 5, 10) if m * magnitude >= raw)
+    step = max(min_step, next(m * magnitude for m in (1, 2, 2.5, 5, 10) if m * magnitude >= raw))
     first = math.ceil(low / step)
     last = math.floor(high / step + 1e-9)
     return [round(k * step, 10) for k in range(first, last + 1)]
@@ -100,9 +100,9 @@ class Frame:
         return self.top + span - (value - low) / ((high - low) or 1.0) * span
 
 
-def _axes(frame: Frame, x_label: str, y_label: str, y_axis: bool = True) -> list[str]:
+def _axes(frame: Frame, x_label: str, y_label: str, y_axis: bool = True, x_step: float = 0.0) -> list[str]:
     parts = []
-    x_ticks = nice_ticks(*frame.x_range)
+    x_ticks = nice_ticks(*frame.x_range, min_step=x_step)
     y_ticks = nice_ticks(*frame.y_range) if y_axis else [*frame.y_range]
     frame.x_range = (min(frame.x_range[0], x_ticks[0]), max(frame.x_range[1], x_ticks[-1]))
     frame.y_range = (min(frame.y_range[0], y_ticks[0]), max(frame.y_range[1], y_ticks[-1]))
@@ -149,8 +149,10 @@ def line_chart(
         return ""
     xs = [x for s in lines for x, _ in s.points] + [x for x, _ in vlines]
     ys = [y for s in lines for _, y in s.points]
-    frame = Frame(width, height, (min(xs), max(xs)), (min(ys), max(ys)))
-    parts = _axes(frame, x_label, y_label)
+    # optimizer steps are whole and not negative: a run with one evaluation (step 0) had an axis of
+    # -1, -0.5, 0, 0.5, 1, and a 3-step run a step 1.5
+    frame = Frame(width, height, (min(xs), max(max(xs), min(xs) + 1)), (min(ys), max(ys)))
+    parts = _axes(frame, x_label, y_label, x_step=1.0)
     for x, label in vlines:
         px = frame.x(x)
         parts.append(
