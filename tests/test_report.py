@@ -715,3 +715,20 @@ def test_a_short_runs_step_axis_has_whole_steps_from_zero():
     assert step_ticks([0]) == ["0", "1"]
     assert step_ticks([1, 2, 3]) == ["1", "2", "3"]
     assert step_ticks([0, 84]) == ["0", "20", "40", "60", "80"]
+
+
+def test_a_killed_sessions_steps_are_those_the_next_session_resumed_from(tmp_path):
+    """Killed at step 40 after a checkpoint at 36, resumed from it: its step lines past 36 are off the
+    page, and 'what happened' read 35 steps (its last log line left), neither trained nor kept."""
+    from vits_trainer.training.report import read_run, timeline_section
+
+    t0 = 1_700_000_000.0
+    records = [{"event": "session", "step": 0, "time": t0 + 5, "process_start": t0, "started": t0 + 2}]
+    records += [{"step": k, "time": t0 + 5 + k, "mel": 1.0} for k in range(5, 45, 5)]
+    records.append({"event": "session", "step": 36, "time": t0 + 105, "process_start": t0 + 100})
+    records[-1].update(started=t0 + 102, resumed_from="step_00000036")
+    records += [{"step": 40, "time": t0 + 110, "mel": 1.0}, {"event": "end", "step": 40, "time": t0 + 120}]
+    (tmp_path / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
+    page = timeline_section(read_run(tmp_path))
+    killed = page.split("Session 2")[0]
+    assert "<td>optimizer steps</td><td>–</td><td>36</td>" in killed

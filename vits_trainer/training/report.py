@@ -394,9 +394,11 @@ def resume_section(command: str | None) -> str:
 # ---- the budget's timeline ------------------------------------------------------------------------
 
 
-def sitting_timeline(sitting: Sitting, number: int, ended: bool) -> tuple[Timeline, list[list[str]]] | None:
+def sitting_timeline(
+    sitting: Sitting, number: int, ended: bool, resumed_at: int | None = None
+) -> tuple[Timeline, list[list[str]]] | None:
     """The session's phases on its clock and the plan-against-outcome rows; None without its start
-    record (metrics of an older version)."""
+    record (metrics of an older version). `resumed_at`: the step the next session resumed from."""
     start = sitting.start
     if start is None:
         return None
@@ -445,15 +447,21 @@ def sitting_timeline(sitting: Sitting, number: int, ended: bool) -> tuple[Timeli
         why = end.get("stopped_reason") or "end"
         tl.instants.append((end["time"] - t0, f"stopped: {why}", "stop"))
     # the plan as last re-planned, between the first plan and what happened
-    rows = plan_rows(sitting, [plan, replan] if replan else [plan], t0, ended)
+    rows = plan_rows(sitting, [plan, replan] if replan else [plan], t0, ended, resumed_at)
     return tl, rows
 
 
-def plan_rows(sitting: Sitting, plans: list[dict | None], t0: float, ended: bool) -> list[list[str]]:
+def plan_rows(
+    sitting: Sitting, plans: list[dict | None], t0: float, ended: bool, resumed_at: int | None = None
+) -> list[list[str]]:
     """Rows of (what, each plan's figure, what happened); the epochs done count the first plan's steps."""
     start, end = sitting.start, sitting.end
     steps = sitting.steps()
     last_step = (end or {}).get("step", steps[-1]["step"] if steps else start.get("step"))
+    if end is None and resumed_at is not None:
+        # killed: its step lines past its last checkpoint are off the page, and the last one left is a
+        # log line before that checkpoint; the next session went on from the checkpoint's step
+        last_step = resumed_at
     done = (last_step or 0) - (start.get("step") or 0)
     rate = [r["samples_per_second"] for r in steps if isinstance(r.get("samples_per_second"), int | float)]
     # the session's own figure (train_summary.json's) once it ended; while it runs, the median step
@@ -493,7 +501,9 @@ def timeline_section(run: RunFiles) -> str:
     ended, _ = run_state(run)
     parts = ['<section id="timeline"><h2>Budget: plan against what happened</h2>', _phase_legend()]
     for number, sitting in enumerate(sittings, 1):
-        made = sitting_timeline(sitting, number, ended or sitting is not sittings[-1])
+        following = sittings[number].start if number < len(sittings) else None
+        resumed_at = following.get("step") if following and is_resume(following) else None
+        made = sitting_timeline(sitting, number, ended or sitting is not sittings[-1], resumed_at)
         if made is None:
             continue
         tl, rows = made
