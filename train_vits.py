@@ -92,8 +92,8 @@ def steps_words(summary: dict) -> str:
     """The steps the done line counts: a resumed session's minutes trained only its own steps."""
     steps, session = summary["steps"], summary.get("session_steps")
     if summary.get("resumed_from_step") is None or session is None:
-        return f"{steps} steps"
-    return f"step {steps} ({session} steps this session)"
+        return f"{steps} step{'' if steps == 1 else 's'}"
+    return f"step {steps} ({session} step{'' if session == 1 else 's'} this session)"
 
 
 def best_model_words(summary: dict) -> str:

@@ -405,3 +405,4 @@ def test_a_resumed_sessions_done_line_counts_its_own_steps_against_its_minutes()
     assert steps_words(fresh) == "84 steps"
     resumed = {"steps": 68, "session_steps": 34, "resumed_from_step": 34}
     assert steps_words(resumed) == "step 68 (34 steps this session)"
+    assert steps_words({"steps": 1, "session_steps": 1, "resumed_from_step": None}) == "1 step"
