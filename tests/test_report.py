@@ -732,3 +732,25 @@ def test_a_killed_sessions_steps_are_those_the_next_session_resumed_from(tmp_pat
     page = timeline_section(read_run(tmp_path))
     killed = page.split("Session 2")[0]
     assert "<td>optimizer steps</td><td>–</td><td>36</td>" in killed
+
+
+def test_the_timeline_accounts_for_the_set_up_between_loading_and_training(tmp_path):
+    """Between the loop's start and training, the evaluation libraries' first calls (11 s of the first
+    2-minute demo) were in no bar: the timeline showed that time as spent on nothing."""
+    from vits_trainer.training.report import read_run, sitting_timeline
+
+    t0 = 1_700_000_000.0
+    records = [
+        {"event": "eval", "tag": "start", "step": 0, "time": t0 + 24, "seconds": 5.0, "val_mel": 4.0},
+        {"event": "session", "step": 0, "time": t0 + 25, "process_start": t0, "started": t0 + 8},
+        {"step": 5, "time": t0 + 40, "mel": 1.0},
+        {"event": "end", "step": 5, "time": t0 + 50, "training_end": t0 + 45},
+    ]
+    (tmp_path / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
+    timeline, _ = sitting_timeline(read_run(tmp_path).sittings()[0], 1, ended=True)
+    bars = sorted((start, end) for start, end, kind, _ in timeline.phases if kind != "eval")
+    reached = 0.0
+    for start, end in bars:  # loading, set-up, training, the end: one after the other, no gap
+        assert start == pytest.approx(reached)
+        reached = end
+    assert reached == pytest.approx(50.0)

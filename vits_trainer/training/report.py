@@ -408,6 +408,10 @@ def sitting_timeline(
         (0.0, start["started"] - t0, "load", f"loading (preload {start.get('preload_seconds') or 0:.1f} s)")
     )
     training_from = start["time"] - t0
+    # the set-up between loading and training: the evaluation libraries' first calls (numba's
+    # compilation: 11 s of the first 2-minute demo) and the start evaluation, drawn over it; left
+    # blank, that time went nowhere on the page
+    tl.phases.append((start["started"] - t0, training_from, "load", "set-up (warm-up, start evaluation)"))
     trial = sitting.of("micro_batch")
     if trial and "time" in trial[0]:
         tl.phases.append((training_from, trial[0]["time"] - t0, "trial", "micro-batch trial"))
@@ -520,7 +524,7 @@ def timeline_section(run: RunFiles) -> str:
 
 def _phase_legend() -> str:
     names = {
-        "load": "loading",
+        "load": "loading, set-up",
         "eval": "evaluation",
         "trial": "micro-batch trial",
         "train": "training",
