@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 import random
+import time
 
 import pytest
 
@@ -904,3 +905,13 @@ def test_the_first_step_estimate_is_one_process_step_whatever_the_process_count(
         )
         outputs.estimate_step_from_eval(8)
     assert estimates == [pytest.approx(4.0), pytest.approx(4.0)]  # 0.5 s a clip, 8 clips
+
+
+def test_a_plan_ending_within_minutes_gives_its_ends_to_the_second():
+    """The 2-minute demo's plan read "training ends ~06:49, run ends ~06:49": the 9 s between them, and
+    whether the run ends this minute or the next, were lost to the minute."""
+    from vits_trainer.training.budget import hhmm
+
+    now = time.mktime((2026, 11, 28, 6, 48, 30, 0, 0, -1))
+    assert hhmm(now + 79, now) == "06:49:49" and hhmm(now + 88, now) == "06:49:58"
+    assert hhmm(now + 3600, now) == "07:48"  # a long run's end: minutes are enough

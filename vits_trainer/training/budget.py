@@ -82,6 +82,8 @@ class _Stat:
 
 def hhmm(wall: float, now: float) -> str:
     t = time.localtime(wall)
+    if abs(wall - now) < 600:  # minutes alone said "training ends ~06:49, run ends ~06:49" in the demo
+        return time.strftime("%H:%M:%S", t)
     if time.localtime(now)[:3] == t[:3]:
         return time.strftime("%H:%M", t)
     return time.strftime("%a %H:%M", t)
