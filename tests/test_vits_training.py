@@ -305,3 +305,17 @@ def test_slow_steps_still_get_a_metric_line_a_minute(tmp_path, tiny_model_dir, t
     records = [json.loads(line) for line in (session.checkpoint_dir / "metrics.jsonl").open()]
     assert [r["step"] for r in records if "event" not in r] == [1, 2, 3]
     assert summary["steps"] == 3
+
+
+def test_the_steps_after_the_last_metric_line_get_one_at_the_end(tmp_path, tiny_model_dir, tone_corpus):
+    """A run ends between two --log_every lines: its last steps were in no line, so the report's train
+    curves stopped short of the final evaluation (the demo's at step 80 of 84), and a run stopped before
+    its first line (a signal after one step) had no training curve at all."""
+    import json
+
+    session, summary = train_tiny(
+        tmp_path, tone_corpus, tiny_model_dir, max_steps=3, val_fraction=0.0, log_every=100
+    )
+    records = [json.loads(line) for line in (session.checkpoint_dir / "metrics.jsonl").open()]
+    assert [r["step"] for r in records if "event" not in r] == [3]
+    assert summary["steps"] == 3

@@ -178,6 +178,8 @@ class Trainer:
                 stop_reason = self.run_epoch(signals, progress)
                 if stop_reason is None:
                     stop_reason = self.end_epoch(signals, progress)
+            if self.window.steps:  # the steps since the last metric line: else the curves end short of
+                self.log_step(progress, 0)  # the run, and a run shorter than --log_every has none
             progress.close()
             signals.ending = True
             return self.end_run(stop_reason)
