@@ -66,3 +66,30 @@ def test_the_session_wrapper_runs_known_stages():
     plan = re.search(r"set -- ((?:\w+ ?)+)", wrapper).group(1).split()
     known = {s for s, _ in _stage_commands()}
     assert plan and plan[0] == "probe" and set(plan) <= known, plan
+
+
+def test_bench_train_defaults_replaces_training_left_with_a_compatible_function():
+    """`bench_train.py defaults` (the gpu_session.sh plan's first measurement) runs the trainer with
+    Budget.training_left replaced; a replacement that no longer takes the method's arguments crashed
+    the stage after its corpus, model and session were built (its lambda took one argument too many)."""
+    import inspect
+    from unittest import mock
+
+    from bench.bench_train import training_left_ignoring_max_steps
+    from vits_trainer.training.budget import Budget
+
+    clock = [1000.0]
+    budget = Budget(3600, process_start=1000.0, clock=lambda: clock[0], max_steps=3)
+    budget.start_training()
+    for _ in range(4):  # a step time, so that --max_steps would shorten what is left
+        clock[0] += 10.0
+        budget.observe_step(10.0, 8)
+    whole = Budget.training_left(budget, 0)
+    assert Budget.training_left(budget, 3) != whole  # --max_steps matters to the real method
+    original = list(inspect.signature(Budget.training_left).parameters)[1:]  # after self
+    assert list(inspect.signature(training_left_ignoring_max_steps).parameters)[1:] == original
+    with mock.patch.object(Budget, "training_left", training_left_ignoring_max_steps):
+        assert budget.training_left() == whole
+        assert budget.training_left(3) == whole
+        assert budget.training_left(max_steps=3) == whole
+        budget.session_left(3)  # the project's own callers go through it too
