@@ -16,7 +16,7 @@ import time
 import pytest
 import torch
 
-from tests.helpers import tiny_config, train_tiny
+from tests.helpers import COMPILE_ON_STEPS, tiny_config, train_tiny
 from tests.test_vits_training import one_batch
 from vits_trainer.model import compiled as compiled_module
 from vits_trainer.training import compile_choice
@@ -279,11 +279,20 @@ def test_compile_on_trains_compiled_and_reports_the_comparison(
     tmp_path, tiny_model_dir, tone_corpus, monkeypatch, capsys
 ):
     monkeypatch.setattr(compiled_module, "BACKEND", "aot_eager")  # see the module docstring
+    # each new shape counted as a recording of CUDA graphs, as on a GPU (inductor's "reduce-overhead"):
+    # tests/test_gpu.py's runner test has as many steps as this one to reach the decision with them
+    made = compiled_module.LengthChecked.__init__
+
+    def records_graphs_as_on_a_gpu(self, *args, **kwargs):
+        made(self, *args, **kwargs)
+        self.records_graphs = True
+
+    monkeypatch.setattr(compiled_module.LengthChecked, "__init__", records_graphs_as_on_a_gpu)
     # 3 eager, 2 compiling and 2 x 3 measured steps, with room for steps that compile again (a new
     # length or micro-batch size: those are compilation, not measured); the micro-batch is forced, as
     # the trial's choice (by speed, so by the machine's load) would change how many there are
     session, summary = train_tiny(
-        tmp_path, tone_corpus, tiny_model_dir, max_steps=20, compile="on", micro_batch_size="8"
+        tmp_path, tone_corpus, tiny_model_dir, max_steps=COMPILE_ON_STEPS, compile="on", micro_batch_size="8"
     )
     out = capsys.readouterr().out
     report = summary["compile"]
@@ -293,7 +302,7 @@ def test_compile_on_trains_compiled_and_reports_the_comparison(
     assert "compile: compiling the text encoder, posterior encoder, flow, duration predictor, decoder" in out
     assert "compile: on (--compile on), " in out and "compiled in" in out
     assert set(report["seconds_per_sample_by_scope"]) == {"graphs", "segments"}  # both measured
-    assert summary["steps"] == 20 and summary["skipped_steps"] == 0
+    assert summary["steps"] == COMPILE_ON_STEPS and summary["skipped_steps"] == 0
     kept = {"graphs": {"decoder", *compiled_module.UTTERANCE_PARTS}, "segments": {"decoder"}}
     assert set(session.generator_raw.compiled) == kept[report["scope"]]
 

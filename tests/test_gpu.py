@@ -15,7 +15,16 @@ import pytest
 import torch
 from transformers import VitsModel
 
-from tests.helpers import PYTHON, ROOT, all_finite, cli_args, cli_settings, make_kl_infinite, train_tiny
+from tests.helpers import (
+    COMPILE_ON_STEPS,
+    PYTHON,
+    ROOT,
+    all_finite,
+    cli_args,
+    cli_settings,
+    make_kl_infinite,
+    train_tiny,
+)
 from vits_trainer.training.runtime import native_bf16
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
@@ -135,11 +144,13 @@ def test_compiled_step_with_cuda_graphs_gives_the_eager_losses(
 
 
 def test_runner_with_compile_on_the_gpu(tmp_path, tiny_model_dir, tone_corpus, capsys):
-    session, summary = gpu_run(tmp_path, tone_corpus, tiny_model_dir, max_steps=16, compile="on")
+    session, summary = gpu_run(
+        tmp_path, tone_corpus, tiny_model_dir, max_steps=COMPILE_ON_STEPS, compile="on"
+    )
     out = capsys.readouterr().out
     assert summary["compile"]["state"] == "on", out[-4000:]
     assert set(summary["compile"]["seconds_per_sample_by_scope"]) == {"graphs", "segments"}, out[-4000:]
-    assert summary["length_buckets"] is True and summary["steps"] == 16
+    assert summary["length_buckets"] is True and summary["steps"] == COMPILE_ON_STEPS
     assert "(as CUDA graphs, one per batch shape)" in out
     assert all_finite(session.model, session.discriminator_raw)
 
