@@ -20,9 +20,9 @@ loader: the data paths alone (no model): batches/s the runner's in-RAM loader an
 micro: the real Trainer with the default --batch_size 8 --gradient_accumulation_steps 4, the automatic
     micro-batch choice (its trial's steps included) against a forced --micro_batch_size 8, interleaved
     over --rounds; samples/s over every step of each run, medians and their ratio.
-defaults: the real Trainer with train_vits.py's default flags (batch 8 x 4, automatic micro-batch,
-    precision, length buckets and compile; no evaluation), then the naive loop on the same clips per
-    step (fp32, eager); samples/s are medians over the second half of the runner's steps, after its
+defaults: the naive loop on the clips of one default step (fp32, eager; printed at once), then the real
+    Trainer with train_vits.py's default flags (batch 8 x 4, automatic micro-batch, precision, length
+    buckets and compile; no evaluation) on as many clips per step; samples/s are medians over the second half of the runner's steps, after its
     trial and compilation, against the naive loop's, and the share of the estimated ceiling. The same
     half on the wall clock (metrics.jsonl's samples_seen over time: the loop's logging and decisions
     between steps counted too, which a step's own time leaves out) is printed beside it.
@@ -187,12 +187,17 @@ def training_left_ignoring_max_steps(budget: Budget, max_steps: int = 0) -> tupl
 def defaults_throughput(
     tmp: Path, data: Path, model: Path, width: float, steps: int, compile_mode: str | None = None
 ) -> dict:
-    """The runner at train_vits.py's defaults for `steps` optimiser steps, then the naive loop on the
-    same clips per step; the steady state is the second half of the runner's steps. `compile_mode`
-    replaces the default --compile (off: the eager runner alone, without minutes of compilation)."""
+    """The naive loop on the clips of one of train_vits.py's default steps, then the runner at its
+    defaults for `steps` optimiser steps; the steady state is the second half of the runner's steps.
+    `compile_mode` replaces the default --compile (off: the eager runner alone, without minutes of
+    compilation). The naive loop goes first and its figure is printed at once: a lent GPU machine's
+    call may end during the runner's compilation, and its log then still has both loops' rates."""
 
     out = Path(tempfile.mkdtemp(dir=tmp))
     defaults = TrainConfig()
+    clips = defaults.batch_size * defaults.gradient_accumulation_steps
+    naive = baseline_throughput(data, model, width, clips, max(4, min(steps // 4, 10)))
+    print(f"naive loop, {clips} clips per step: {json.dumps(naive)}", flush=True)
     cfg = dataclasses.replace(
         defaults,
         data_dir=str(data),
@@ -213,10 +218,8 @@ def defaults_throughput(
         session, summary, records = train_and_read_metrics(cfg)
     steps_logged = [r for r in records if "loss_g" in r]
     steady = steps_logged[len(steps_logged) // 2 :]
-    clips = defaults.batch_size * defaults.gradient_accumulation_steps
     runner = statistics.median(r["samples_per_second"] for r in steady)
     wall = wall_samples_per_second(steps_logged, len(steps_logged) // 2)
-    naive = baseline_throughput(data, model, width, clips, max(4, min(steps // 4, 10)))
     vram = max((r.get("vram_gb", 0.0) for r in records), default=0.0)
     return {
         "clips_per_step": clips,
