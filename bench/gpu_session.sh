@@ -13,7 +13,9 @@
 #           the eager step in bench_compile.py on an H100, docs/performance.md), with its compilation
 #           inside; then the CUDA tests of the compiled step, then all of them, whose log names each
 #           test as it ends; then how much of a micro-step the GPU is busy, and with which kernels, with
-#           the discriminator in NCHW, then in NHWC (about a minute each).
+#           the discriminator in NCHW, then in NHWC (about a minute each). The shorter call runs the
+#           stages left with the minute-long ones first (e.g. `ops nhwc compiled`): the compiled tests
+#           compile for minutes, and outlasted calls of 128 s and 190 s before.
 #
 # Here, first: `bash bench/gpu_wheels.sh`; then the device's run with carry [".whl"] and
 # `bash bench/gpu_session.sh $OUT 570`, timeout_s 600.
