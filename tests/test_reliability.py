@@ -168,6 +168,26 @@ def test_every_rank_learns_of_the_newest_checkpoint(tmp_path):
     assert other_rank(False) == tmp_path / "step_00000003"  # rank 0's write failed: the older one
 
 
+def test_the_launchers_copy_of_a_signal_is_not_a_second_one(monkeypatch):
+    """Ctrl-C on `accelerate launch` reaches each worker twice within milliseconds (its process group's
+    SIGINT, then the launcher's forwarded SIGINT or SIGTERM): once, the second copy ended every rank at
+    once, without a checkpoint or final model. Several processes take a repeat that soon for the same
+    stop; a later one still exits at once."""
+    exits = []
+    monkeypatch.setattr(loop_module.os, "_exit", exits.append)
+    lines = []
+    stop = loop_module.SignalStop(lines.append, repeat_grace=loop_module.REPEAT_GRACE_SECONDS)
+    try:
+        stop._handle(signal.SIGINT, None)
+        stop._handle(signal.SIGTERM, None)  # the launcher's copy
+        assert exits == [] and stop.received == "SIGINT" and len(lines) == 1
+        stop.received_at -= loop_module.REPEAT_GRACE_SECONDS  # a second Ctrl-C, seconds later
+        stop._handle(signal.SIGINT, None)
+        assert exits == [128 + signal.SIGINT]
+    finally:
+        stop.restore()
+
+
 def test_recovery_leaves_mixed_precision(tmp_path, tiny_model_dir, tone_corpus):
     """bf16 -> fp32 on this CPU (fp16 needs a GPU: there it goes fp16 -> bf16 or fp32, same code)."""
     from tests.test_vits_training import one_batch

@@ -41,6 +41,9 @@ REPLAN_NEWS = 0.25  # a re-plan moving the session's steps by more than this sha
 # what may end the loop (None: nothing yet); train_summary.json's stopped_reason is one of them or "end",
 # and report.STOP_WORDS says each in words
 STOP_REASONS = (None, "budget", "signal", "max_steps")
+# under `accelerate launch` a Ctrl-C (the process group's signal) reaches each worker twice within
+# milliseconds: directly, and forwarded by the launcher; a repeat this soon is that same stop
+REPEAT_GRACE_SECONDS = 2.0
 
 
 def gan_step(session: Session) -> GanStep:
@@ -61,11 +64,14 @@ def gan_step(session: Session) -> GanStep:
 class SignalStop:
     """First SIGINT/SIGTERM: finish the step, save, exit 0. Second: exit at once. Installed until the
     run's end is done: a signal during the final evaluation, save or export (`ending`) lets them finish,
-    where Python's default would abandon the last steps' checkpoint half way."""
+    where Python's default would abandon the last steps' checkpoint half way. `repeat_grace`: seconds
+    after the first signal in which another is the same stop delivered twice (several processes)."""
 
-    def __init__(self, log):
+    def __init__(self, log, repeat_grace: float = 0.0):
         self.log = log
+        self.repeat_grace = repeat_grace
         self.received: str | None = None
+        self.received_at = 0.0
         self.ending = False  # the loop is over: the run's end (run_end.py) is under way
         self._previous = {}
         for sig in (signal.SIGINT, signal.SIGTERM):
@@ -77,9 +83,11 @@ class SignalStop:
     def _handle(self, signum, frame):
         name = signal.Signals(signum).name
         if self.received is not None:
+            if time.monotonic() - self.received_at < self.repeat_grace:
+                return  # the launcher's copy of the signal this process got from its group
             self.log(f"{name} again: exiting now without saving")
             os._exit(128 + signum)
-        self.received = name
+        self.received, self.received_at = name, time.monotonic()
         doing = (
             "the run is ending: saving and exporting" if self.ending else "finishing this step, then saving"
         )
@@ -170,7 +178,7 @@ class Trainer:
 
     def train(self) -> dict:
         s = self.s
-        signals = SignalStop(s.log)
+        signals = SignalStop(s.log, REPEAT_GRACE_SECONDS if s.accelerator.num_processes > 1 else 0.0)
         try:  # the handlers before the run come back however it ends (a notebook goes on with them)
             progress = Progress(s.log, s.is_main, s.device, s.cfg.max_steps, s.budget.global_step)
             stop_reason = self.start_run(signals)
