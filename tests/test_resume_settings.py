@@ -231,6 +231,20 @@ def test_resume_command_names_this_machines_settings():
     )
 
 
+def test_resume_command_of_several_processes_launches_as_many(monkeypatch):
+    """A 2-process run stopped by a signal once printed `python train_vits.py ...`: pasted, it went on
+    with one process."""
+    monkeypatch.setenv("WORLD_SIZE", "2")  # accelerate launch's processes
+    cfg = TrainConfig(checkpoint_dir="ck")
+    assert resume_command("train_vits.py", cfg, "--checkpoint_dir", "ck").startswith(
+        "accelerate launch --num_processes 2 train_vits.py --resume auto --checkpoint_dir ck"
+    )
+    cfg = TrainConfig(checkpoint_dir="ck", cpu=True)  # gloo processes need --multi_gpu
+    assert resume_command("train_vits.py", cfg, "--checkpoint_dir", "ck").startswith(
+        "accelerate launch --multi_gpu --num_processes 2 train_vits.py"
+    )
+
+
 @pytest.mark.slow
 def test_printed_resume_command_continues_with_the_same_settings(tmp_path, tiny_model_dir, tone_corpus):
     """A demo-style run (tiny model, its own LR / accumulation / warmup / output folder, all far from

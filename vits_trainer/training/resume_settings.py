@@ -170,10 +170,15 @@ def resume_command(script: str, cfg, folder_flag: str, folder: str) -> str:
     """The command that continues this run on this machine: the folder to find it in, the machine
     and sharing settings this run used where they differ from the defaults (not restored from the
     checkpoint), and this session's budget again (each session has its own: the user may change it);
-    every other setting comes from the checkpoint."""
+    every other setting comes from the checkpoint. A run of several processes (`accelerate launch`
+    sets WORLD_SIZE) is continued with as many: `python` alone would resume it on one GPU."""
     import shlex
 
-    parts = [f"python {script} --resume auto {folder_flag} {shlex.quote(str(folder))}"]
+    processes = int(os.environ.get("WORLD_SIZE", "1"))
+    # on a CPU-only machine accelerate needs --multi_gpu to start gloo processes (docs/multi-gpu.md)
+    launch = f"accelerate launch{' --multi_gpu' if cfg.cpu else ''} --num_processes {processes}"
+    runner = launch if processes > 1 else "python"
+    parts = [f"{runner} {script} --resume auto {folder_flag} {shlex.quote(str(folder))}"]
     for f in dataclasses.fields(cfg):
         if f.name not in MACHINE + SHARING or getattr(cfg, f.name) == f.default:
             continue
