@@ -181,6 +181,30 @@ def test_a_runs_error_line_and_crash_traceback_go_into_its_log_too(tmp_path, mon
     assert "Traceback (most recent call last)" in text and text.rstrip().endswith("RuntimeError: a bug")
 
 
+def test_several_processes_say_a_set_up_error_once(monkeypatch, capsys):
+    """Under `accelerate launch` every process checks the same input: a missing --data_dir printed its
+    `error:` line once per process. The others exit 2 silently; an error one of them meets once the
+    processes are connected (its own GPU's memory) is its own, and says which process."""
+    import torch.distributed as dist
+
+    from vits_trainer import errors
+    from vits_trainer.errors import UserError, run_cli
+
+    def fails(argv):
+        raise UserError("--data_dir x: no such folder")
+
+    monkeypatch.setenv("RANK", "1")
+    assert run_cli(fails) == 2
+    assert capsys.readouterr().err == ""
+    monkeypatch.setattr(errors, "_process_group_started", lambda: True)
+    monkeypatch.setattr(dist, "destroy_process_group", lambda: None)
+    assert run_cli(fails) == 2
+    assert capsys.readouterr().err == "error (process 1): --data_dir x: no such folder\n"
+    monkeypatch.setenv("RANK", "0")
+    assert run_cli(fails) == 2
+    assert capsys.readouterr().err == "error: --data_dir x: no such folder\n"
+
+
 @pytest.mark.parametrize(
     ("field", "value", "message"),
     [

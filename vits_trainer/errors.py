@@ -25,11 +25,17 @@ def run_cli(main: Callable[[list[str] | None], int | None], argv: list[str] | No
     try:
         code = main(argv)
     except UserError as err:
-        print(f"error: {err}", file=sys.stderr)
-        _keep_in_log(f"error: {err}")
+        rank = int(os.environ.get("RANK", "0"))  # a process of `accelerate launch` (0: the main one)
+        if rank == 0:
+            print(f"error: {err}", file=sys.stderr)
+            _keep_in_log(f"error: {err}")
+        elif _process_group_started():  # found by this process, maybe by it alone (its GPU's memory)
+            print(f"error (process {rank}): {err}", file=sys.stderr)
+        # else: the set-up's input checks, which every process makes alike: the main one says it once
         return 2
     except KeyboardInterrupt:
-        print("interrupted", file=sys.stderr)
+        if int(os.environ.get("RANK", "0")) == 0:  # Ctrl-C reaches every process: said once
+            print("interrupted", file=sys.stderr)
         return 130
     except BrokenPipeError:
         # the reader of our output left (`... | head`): what was written is kept; no traceback, and no
@@ -58,14 +64,18 @@ def stop_as_ctrl_c(signum, frame) -> None:
     raise KeyboardInterrupt
 
 
+def _process_group_started() -> bool:
+    dist = sys.modules.get("torch.distributed")
+    return dist is not None and dist.is_available() and dist.is_initialized()
+
+
 def _close_process_group() -> None:
     """A multi-process run's process group, destroyed before the interpreter exits: left to its
     finalization, gloo's worker threads can abort the process ("terminate called without an active
     exception", exit -6) after the run has ended well (pytorch/pytorch#190489)."""
-    dist = sys.modules.get("torch.distributed")
-    if dist is not None and dist.is_available() and dist.is_initialized():
+    if _process_group_started():
         with contextlib.suppress(Exception):  # the run's outcome is decided already
-            dist.destroy_process_group()
+            sys.modules["torch.distributed"].destroy_process_group()
 
 
 def _keep_in_log(text: str) -> None:
