@@ -482,6 +482,16 @@ def test_too_little_disk_space_is_refused_up_front(tmp_path, tiny_model_dir, ton
     cfg = tiny_config(tmp_path, tone_corpus, tiny_model_dir, max_steps=1)
     with pytest.raises(UserError, match="not enough disk space"):
         build_session(cfg, time.time())
+    # another process of `accelerate launch` refuses it too: it waited for the exited main process in
+    # make_accelerator until the launcher killed it, 30 s later
+    monkeypatch.setenv("RANK", "1")
+
+    def make_accelerator(*args):
+        raise AssertionError("the processes connect before the check")
+
+    monkeypatch.setattr(session_module, "make_accelerator", make_accelerator)
+    with pytest.raises(UserError, match="not enough disk space"):
+        build_session(cfg, time.time())
 
 
 def test_resuming_an_older_checkpoint_sets_the_later_ones_aside_and_keeps_a_better_best_model(

@@ -268,7 +268,7 @@ def build_session(
         lock = RunLock.acquire(checkpoint_dir, "--checkpoint_dir", log, hint) if main else None
         try:
             ckpt = find_checkpoint(cfg, checkpoint_dir, log)
-            if ckpt is None and main:
+            if ckpt is None:  # every process, as the folder checks (_build_session)
                 check_fresh_folder(checkpoint_dir)
             trainer_state = ckpt.json("trainer_state.json") if ckpt is not None else {}
             if ckpt is not None:
@@ -327,10 +327,9 @@ def _build_session(
     check_segment_size(cfg, model)
     discriminator = load_or_create_discriminator(cfg, ckpt, model_dir, log)
     ckpt_bytes = estimate_checkpoint_bytes(model, discriminator)
-    if main:  # from here on files are written
-        _check_output_folders(
-            cfg, ckpt_bytes, restored_output=ckpt is not None and _restored(cfg, "output_dir")
-        )
+    # on every process, though only the main one writes: one that passed would wait in make_accelerator
+    # for a main process that has exited, until the launcher kills it (30 s later)
+    _check_output_folders(cfg, ckpt_bytes, restored_output=ckpt is not None and _restored(cfg, "output_dir"))
     accelerator = make_accelerator(precision, cfg.cpu, cfg.report_to, Path(cfg.checkpoint_dir))
     log = Logger(accelerator.is_main_process)
     _describe_start(accelerator, precision, model, model_source, ckpt, log)
