@@ -754,3 +754,24 @@ def test_the_timeline_accounts_for_the_set_up_between_loading_and_training(tmp_p
         assert start == pytest.approx(reached)
         reached = end
     assert reached == pytest.approx(50.0)
+
+
+def test_a_killed_session_gone_back_past_keeps_no_steps_not_a_negative_count(tmp_path):
+    """Session 2 (resumed at 100) killed at 130; session 3 went back to step 50 (--resume step_00000050):
+    none of session 2's steps were kept, and its budget table read -50 optimizer steps."""
+    from vits_trainer.training.report import read_run, timeline_section
+
+    t0 = 1_700_000_000.0
+    records = [{"event": "session", "step": 0, "time": t0 + 5, "process_start": t0, "started": t0 + 2}]
+    records += [{"step": k, "time": t0 + 5 + k, "mel": 1.0} for k in range(10, 110, 10)]
+    records.append({"event": "end", "step": 100, "time": t0 + 120})
+    for at, when in ((100, 200), (50, 300)):
+        records.append({"event": "session", "step": at, "time": t0 + when + 5, "process_start": t0 + when})
+        records[-1].update(started=t0 + when + 2, resumed_from=f"step_{at:08d}")
+        if at == 100:  # killed: no end record
+            records += [{"step": k, "time": t0 + 105 + k, "mel": 1.0} for k in range(110, 140, 10)]
+    records += [{"step": 60, "time": t0 + 310, "mel": 1.0}, {"event": "end", "step": 60, "time": t0 + 320}]
+    (tmp_path / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
+    page = timeline_section(read_run(tmp_path))
+    killed = page.split("Session 2")[1].split("Session 3")[0]
+    assert "<td>optimizer steps</td><td>–</td><td>0</td>" in killed

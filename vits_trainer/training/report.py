@@ -464,8 +464,9 @@ def plan_rows(
     last_step = (end or {}).get("step", steps[-1]["step"] if steps else start.get("step"))
     if end is None and resumed_at is not None:
         # killed: its step lines past its last checkpoint are off the page, and the last one left is a
-        # log line before that checkpoint; the next session went on from the checkpoint's step
-        last_step = resumed_at
+        # log line before that checkpoint; the next session went on from the checkpoint's step (one from
+        # before this session's start, when the user went back further: none of its steps were kept)
+        last_step = max(resumed_at, start.get("step") or 0)
     done = (last_step or 0) - (start.get("step") or 0)
     rate = [r["samples_per_second"] for r in steps if isinstance(r.get("samples_per_second"), int | float)]
     # the session's own figure (train_summary.json's) once it ended; while it runs, the median step
