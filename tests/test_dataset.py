@@ -202,6 +202,10 @@ def test_ram_limit_is_shared_by_the_processes_of_a_launch(corpus: Path, monkeypa
     monkeypatch.setenv("LOCAL_WORLD_SIZE", "1")
     _, report = load(corpus, max_ram_gb=limit_gb)
     assert report.in_ram
+    for stray in ("", "auto", "0"):  # not a process count: one process, as before the variable was read
+        monkeypatch.setenv("LOCAL_WORLD_SIZE", stray)
+        _, report = load(corpus, max_ram_gb=limit_gb)
+        assert report.in_ram
 
 
 def test_unwritable_cache_dir_loads_into_ram(corpus: Path, tmp_path: Path) -> None:

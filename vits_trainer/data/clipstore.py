@@ -225,11 +225,20 @@ def _read_all(
     return failures, resampled
 
 
+def _local_processes() -> int:
+    """The processes of this launch on this machine (LOCAL_WORLD_SIZE, set by torchrun / accelerate
+    launch); 1 when unset or not a number (a stray value must not stop a run at its data)."""
+    try:
+        return max(1, int(os.environ.get("LOCAL_WORLD_SIZE", "").strip() or 1))
+    except ValueError:
+        return 1
+
+
 def _ram_limit_bytes(max_ram_gb: float) -> int:
     """This process's share of the RAM limit: every process of a launch on this machine
     (LOCAL_WORLD_SIZE) preloads its own copy, so N copies must fit, not one (above its share a
     process memory-maps the cache, whose pages all processes share)."""
-    local = max(1, int(os.environ.get("LOCAL_WORLD_SIZE", "1") or 1))
+    local = _local_processes()
     if max_ram_gb > 0:
         return int(max_ram_gb * 2**30) // local
     try:
