@@ -504,3 +504,30 @@ def test_a_micro_batch_size_given_on_resume_is_checked_against_the_runs_batch(tm
     check_inputs(restore_settings(cfg, saved, [].append, source="step_00000001"), resumed=True)
     with pytest.raises(UserError, match="--micro_batch_size 3 must divide the 32 clips"):  # a fresh run
         parse(["--micro_batch_size", "3", "--resume", "none"]).validate(final=True)
+
+
+def test_set_up_starts_an_epoch_again_only_when_the_training_clips_changed(
+    tmp_path, tiny_model_dir, tone_corpus
+):
+    """The check is made where a resumed session is built: a checkpoint records what its epoch was ordered
+    from, and a resume on the same clips keeps its position while one on other clips starts it again."""
+    import shutil
+    from pathlib import Path
+
+    from tests.helpers import train_tiny
+    from vits_trainer.training.session import build_session, epoch_clips_key
+
+    session, summary = train_tiny(tmp_path, tone_corpus, tiny_model_dir, max_steps=1)
+    saved = json.loads((Path(summary["last_checkpoint"]) / "trainer_state.json").read_text())["train_state"]
+    assert saved["batch_in_epoch"] > 0 and saved["epoch_clips"] == epoch_clips_key(session.data.train)
+    fewer = tmp_path / "fewer"
+    shutil.copytree(tone_corpus, fewer, ignore=shutil.ignore_patterns("cache"))
+    rows = (fewer / "metadata.csv").read_text(encoding="utf-8").splitlines()
+    train_ids = set(session.data.train.ids())
+    dropped = next(r for r in rows if r.split("|")[0] in train_ids)
+    (fewer / "metadata.csv").write_text("\n".join(r for r in rows if r != dropped) + "\n", encoding="utf-8")
+    for name, data, position in (("same", tone_corpus, saved["batch_in_epoch"]), ("fewer", fewer, 0)):
+        argv = ["--resume", summary["last_checkpoint"], "--checkpoint_dir", str(tmp_path / f"ckpt_{name}")]
+        resumed = build_session(parse([*argv, "--data_dir", str(data), "--target_hours", "1"]), time.time())
+        resumed.run_lock.release()
+        assert resumed.state.batch_in_epoch == position, name
