@@ -123,6 +123,38 @@ def test_an_edited_transcript_keeps_the_cache_and_is_read_afresh(corpus: Path) -
     assert not report.cache_hit and reordered.ids[:2] == [store.ids[1], store.ids[0]]
 
 
+def test_a_cache_of_the_previous_fingerprint_is_still_used_on_a_read_only_folder(
+    corpus: Path, monkeypatch
+) -> None:
+    """Caches written before the fingerprint named the clip ids hashed metadata.csv's bytes. A data folder
+    attached read-only (a dataset uploaded with its cache) cannot rebuild its cache: after the change every
+    start read every wav again, into RAM whatever --max_ram_gb said."""
+    import hashlib
+    import json
+
+    from vits_trainer.data import clipstore
+
+    store, _ = load(corpus)
+    index_path = corpus / "cache" / INDEX_NAME
+    index = json.loads(index_path.read_text(encoding="utf-8"))
+    meta = corpus / "metadata.csv"
+    h = hashlib.sha256()  # the earlier version's fingerprint, as it wrote it
+    h.update(f"vits-trainer clip cache v{index['version']} sr={SR}\n".encode())
+    h.update(hashlib.sha256(meta.read_bytes()).digest())
+    for clip_id in [line.split("|")[0] for line in meta.read_text().splitlines()]:
+        st = os.stat(corpus / "wavs" / f"{clip_id}.wav")
+        h.update(f"{st.st_size}:{st.st_mtime_ns}\n".encode())
+    index["fingerprint"] = h.hexdigest()
+    index_path.write_text(json.dumps(index), encoding="utf-8")
+    monkeypatch.setattr(clipstore, "_cache_writable", lambda cache_dir: "Read-only file system")
+    again, report = load(corpus)
+    assert report.cache_hit
+    np.testing.assert_array_equal(np.asarray(again.audio), np.asarray(store.audio))
+    meta.write_text(meta.read_text().replace("|", "| ", 1))  # another listing: that cache no longer holds
+    _, report = load(corpus)
+    assert not report.cache_hit
+
+
 def test_half_written_cache_is_never_used(corpus: Path) -> None:
     store, _ = load(corpus)
     bin_path = corpus / "cache" / AUDIO_NAME

@@ -9,6 +9,7 @@ and loader.py; spectrograms are made by the trainer on the device per batch.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 import os
@@ -135,6 +136,22 @@ def _fingerprint(rows: list[MetaRow], wav_paths: list[Path], sample_rate: int) -
         except OSError:
             h.update(b"missing\n")
     return h.hexdigest(), total
+
+
+def _previous_fingerprint(metadata_bytes: bytes, wav_paths: list[Path], sample_rate: int) -> str:
+    """The fingerprint caches were written with before 2895b3e (metadata.csv's bytes, not the ids): such a
+    cache still holds the audio of these clips while metadata.csv is unchanged, and a data folder attached
+    read-only can never rebuild it (every start re-read the wavs, all of them into RAM)."""
+    h = hashlib.sha256()
+    h.update(f"vits-trainer clip cache v{CACHE_VERSION} sr={sample_rate}\n".encode())
+    h.update(hashlib.sha256(metadata_bytes).digest())
+    for path in wav_paths:
+        try:
+            st = os.stat(path)
+            h.update(f"{st.st_size}:{st.st_mtime_ns}\n".encode())
+        except OSError:
+            h.update(b"missing\n")
+    return h.hexdigest()
 
 
 def _cache_writable(cache_dir: Path) -> str | None:
@@ -276,7 +293,8 @@ def load_clip_store(
     report.timings["fingerprint"] = time.perf_counter() - t0
 
     cache_dir = Path(cache_dir) if cache_dir is not None else data_dir / "cache"
-    index = _read_index(cache_dir / INDEX_NAME, cache_dir / AUDIO_NAME, fingerprint)
+    previous = functools.partial(_previous_fingerprint, meta_path.read_bytes(), wav_paths, sample_rate)
+    index = _read_index(cache_dir / INDEX_NAME, cache_dir / AUDIO_NAME, fingerprint, previous)
     ram_limit = _ram_limit_bytes(max_ram_gb)
     if index is not None:
         report.cache_hit = True
@@ -447,11 +465,18 @@ def _holds_index(audio_path: Path, index: dict[str, Any]) -> bool:
         return False
 
 
-def _read_index(index_path: Path, audio_path: Path, fingerprint: str) -> dict[str, Any] | None:
-    """The cache index if it is complete and matches `fingerprint`, else None (-> rebuild)."""
+def _read_index(
+    index_path: Path, audio_path: Path, fingerprint: str, previous: Callable[[], str] | None = None
+) -> dict[str, Any] | None:
+    """The cache index if it is complete and matches `fingerprint` (or `previous()`, the fingerprint of
+    an earlier version, asked only when the index has another one), else None (-> rebuild)."""
     try:
         index = json.loads(index_path.read_text(encoding="utf-8"))
-        if index.get("version") != CACHE_VERSION or index.get("fingerprint") != fingerprint:
+        if index.get("version") != CACHE_VERSION:
+            return None
+        if index.get("fingerprint") != fingerprint and (
+            previous is None or index["fingerprint"] != previous()
+        ):
             return None
         if not _holds_index(audio_path, index):
             return None  # truncated or replaced by hand
