@@ -389,9 +389,10 @@ def test_feedback_run_improves_feedback_and_is_promoted(promoted_run, base):
     # (and no path of this machine's: the folder is what gets shared)
     split = json.loads((v1 / "model" / "training_split.json").read_text())
     assert split["val_ids"] == base["val_ids"] and set(split) == {"val_ids", "seed"}
-    # the model card names the base folder and the feedback clips (the judgement comes after the export)
+    # the model card names the base folder and the feedback clips trained on, not the 3 held out (the
+    # judgement comes after the export)
     card = (v1 / "model" / "README.md").read_text(encoding="utf-8")
-    assert "Trained from the local folder `best_model`" in card and "on 12 feedback clips" in card
+    assert "Trained from the local folder `best_model`" in card and "9 feedback clips trained on" in card
     assert "held-out feedback clips" in card and "`feedback_report.json`" in card
     # every feedback sentence, before and after
     for when in ("before", "after"):
