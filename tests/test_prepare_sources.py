@@ -296,6 +296,16 @@ def test_csv_default_columns_and_quoted_text(tmp_path):
     assert output_rows(tmp_path / "out") == {"x": ("hello, world", "0")}
 
 
+def test_csv_capitalised_header_as_a_spreadsheet_writes_it(tmp_path):
+    """Excel's CSV export of a "File,Transcript" sheet: a UTF-8 BOM, CRLF lines, capitalised column names
+    (they used to be refused: no audio column found)."""
+    src = tmp_path / "t"
+    write_audio(src / "x.wav", speech("abc", 16000), 16000)
+    (src / "data.csv").write_bytes('\ufeffFile,Transcript\r\nx.wav,"hello, world"\r\n'.encode())
+    run_prepare(src / "data.csv", tmp_path / "out")
+    assert output_rows(tmp_path / "out") == {"x": ("hello, world", "0")}
+
+
 def test_csv_missing_column_is_a_user_error(tmp_path):
     (tmp_path / "data.csv").write_text("path,words\nx.wav,hi\n", encoding="utf-8")
     with pytest.raises(UserError, match="--text_column"):

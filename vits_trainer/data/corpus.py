@@ -407,7 +407,7 @@ def _headerless_columns(first: list[str]) -> list[str] | None:
     """Column names for a table whose first row is already a clip, as in VITS's filelists (path|text,
     path|speaker|text): one cell names an audio file and no cell is a known column name. The text is
     the last column; a middle one without spaces is the speaker. None: the first row is a header."""
-    if any(cell in AUDIO_COLUMNS + TEXT_COLUMNS for cell in first):
+    if any(cell.casefold() in AUDIO_COLUMNS + TEXT_COLUMNS for cell in first):
         return None
     audio = [i for i, cell in enumerate(first) if Path(cell).suffix.lower() in AUDIO_EXTENSIONS]
     if len(first) not in (2, 3) or audio != [0]:

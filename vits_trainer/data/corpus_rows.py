@@ -11,7 +11,7 @@ from pathlib import Path
 
 from ..errors import UserError
 
-TEXT_COLUMNS = ("sentence", "text", "transcription", "normalized_text")
+TEXT_COLUMNS = ("sentence", "text", "transcription", "transcript", "normalized_text")
 AUDIO_COLUMNS = ("audio", "path", "file_name", "file", "audio_path", "audio_file", "wav", "filename")
 # names a speaker column goes by; without --speaker_column a source's own is only named in a note (a run
 # with speakers trains one voice per speaker: the user's choice, not a guess)
@@ -64,6 +64,11 @@ def pick_column(
     for name in defaults:
         if name in header:
             return name
+    # a spreadsheet's header is often capitalised ("File", "Transcript"): the column as it is spelled
+    for name in defaults:
+        spelled = [h for h in header if h.casefold() == name]
+        if len(spelled) == 1:
+            return spelled[0]
     raise UserError(
         f"{path}: no {flag[2:].replace('_column', '')} column found (tried {', '.join(defaults)}; "
         f"columns: {', '.join(header)}); pass {flag}"
