@@ -47,6 +47,19 @@ def test_a_pipe_inside_an_ljspeech_text_is_reported_not_taken_for_a_column(tmp_p
     assert skipped_reasons(tmp_path / "out")["a1"] == "text_has_pipe"
 
 
+def test_an_ljspeech_header_row_is_a_note_not_a_missing_clip(tmp_path):
+    """A metadata.csv saved from a spreadsheet: a BOM, CRLF lines and an id|text header row, which was
+    reported as a clip 'id' with missing audio."""
+    src = tmp_path / "lj"
+    for i in range(2):
+        write_audio(src / "wavs" / f"a{i}.wav", speech("abc de", 22050), 22050)
+    (src / "metadata.csv").write_bytes("\ufeffID|Text\r\na0|silav\r\na1|roj baş\r\n".encode())
+    result, printed = run_prepare(src, tmp_path / "out")
+    assert output_rows(tmp_path / "out") == {"a0": ("silav", "0"), "a1": ("roj baş", "0")}
+    assert result.report["skipped_rows"] == []
+    assert any("first line (ID|Text) is a header row" in line for line in printed), printed
+
+
 def test_ljspeech_clips_beside_metadata_without_wavs_folder(tmp_path):
     # a common home-made layout: metadata.csv next to the WAVs; once read as .txt pairs, all "missing_text"
     src = tmp_path / "corpus"

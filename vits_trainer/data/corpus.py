@@ -171,6 +171,13 @@ def read_ljspeech(root: Path) -> Source:
     notes = [] if clips != root else ["no wavs/ folder: the clips are read from beside metadata.csv"]
     if third_is_speaker:
         notes.append("metadata.csv's third column looks like speaker ids (id|text|speaker); used as speaker")
+    if parsed and parsed[0][0] == 1 and _is_header_row(parsed[0][1]):
+        clip_id, audio = _ljspeech_audio(root, clips, parsed[0][1][0].strip())
+        if not audio.is_file():
+            notes.append(
+                f"metadata.csv's first line ({lines[0].strip()}) is a header row: not read as a clip"
+            )
+            parsed = parsed[1:]
     replaced = 0
     for number, fields in parsed:
         clip_id, audio = _ljspeech_audio(root, clips, fields[0].strip())
@@ -187,6 +194,12 @@ def read_ljspeech(root: Path) -> Source:
             f"it is the text of {replaced} row(s) where it differs from the second"
         )
     return Source("ljspeech", str(root), rows, folder=root, notes=notes)
+
+
+def _is_header_row(fields: list[str]) -> bool:
+    """Column names (id|text, file|transcript|speaker ...), as a spreadsheet writes above the rows."""
+    first, text = fields[0].strip().casefold(), fields[1].strip().casefold()
+    return first in ("id", "name", *AUDIO_COLUMNS) and text in TEXT_COLUMNS
 
 
 def _third_column_is_speaker(rows: list[list[str]]) -> bool:
