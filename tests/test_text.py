@@ -66,7 +66,9 @@ def test_unknown_characters_respects_lower_casing(tokenizer: VitsTokenizer) -> N
     encoder = TextEncoder(tokenizer)
     assert encoder.unknown_characters(["abc", "ABC DEF", "Hello"]) == {}
     missing = encoder.unknown_characters(["abz", "AbZ!", "xyz"])
-    assert missing == {"z": 2, "Z": 1, "!": 1, "x": 1, "y": 1}
+    # 'Z' is lower-cased by the tokenizer, then dropped: one missing character 'z' (a run with 'R' and
+    # 'r' listed both as missing, then extended its vocabulary by 'r' alone)
+    assert missing == {"z": 3, "!": 1, "x": 1, "y": 1}
     # exactly the characters the tokenizer drops
     assert encoder.encode("a!b") == encoder.encode("ab")
 

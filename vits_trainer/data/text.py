@@ -73,7 +73,9 @@ class TextEncoder:
             for ch in self.prepare(text):
                 if ch in vocab or (normalise and ch.lower() in vocab):
                     continue
-                missing[ch] += 1
+                # as the tokenizer drops it: 'R' and 'r' are one missing character, 'r' (as
+                # prepare_data.py counts them, and as --extend_vocab adds them)
+                missing[ch.lower() if normalise else ch] += 1
         return missing
 
 
