@@ -231,6 +231,21 @@ def test_model_sets_rate_and_unknown_characters_are_counted_or_dropped(tmp_path)
     assert skipped_reasons(tmp_path / "drop") == {"odd": "unknown_chars", "accent": "unknown_chars"}
 
 
+def test_unknown_characters_are_those_of_the_rows_kept(tmp_path):
+    """Counted before the audio checks, they took in rows then skipped (a missing WAV, a clip too long),
+    and disagreed with the character inventory printed above them."""
+    model = _model_dir(tmp_path)
+    src = tmp_path / "pairs"
+    write_audio(src / "ok.wav", speech(rate=16000), 16000)
+    (src / "ok.txt").write_text("abc z", encoding="utf-8")
+    write_audio(src / "long.wav", speech(rate=16000, seconds=25.0), 16000)
+    (src / "long.txt").write_text("zzz yyy", encoding="utf-8")
+    result, _ = run_prepare(src, tmp_path / "out", model_name=str(model))
+    assert set(output_rows(tmp_path / "out")) == {"ok"}
+    assert result.report["characters"]["z"] == 1
+    assert result.report["unknown_characters"] == {"z": 1}
+
+
 def test_sample_rate_disagreeing_with_model_is_an_error(tmp_path):
     model = _model_dir(tmp_path)
     with pytest.raises(UserError, match="disagrees"):

@@ -274,6 +274,10 @@ def build_report(
     unknown_chars: Counter | None,
 ) -> dict:
     by_reason = Counter(s.reason for s in skipped)
+    if vocab is not None and not settings.drop_unknown_chars:
+        # the rows kept, as the character inventory beside it (counted before the audio checks, a row
+        # whose audio was missing or too long added its characters: 'r' 194 beside 'r' 172)
+        unknown_chars = Counter(ch for r in rows for ch in vocab.unknown(r.text))
     settings_dict = {k: (str(v) if isinstance(v, Path) else v) for k, v in asdict(settings).items()}
     settings_dict["resolved_sample_rate"] = sample_rate
     total = sum(durations)
