@@ -272,6 +272,17 @@ def test_metadata_problems_are_reported_not_fatal(corpus: Path) -> None:
     assert any("unusable line" in m for m in logs)
 
 
+def test_metadata_saved_by_a_windows_editor_keeps_every_clip(corpus: Path) -> None:
+    """A transcript fixed by hand in Notepad/Excel: a byte-order mark and CRLF line ends. The mark was
+    read into the first id, whose clip was then skipped as a missing file."""
+    meta = corpus / "metadata.csv"
+    meta.write_bytes(b"\xef\xbb\xbf" + meta.read_text(encoding="utf-8").replace("\n", "\r\n").encode())
+    logs = Logs()
+    store, report = load(corpus, log=logs)
+    assert len(store) == 24 and not report.metadata_problems, logs
+    assert not any("could not be read" in m for m in logs), logs
+
+
 # --- speakers, items, split -----------------------------------------------------------------------
 
 

@@ -51,7 +51,9 @@ def read_metadata(path: str | Path) -> tuple[list[MetaRow], list[tuple[int, str]
     problems: list[tuple[int, str]] = []
     seen: set[str] = set()
     try:
-        lines = path.read_text(encoding="utf-8").splitlines()
+        # utf-8-sig: a metadata.csv edited in Notepad or Excel (a transcript fixed by hand) starts with a
+        # byte-order mark, which became part of the first id: its clip was then reported missing
+        lines = path.read_text(encoding="utf-8-sig").splitlines()
     except UnicodeDecodeError as err:
         raise UserError(f"{path}: not UTF-8 text ({err.reason} at byte {err.start})") from None
     for number, line in enumerate(lines, start=1):
