@@ -178,3 +178,20 @@ def test_in_a_subprocess_as_the_script_from_any_folder_and_as_a_module(tmp_path,
     again = subprocess.run([*command, "--text", "abc"], cwd=ROOT, env=env, capture_output=True, text=True)
     assert again.returncode == 2 and "Traceback" not in again.stderr
     assert again.stderr.startswith("error:") and len(again.stderr.splitlines()) == 1, again.stderr
+
+
+def test_a_checkpoint_folder_given_as_the_model_names_the_model_folders_in_it(tmp_path, tiny_model_dir):
+    """`--model training/checkpoints` (the run's folder, not a model in it) said only 'no config.json'."""
+    from vits_trainer.errors import UserError
+    from vits_trainer.hub import resolve_model_dir
+
+    run = tmp_path / "checkpoints"
+    for name in ("best_model", "step_00000010", "step_00000020"):
+        shutil.copytree(tiny_model_dir, run / name)
+    (run / "samples").mkdir()
+    expected = f"pass one of them, e.g. {run / 'best_model'} (best_model, step_00000020)"
+    with pytest.raises(UserError, match=re.escape(expected)):
+        resolve_model_dir(str(run), "--model")
+    # a folder holding no model folder: the message as before, no list
+    with pytest.raises(UserError, match=r"no config.json \(expected a saved VitsModel folder\)$"):
+        resolve_model_dir(str(run / "samples"), "--model")

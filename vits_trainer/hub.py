@@ -63,6 +63,20 @@ def looks_like_path(name: str) -> bool:
     return name.startswith((".", "/", "~")) or Path(name).expanduser().exists() or name.count("/") > 1
 
 
+def _model_folders_inside(path: Path) -> str:
+    """A checkpoint or output folder given for the model in it (training/checkpoints: its best_model/ and
+    step_* folders; feedback_models: latest): the model folders it holds, to pass instead."""
+    try:
+        inside = sorted(p.name for p in path.iterdir() if p.is_dir() and (p / "config.json").is_file())
+    except OSError:
+        return ""
+    if not inside:
+        return ""
+    steps = [n for n in inside if n.startswith("step_")]
+    shown = [n for n in inside if not n.startswith("step_")] + steps[-1:]
+    return f"; it holds model folders: pass one of them, e.g. {path / shown[0]} ({', '.join(shown)})"
+
+
 def resolve_model_dir(name: str, purpose: str = "--model_name") -> Path:
     """Return a local folder holding `config.json` for `name` (a folder or a hub id).
 
@@ -74,6 +88,7 @@ def resolve_model_dir(name: str, purpose: str = "--model_name") -> Path:
         if not (path / "config.json").is_file():
             raise UserError(
                 f"{purpose} {name}: folder has no config.json (expected a saved VitsModel folder)"
+                + _model_folders_inside(path)
             )
         return path
     if looks_like_path(name):
