@@ -60,6 +60,16 @@ def test_an_ljspeech_header_row_is_a_note_not_a_missing_clip(tmp_path):
     assert any("first line (ID|Text) is a header row" in line for line in printed), printed
 
 
+def test_an_ljspeech_id_finds_its_clip_with_an_upper_case_extension(tmp_path):
+    """wavs/a1.WAV (a recorder's or Windows' name) was reported missing for the id a1."""
+    src = tmp_path / "lj"
+    write_audio(src / "wavs" / "a0.wav", speech("abc de", 22050), 22050)
+    write_audio(src / "wavs" / "a1.WAV", speech("abc de", 22050), 22050)
+    (src / "metadata.csv").write_text("a0|silav\na1|roj baş\n", encoding="utf-8")
+    run_prepare(src, tmp_path / "out")
+    assert output_rows(tmp_path / "out") == {"a0": ("silav", "0"), "a1": ("roj baş", "0")}
+
+
 def test_ljspeech_clips_beside_metadata_without_wavs_folder(tmp_path):
     # a common home-made layout: metadata.csv next to the WAVs; once read as .txt pairs, all "missing_text"
     src = tmp_path / "corpus"

@@ -256,7 +256,8 @@ def _find_audio(folder: Path, stem: str) -> Path:
     wav = folder / f"{stem}.wav"
     if wav.is_file():
         return wav
-    for ext in AUDIO_EXTENSIONS:
+    # a recorder's or Windows' upper-case extension (ZOOM0001.WAV) too, as the pairs reader finds it
+    for ext in (*AUDIO_EXTENSIONS, *(e.upper() for e in AUDIO_EXTENSIONS)):
         other = folder / f"{stem}{ext}"
         if other.is_file():
             return other
