@@ -329,6 +329,20 @@ def test_csv_capitalised_header_as_a_spreadsheet_writes_it(tmp_path):
     assert output_rows(tmp_path / "out") == {"x": ("hello, world", "0")}
 
 
+def test_paths_written_on_windows_find_their_clips(tmp_path):
+    """A table and an LJSpeech metadata.csv made on Windows name clips as wavs\\a.wav: every row was
+    reported missing_audio, and the run ended with no usable clip."""
+    src = tmp_path / "t"
+    for i in range(2):
+        write_audio(src / "wavs" / f"a{i}.wav", speech("abc", 16000), 16000)
+    (src / "data.csv").write_text("path;text\nwavs\\a0.wav;silav\nwavs\\a1.wav;roj baş\n", encoding="utf-8")
+    run_prepare(src / "data.csv", tmp_path / "csv_out")
+    assert output_rows(tmp_path / "csv_out") == {"wavs_a0": ("silav", "0"), "wavs_a1": ("roj baş", "0")}
+    (src / "metadata.csv").write_text("wavs\\a0.wav|silav\nwavs\\a1.wav|roj baş\n", encoding="utf-8")
+    run_prepare(src, tmp_path / "lj_out", format="ljspeech")
+    assert output_rows(tmp_path / "lj_out") == {"a0": ("silav", "0"), "a1": ("roj baş", "0")}
+
+
 def test_csv_missing_column_is_a_user_error(tmp_path):
     (tmp_path / "data.csv").write_text("path,words\nx.wav,hi\n", encoding="utf-8")
     with pytest.raises(UserError, match="--text_column"):

@@ -12,6 +12,7 @@ from __future__ import annotations
 import csv
 import itertools
 import json
+import os
 import re
 import unicodedata
 from collections.abc import Iterable
@@ -244,6 +245,8 @@ def _ljspeech_audio(root: Path, clips: Path, first: str) -> tuple[str, Path]:
     field = Path(first)
     if field.suffix.lower() not in AUDIO_EXTENSIONS:
         return first, _find_audio(clips, first)
+    if "\\" in first and os.sep == "/" and not any((d / field).is_file() for d in (clips, root)):
+        field = Path(first.replace("\\", "/"))  # written on Windows: wavs\a.wav
     if field.is_absolute():
         return _path_id(first), field
     path = next((p for p in (clips / field, root / field) if p.is_file()), clips / field)

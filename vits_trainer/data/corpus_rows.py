@@ -5,6 +5,7 @@ and path helpers the readers share (corpus.py's own formats, corpus_hf.py's `dat
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -90,4 +91,10 @@ def unused_speaker_note(columns: list[str], speaker_column: str | None) -> list[
 
 def resolve_in(root: Path | None, rel: str) -> Path:
     p = Path(rel).expanduser()
-    return p if p.is_absolute() or root is None else root / p
+    path = p if p.is_absolute() or root is None else root / p
+    if "\\" in rel and os.sep == "/" and not path.exists():
+        # a table written on Windows (wavs\a.wav): its folders, where no file has the backslashed name
+        posix = resolve_in(root, rel.replace("\\", "/"))
+        if posix.exists():
+            return posix
+    return path
