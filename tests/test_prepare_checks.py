@@ -225,6 +225,8 @@ def test_model_sets_rate_and_unknown_characters_are_counted_or_dropped(tmp_path)
     # Upper case is fine (the tokenizer lower-cases); x, y, z, '!' and é are not in the vocabulary.
     assert result.report["unknown_characters"] == {"x": 1, "y": 1, "z": 1, "!": 1, "é": 1}
     assert any("not in the model's vocabulary" in line for line in lines)
+    # both ways out: leave the rows out, or teach the model the characters
+    assert any("--drop_unknown_chars" in line and "--extend_vocab" in line for line in lines), lines
 
     result, _ = run_prepare(src, tmp_path / "drop", model_name=str(model), drop_unknown_chars=True)
     assert set(output_rows(tmp_path / "drop")) == {"ok"}

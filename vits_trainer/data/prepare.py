@@ -340,7 +340,7 @@ def format_summary(report: dict, data_dir: Path) -> str:
         action = (
             "rows dropped"
             if report["settings"]["drop_unknown_chars"]
-            else "rows kept; --drop_unknown_chars drops them"
+            else "rows kept; --drop_unknown_chars drops them, train_vits.py --extend_vocab adds them"
         )
         shown = _counts({repr(k): v for k, v in unknown.items()}, limit=80)
         lines.append(f"  not in the model's vocabulary ({action}; the tokenizer would drop them): {shown}")
