@@ -264,6 +264,34 @@ def test_latest_pointer_is_replaced_atomically(tmp_path):
     assert not list(tmp_path.glob(".*tmp*"))
 
 
+def test_a_round_from_another_model_than_the_current_one_is_warned_and_not_promoted(
+    tmp_path, light_base, feedback_dir
+):
+    """Round 1's command run again started v3 from the original base; judged against that base alone it
+    was promoted over v1, worse than v1 on both scores. Such a round is warned about before training,
+    and the check that keeps it from being promoted names the current model."""
+    from types import SimpleNamespace
+
+    out = tmp_path / "models"
+    shutil.copytree(light_base["model"], out / "v1" / "model")
+    write_latest(out, out / "v1", lambda _line: None)
+    lines: list[str] = []
+    run = FeedbackRun(feedback_cfg(out, light_base, feedback_dir), time.time(), lines.append)
+    run.inputs = SimpleNamespace(base_model=Path(light_base["model"]))
+    assert run.base_is_not_current() == f"v1 ({out / 'v1' / 'model'})"
+    run.warn_base_not_current()
+    assert len(lines) == 1 and lines[0].startswith("warning: --base_model"), lines
+    assert "will not be promoted" in lines[0] and f"--base_model {out / 'latest'}" in lines[0]
+    # the documented next round: from latest (or the version's model folder), nothing said
+    for base in (out / "v1" / "model", *([out / "latest"] if (out / "latest").exists() else [])):
+        run.inputs = SimpleNamespace(base_model=base)
+        assert run.base_is_not_current() is None
+    # no current model yet (the first round): nothing to compare with
+    (out / "latest.json").unlink()
+    run.inputs = SimpleNamespace(base_model=Path(light_base["model"]))
+    assert run.base_is_not_current() is None
+
+
 def test_unknown_characters_are_reported_before_training(tmp_path, tiny_model_dir, tone_corpus):
     feedback = tmp_path / "fb"
     make_corpus(feedback, num_clips=3, seed=5, id_prefix="fb")

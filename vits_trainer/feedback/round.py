@@ -175,6 +175,7 @@ class FeedbackRun(FeedbackData):
         self.log(f"{'continuing' if self.resuming else 'starting'} {self.version}")
         self.clear_restarted_version()
         self.warn_without_discriminator()
+        self.warn_base_not_current()
         session = self.start_session(created)
         if session.is_main:
             self.measure_before(session)
@@ -211,6 +212,30 @@ class FeedbackRun(FeedbackData):
             # folder and no base model (check_feedback_paths); checkpoints/ and samples/ are ours
             shutil.rmtree(self.version / "checkpoints", ignore_errors=True)
             shutil.rmtree(self.version / "samples", ignore_errors=True)
+
+    def base_is_not_current(self) -> str | None:
+        """The current model (`latest`) as a folder when this version's base is another one: a round
+        from an older base is judged against that base alone, so it could replace a better current model
+        (round 1's command run again promoted v3, worse than v1 on both scores, over v1)."""
+        previous = read_latest(self.root)
+        if not previous or not previous.get("relative_path"):
+            return None
+        current = (self.root / previous["relative_path"]).resolve()
+        base = Path(self.info.get("base_model") or self.inputs.base_model).resolve()
+        return (
+            None
+            if base == current
+            else f"{previous.get('version', '?')} ({self.root / previous['relative_path']})"
+        )
+
+    def warn_base_not_current(self) -> None:
+        current = None if self.resuming else self.base_is_not_current()
+        if current:
+            self.log(
+                f"warning: --base_model {self.inputs.base_model} is not the current model {current}: this "
+                f"round is judged against its base only, so it will not be promoted; to improve the current "
+                f"model, pass --base_model {self.root / 'latest'}"
+            )
 
     def warn_without_discriminator(self) -> None:
         if (
@@ -368,6 +393,13 @@ class FeedbackRun(FeedbackData):
             )
         if not summary.get("final_model"):
             promoted, reason = False, "the model could not be exported (see the error above)"
+        current = self.base_is_not_current()
+        if promoted and current:
+            promoted, reason = (
+                False,
+                f"{reason}; but it was trained from another model than the current one, {current}, and not "
+                f"compared with it (start a round from {self.root / 'latest'})",
+            )
         previous = read_latest(self.root)
         if promoted:
             latest = write_latest(self.root, self.version, self.log)
