@@ -117,40 +117,48 @@ def _wav_path(data_dir: Path, clip_id: str) -> Path:
     return data_dir / WAVS_DIR / f"{clip_id}.wav"
 
 
-def _fingerprint(rows: list[MetaRow], wav_paths: list[Path], sample_rate: int) -> tuple[str, int]:
-    """Hash of everything the cached audio depends on; also returns the total wav bytes (a size estimate).
-
-    The clips' ids in order, not metadata.csv's bytes: texts and speakers are read from the listing at
-    every start, so an edited transcript does not re-read every wav. (size, mtime_ns) per wav instead
-    of content hashes: stat is ~1000x cheaper than reading, and a rewritten file changes its mtime.
-    """
-    h = hashlib.sha256()
-    h.update(f"vits-trainer clip cache v{CACHE_VERSION} sr={sample_rate}\n".encode())
-    total = 0
-    for row, path in zip(rows, wav_paths, strict=True):
-        h.update(f"{row.id}\0".encode())
-        try:
-            st = os.stat(path)
-            h.update(f"{st.st_size}:{st.st_mtime_ns}\n".encode())
-            total += st.st_size
-        except OSError:
-            h.update(b"missing\n")
-    return h.hexdigest(), total
-
-
-def _previous_fingerprint(metadata_bytes: bytes, wav_paths: list[Path], sample_rate: int) -> str:
-    """The fingerprint caches were written with before 2895b3e (metadata.csv's bytes, not the ids): such a
-    cache still holds the audio of these clips while metadata.csv is unchanged, and a data folder attached
-    read-only can never rebuild it (every start re-read the wavs, all of them into RAM)."""
-    h = hashlib.sha256()
-    h.update(f"vits-trainer clip cache v{CACHE_VERSION} sr={sample_rate}\n".encode())
-    h.update(hashlib.sha256(metadata_bytes).digest())
+def _wav_stats(wav_paths: list[Path]) -> list[tuple[int, int] | None]:
+    """(size, mtime_ns) of each wav, None when it cannot be read: what a cache's fingerprint knows of the
+    audio. stat is ~1000x cheaper than reading, and a rewritten file changes its mtime."""
+    stats: list[tuple[int, int] | None] = []
     for path in wav_paths:
         try:
             st = os.stat(path)
-            h.update(f"{st.st_size}:{st.st_mtime_ns}\n".encode())
+            stats.append((st.st_size, st.st_mtime_ns))
         except OSError:
-            h.update(b"missing\n")
+            stats.append(None)
+    return stats
+
+
+def _hash_start(sample_rate: int):
+    h = hashlib.sha256()
+    h.update(f"vits-trainer clip cache v{CACHE_VERSION} sr={sample_rate}\n".encode())
+    return h
+
+
+def _stat_line(stat: tuple[int, int] | None) -> bytes:
+    return f"{stat[0]}:{stat[1]}\n".encode() if stat is not None else b"missing\n"
+
+
+def _fingerprint(rows: list[MetaRow], stats: list[tuple[int, int] | None], sample_rate: int) -> str:
+    """Hash of everything the cached audio depends on: the clips' ids in order and their wavs' stats,
+    not metadata.csv's bytes (texts and speakers are read from the listing at every start, so an edited
+    transcript does not re-read every wav)."""
+    h = _hash_start(sample_rate)
+    for row, stat in zip(rows, stats, strict=True):
+        h.update(f"{row.id}\0".encode())
+        h.update(_stat_line(stat))
+    return h.hexdigest()
+
+
+def _previous_fingerprint(meta_path: Path, stats: list[tuple[int, int] | None], sample_rate: int) -> str:
+    """The fingerprint caches were written with before 2895b3e (metadata.csv's bytes, not the ids): such a
+    cache still holds the audio of these clips while metadata.csv is unchanged, and a data folder attached
+    read-only can never rebuild it (every start re-read the wavs, all of them into RAM)."""
+    h = _hash_start(sample_rate)
+    h.update(hashlib.sha256(meta_path.read_bytes()).digest())
+    for stat in stats:
+        h.update(_stat_line(stat))
     return h.hexdigest()
 
 
@@ -289,11 +297,14 @@ def load_clip_store(
     data_dir = Path(data_dir)
     meta_path, rows, report = _read_listing(data_dir, log)
     wav_paths = [_wav_path(data_dir, r.id) for r in rows]
-    fingerprint, wav_bytes = _fingerprint(rows, wav_paths, sample_rate)
+    stats = _wav_stats(wav_paths)
+    fingerprint = _fingerprint(rows, stats, sample_rate)
+    wav_bytes = sum(stat[0] for stat in stats if stat is not None)  # a size estimate
     report.timings["fingerprint"] = time.perf_counter() - t0
 
     cache_dir = Path(cache_dir) if cache_dir is not None else data_dir / "cache"
-    previous = functools.partial(_previous_fingerprint, meta_path.read_bytes(), wav_paths, sample_rate)
+    # asked only of an index with another fingerprint: metadata.csv is read then, the wavs not again
+    previous = functools.partial(_previous_fingerprint, meta_path, stats, sample_rate)
     index = _read_index(cache_dir / INDEX_NAME, cache_dir / AUDIO_NAME, fingerprint, previous)
     ram_limit = _ram_limit_bytes(max_ram_gb)
     if index is not None:
