@@ -40,6 +40,29 @@ def test_configure_threads_sets_a_short_spin_and_keeps_the_users(monkeypatch):
     assert f"spin {runtime.SPIN_COUNT} then sleep" in line and "from the environment: OMP_NUM_THREADS" in line
 
 
+def test_a_local_world_size_that_is_no_count_is_one_process_and_said(monkeypatch, capsys):
+    # LOCAL_WORLD_SIZE=auto stopped train_vits.py with a ValueError traceback before it parsed a flag,
+    # while the data's RAM share counted it as one process: one reading now, and a line saying so
+    from vits_trainer.data import clipstore
+    from vits_trainer.training import runtime
+
+    for name in ("OMP_WAIT_POLICY", "GOMP_SPINCOUNT", "OMP_NUM_THREADS", "NUMBA_NUM_THREADS"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setattr(runtime, "available_cpus", lambda: 8)
+    monkeypatch.setenv("LOCAL_WORLD_SIZE", "auto")
+    runtime.configure_threads()
+    assert os.environ["NUMBA_NUM_THREADS"] == "8"
+    assert clipstore._ram_limit_bytes(8.0) == 8 * 2**30
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "warning: LOCAL_WORLD_SIZE='auto'" in err and "1 process" in err
+    for value, count in (("3", 3), (" 2 ", 2), ("0", 1), ("", 1)):
+        monkeypatch.setenv("LOCAL_WORLD_SIZE", value)
+        monkeypatch.delenv("NUMBA_NUM_THREADS")
+        runtime.configure_threads()
+        assert os.environ["NUMBA_NUM_THREADS"] == str(8 // count)
+        assert clipstore._ram_limit_bytes(6.0) == 6 * 2**30 // count
+
+
 def test_a_run_of_warmup_steps_only_reports_its_throughput_and_threads(tmp_path, tiny_model_dir, tone_corpus):
     # 3 steps, all of them benchmark warm-up steps: the budget's own throughput is still unmeasured
     session, summary = train_tiny(

@@ -5,7 +5,7 @@ The three command-line scripts at the repository root are thin wrappers around t
 ``train_feedback.py`` (incremental fine-tuning from corrected recordings).
 
 Layout, following the data flow (each part imports only the parts listed before it):
-- root modules: errors, safety (what may be written or removed), runlock, hub, jsonfile, profiling;
+- root modules: errors, safety (what may be written or removed), runlock, hub, jsonfile, profiling, launch;
 - ``data``: corpus -> prepared folder -> batches;
 - ``model``: VITS training forward, discriminator, losses, alignment search;
 - ``training``: budget, the one training loop, checkpoints, evaluation, recovery;

@@ -2,6 +2,6 @@
 
 Audio I/O, corpus readers, preparation and its checks, metadata.csv, the in-RAM clip store and its
 cache, the length-bucketed sampler and collate, text encoding, and the generated demo corpus.
-May import: the package's root modules (errors, safety, runlock, hub, jsonfile, profiling); never
+May import: the package's root modules (errors, safety, runlock, hub, jsonfile, profiling, launch); never
 `model` or `training`.
 """

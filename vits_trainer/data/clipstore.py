@@ -26,6 +26,7 @@ import numpy as np
 import soundfile as sf
 
 from ..errors import UserError
+from ..launch import local_processes
 from ..runlock import refuse_if_being_written
 from .metadata import METADATA_NAME, WAVS_DIR, MetaRow, read_metadata
 
@@ -250,20 +251,11 @@ def _read_all(
     return failures, resampled
 
 
-def _local_processes() -> int:
-    """The processes of this launch on this machine (LOCAL_WORLD_SIZE, set by torchrun / accelerate
-    launch); 1 when unset or not a number (a stray value must not stop a run at its data)."""
-    try:
-        return max(1, int(os.environ.get("LOCAL_WORLD_SIZE", "").strip() or 1))
-    except ValueError:
-        return 1
-
-
 def _ram_limit_bytes(max_ram_gb: float) -> int:
     """This process's share of the RAM limit: every process of a launch on this machine
     (LOCAL_WORLD_SIZE) preloads its own copy, so N copies must fit, not one (above its share a
     process memory-maps the cache, whose pages all processes share)."""
-    local = _local_processes()
+    local = local_processes()
     if max_ram_gb > 0:
         return int(max_ram_gb * 2**30) // local
     try:

@@ -10,6 +10,7 @@ import time
 from pathlib import Path
 
 from ..errors import UserError
+from ..launch import local_processes, local_processes_warning
 
 
 def process_start_time() -> float:
@@ -51,8 +52,10 @@ def configure_threads() -> dict[str, str | int | None]:
     the load average: the load at start-up says little about the hours after it. DataLoader workers
     need nothing here: torch sets one thread in each worker itself.
     """
-    local = max(1, int(os.environ.get("LOCAL_WORLD_SIZE", "1") or 1))
-    share = str(max(1, available_cpus() // local))
+    warning = local_processes_warning()
+    if warning:  # the log is not open yet: straight to the terminal
+        print(warning, file=sys.stderr)
+    share = str(max(1, available_cpus() // local_processes()))
     user = {name for name in _THREAD_VARS if os.environ.get(name)}
     if not os.environ.get("OMP_WAIT_POLICY"):  # a policy the user chose overrides the spin count anyway
         os.environ.setdefault("GOMP_SPINCOUNT", SPIN_COUNT)
