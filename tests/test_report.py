@@ -775,3 +775,35 @@ def test_a_killed_session_gone_back_past_keeps_no_steps_not_a_negative_count(tmp
     page = timeline_section(read_run(tmp_path))
     killed = page.split("Session 2")[1].split("Session 3")[0]
     assert "<td>optimizer steps</td><td>–</td><td>0</td>" in killed
+
+
+def test_a_start_evaluation_that_stays_best_is_named_as_the_starting_weights(tmp_path):
+    # the base model often speaks best at first by val_mel_dtw: "best evaluation: step 0" beside
+    # "best model: –" left the reader to guess that step 0 is the untouched model and was never exported
+    t0 = 1_700_000_000.0
+    evals = [(0, "start", 1.0), (4, "epoch 1", 1.5), (8, "final", 1.4)]
+    records = [
+        {
+            "event": "eval",
+            "tag": tag,
+            "step": step,
+            "epoch": 0,
+            "time": t0 + step,
+            "val_mel": 2.0,
+            "val_mel_dtw": dtw,
+        }
+        for step, tag, dtw in evals
+    ]
+    records.append({"event": "end", "step": 8, "time": t0 + 20, "stopped_reason": "budget"})
+    (tmp_path / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
+    summary = {"steps": 8, "stopped_reason": "budget", "best_step": 0, "best_model": None}
+    (tmp_path / "train_summary.json").write_text(json.dumps(summary))
+    page = write_report(tmp_path, None, "val_mel_dtw").read_text(encoding="utf-8")
+    status = page[page.index('<section id="status">') : page.index("</section>")]
+    assert "the weights the run started from" in status and "no trained weights scored better" in status
+    # a trained best says nothing of the kind
+    records[0]["val_mel_dtw"] = 3.0
+    (tmp_path / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
+    (tmp_path / "train_summary.json").write_text(json.dumps({**summary, "best_step": 8}))
+    page = write_report(tmp_path, None, "val_mel_dtw").read_text(encoding="utf-8")
+    assert "started from" not in page[page.index('<section id="status">') : page.index("</section>")]

@@ -331,11 +331,17 @@ def status_section(run: RunFiles, best: dict | None, best_metric: str, now: floa
         ("sessions", _fmt(sessions)),
     ]
     if best is not None:
+        start = ""
+        if best.get("tag") == "start":  # the start evaluation is never exported: say why best_model is empty
+            start = (
+                ": the weights the run started from, never exported as best_model; no trained weights "
+                f"scored better{'' if ended else ' yet'}"
+            )
         facts.append(
             (
                 "best evaluation",
                 f'<a href="#eval-{best.get("step")}">step {_fmt(best.get("step"))}</a> '
-                f"({escape(best_metric)} {_fmt(metric_of(best, best_metric))})",
+                f"({escape(best_metric)} {_fmt(metric_of(best, best_metric))}){start}",
             )
         )
     if summary:
