@@ -74,6 +74,14 @@ def test_a_run_of_warmup_steps_only_reports_its_throughput_and_threads(tmp_path,
     assert threads["torch_threads"] >= 1 and threads["available_cpus"] >= 1
     state = json.loads((tmp_path / "checkpoints" / "step_00000003" / "trainer_state.json").read_text())
     assert state["threads"] == threads
+    # no plan was made (the benchmark never ended): a line still says what the run was allowed and why
+    # there is no plan, where before the log had no plan line at all
+    log = (tmp_path / "checkpoints" / "train.log").read_text()
+    assert summary["plan"] is None and "plan:" in log
+    line = next(x for x in log.splitlines() if "plan:" in x)
+    assert (
+        "no plan" in line and "3 steps" in line and "--max_steps 3" in line and "--benchmark_samples" in line
+    )
 
 
 @pytest.mark.slow

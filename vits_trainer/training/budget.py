@@ -522,6 +522,17 @@ class Budget:
         self.current_plan = plan
         return plan
 
+    def no_plan_line(self, ended_by: str, samples_per_second: float) -> str:
+        """The plan line of a session that ended before its benchmark made a plan (a short budget, slow
+        steps, a small --max_steps): the steps it was allowed, and why there is no plan."""
+        steps = self.session_steps
+        return (
+            f"plan: no plan made: {ended_by} ended training after {steps:,} step{'' if steps == 1 else 's'} "
+            f"(~{samples_per_second:.2f} samples/s), before the speed benchmark had measured its "
+            f"--benchmark_samples {self.benchmark_samples:,} ({self._measured_samples:,} measured after "
+            "the warm-up steps)"
+        )
+
     def replan(self) -> Plan:
         """Recompute the plan with the current throughput EMA and measured reserves (e.g. each epoch)."""
         if self._geometry is None:

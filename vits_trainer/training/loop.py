@@ -189,6 +189,7 @@ class Trainer:
             if self.window.steps:  # the steps since the last metric line: else the curves end short of
                 self.log_step(progress, 0)  # the run, and a run shorter than --log_every has none
             progress.close()
+            self.say_no_plan(stop_reason)
             signals.ending = True
             return self.end_run(stop_reason)
         finally:
@@ -401,6 +402,21 @@ class Trainer:
         stop_reason, _ = self.stop_decision(signals)
         return stop_reason
 
+    def say_no_plan(self, stop_reason: str | None) -> None:
+        """A session whose steps ended before the benchmark made a plan still gets a plan line (a slow
+        run's log had none): what it trained and why. A signal says its own; no step: start_run said why."""
+        s, budget = self.s, self.s.budget
+        if budget.current_plan is not None or budget.session_steps == 0 or stop_reason == "signal":
+            return
+        if stop_reason == "max_steps":
+            ended_by = f"--max_steps {s.cfg.max_steps:,}"
+        else:
+            ended_by = (
+                f"the time budget ({budget.target_seconds / 3600:.2f} h, of which the final evaluation, save "
+                f"and export keep ~{budget.final_reserve():.0f} s)"
+            )
+        s.log(budget.no_plan_line(ended_by, self.session_rate()))
+
     def end_run(self, stop_reason: str | None) -> dict:
         """After the last step: the end of the run (run_end.py), the thread setting restored, the lock
         released; the summary."""
@@ -415,13 +431,15 @@ class Trainer:
             s.run_lock.release()
         return summary
 
+    def session_rate(self) -> float:
+        """Samples per second over every step of this session (the budget's own figure skips the warm-up
+        steps)."""
+        return self.s.budget.session_samples / self.train_seconds if self.train_seconds else 0.0
+
     def loop_figures(self) -> dict:
         """What the loop measured and chose, for train_summary.json."""
         return {
-            # over every step of this session (the budget's own figure skips the warm-up steps)
-            "samples_per_second": (
-                self.s.budget.session_samples / self.train_seconds if self.train_seconds else 0.0
-            ),
+            "samples_per_second": self.session_rate(),
             "threads": self.threads,
             "budget_stop": self.budget_stop,
             "resumed_from_step": self.resumed_from_step,
