@@ -130,3 +130,17 @@ def test_no_import_cycle_inside_a_folder():
 def _module_name(path: Path) -> str:
     parts = path.relative_to(PACKAGE).with_suffix("").parts
     return ".".join(["vits_trainer", *(parts[:-1] if parts[-1] == "__init__" else parts)])
+
+
+def test_the_step_best_model_holds_is_set_by_one_part():
+    # which weights best_model/ holds was set in outputs.py and, around the final copy, in run_end.py:
+    # a reader had to follow both to know what a checkpoint names; outputs.RunOutputs alone sets it now
+    setters = []
+    for path in sorted(PACKAGE.rglob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text())):
+            targets = node.targets if isinstance(node, ast.Assign) else []
+            for target in targets:
+                for leaf in target.elts if isinstance(target, ast.Tuple) else [target]:
+                    if isinstance(leaf, ast.Attribute) and leaf.attr == "best_model_step":
+                        setters.append(str(path.relative_to(PACKAGE)))
+    assert setters and set(setters) == {"training/outputs.py"}, setters

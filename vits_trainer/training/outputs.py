@@ -261,21 +261,31 @@ class RunOutputs:
             "versions": {"torch": torch.__version__, "transformers": _version("transformers")},
         }
 
+    def name_final_as_best(self) -> int | None:
+        """The final weights scored best (RunEnd.finish): named as best_model's before the final checkpoint,
+        which is saved before `copy_final_to_best` makes the copy; the step named before, to pass it."""
+        earlier = self.s.state.best_model_step
+        self.s.state.best_model_step = self.s.budget.global_step
+        return earlier
+
     def copy_final_to_best(self, exported: Path | None, earlier_best_model: int | None) -> bool:
-        """The exported final weights, the best ones, copied to best_model/ (RunEnd.finish); whether a copy
-        was made (not when an epoch's evaluation of these very weights exported them already, or the copy
-        failed)."""
+        """The exported final weights, the best ones (`name_final_as_best`), copied to best_model/; whether
+        a copy was made (not when an epoch's evaluation of these very weights exported them already, or
+        the copy failed: then best_model/ holds what it held, and is named so again)."""
         s, step = self.s, self.s.budget.global_step
-        if not exported or earlier_best_model == step:
-            return False
-        try:
-            install_best_model(exported, s.checkpoint_dir, step)
-        except (OSError, UnsafeOverwrite) as err:  # the final model is exported; only this copy failed
-            self.best_model_refused = str(getattr(err, "strerror", None) or err)
-            s.log(f"warning: best model not updated ({self.best_model_refused})")
-            return False
-        self.best_model_refused = None  # best_model/ holds the best weights now
-        return True
+        copied = False
+        if exported and earlier_best_model != step:
+            try:
+                install_best_model(exported, s.checkpoint_dir, step)
+            except (OSError, UnsafeOverwrite) as err:  # the final model is exported; only this copy failed
+                self.best_model_refused = str(getattr(err, "strerror", None) or err)
+                s.log(f"warning: best model not updated ({self.best_model_refused})")
+            else:
+                self.best_model_refused = None  # best_model/ holds the best weights now
+                copied = True
+        if not copied:
+            s.state.best_model_step = earlier_best_model
+        return copied
 
     def save_checkpoint(self, why: str) -> Path | None:
         """Write a complete checkpoint (main process); a failed write warns and training goes on."""

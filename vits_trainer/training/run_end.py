@@ -44,16 +44,12 @@ class RunEnd:
         training_end = time.time()
         self.final_evaluation(stop_reason)
         # the final weights are the best: the checkpoint names the best_model/ copy made after the export
-        earlier_best_model = s.state.best_model_step
         final_is_best = self.final_is_best()
-        if final_is_best:
-            s.state.best_model_step = budget.global_step
+        earlier_best_model = outputs.name_final_as_best() if final_is_best else None
         outputs.save_checkpoint(stop_reason or "end")
         t0 = time.perf_counter()
         exported = self.export_final()
         best_updated = final_is_best and outputs.copy_final_to_best(exported, earlier_best_model)
-        if final_is_best and not best_updated:  # no copy made: best_model/ holds what it held
-            s.state.best_model_step = earlier_best_model
         budget.observe_export(time.perf_counter() - t0)
         # after the local export, which never waits on it
         hub = self.push(stop_reason, exported, best_updated)

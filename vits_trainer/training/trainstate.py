@@ -43,8 +43,9 @@ class TrainState:
     - recovery.Recovery: `skipped_steps`, `consecutive_skips`, `recoveries`, `lr_scale`, `precision`;
     - microbatch_choice.MicroBatchPolicy: `split`, `micro_batch_size`, `micro_batch_hardware`,
       `micro_batch_trial`;
-    - outputs.RunOutputs: `val_history`, `best_val`, `best_step`, `best_model_step` (RunEnd.finish also
-      sets `best_model_step` for the final checkpoint, and puts it back when the final copy fails).
+    - outputs.RunOutputs: `val_history`, `best_val`, `best_step`, `best_model_step` (also for the final
+      weights, when RunEnd.finish finds them best: named before the final checkpoint, put back when the
+      final copy is not made).
     """
 
     epoch: int = 0  # epochs completed: the 0-based index of the epoch being trained
