@@ -278,7 +278,12 @@ class GanStep:
         )
 
     def abandon_cycle(self) -> None:
-        """Drop the gradients of the current cycle (after a step, or before retrying one)."""
+        """Drop the gradients of the current cycle (after a step, or before retrying one): set to None,
+        their memory free until the next backward. Kept buffers (`stable_grads`) are left as they are:
+        the next cycle's first micro-batch zeroes them before its backward, and zeroing them here too was
+        a second pass over every gradient at each step."""
+        if self.stable_grads:
+            return
         self._clear_grads(self.d_optimizer, self.d_params)
         self._clear_grads(self.g_optimizer, self.g_params)
 
