@@ -157,6 +157,20 @@ def test_a_small_replay_ratio_replays_at_least_one_clip():
     ]
 
 
+def test_a_round_resumed_with_another_replay_ratio_keeps_the_earlier_one_in_its_report():
+    # feedback_run.json's "replay" (the report's) was rewritten by each session: a round that trained
+    # with --replay_ratio 1 and was resumed with 0.5 reported 0.5 alone
+    from vits_trainer.feedback.replay import replay_record
+
+    first = replay_record(None, 1.0, 8, 100)
+    assert first == {"ratio": 1.0, "per_epoch": 8, "pool": 100}
+    assert replay_record(first, 1.0, 8, 100) == first  # resumed as it was
+    second = replay_record(first, 0.5, 4, 100)
+    assert second == {"ratio": 0.5, "per_epoch": 4, "pool": 100, "earlier_ratios": [1.0]}
+    assert replay_record(second, 0.5, 4, 100) == second
+    assert replay_record(second, 2.0, 16, 100)["earlier_ratios"] == [1.0, 0.5]
+
+
 def test_promotion_rule():
     fb = ({"val_mel": 2.0}, {"val_mel": 1.5})
     clear = paired_judgement({"a": 2.0, "b": 2.1, "c": 1.9}, {"a": 1.5, "b": 1.62, "c": 1.41})

@@ -463,6 +463,36 @@ def test_a_mid_epoch_resume_on_other_training_clips_starts_the_epoch_again():
     assert (same.batch_in_epoch, old.batch_in_epoch, len(lines)) == (6, 6, 1)
 
 
+def test_a_mid_epoch_resume_with_another_epoch_size_starts_the_epoch_again():
+    """A feedback round resumed with another --replay_ratio: the same clips, but each epoch draws another
+    number of replayed ones, so the saved position counted batches of a differently made epoch (feedback
+    clips trained twice in it, others not at all). The epoch starts again, and says so."""
+    import numpy as np
+
+    from vits_trainer.data.clipstore import ClipStore
+    from vits_trainer.data.items import TrainingItems
+    from vits_trainer.training.session import epoch_clips_key, restart_epoch_if_clips_changed
+    from vits_trainer.training.trainstate import TrainState
+
+    n = 30
+    lengths = np.full(n, 100, dtype=np.int64)
+    offsets = np.concatenate([[0], np.cumsum(lengths)])
+    store = ClipStore(
+        [f"c{k}" for k in range(n)], ["a"] * n, ["0"] * n, offsets, np.zeros(offsets[-1], np.int16), 16000
+    )
+    train = TrainingItems(store, np.arange(n), [np.ones(1, np.int64)] * n, np.zeros(n, np.int64))
+    state, lines = TrainState(epoch=1, batch_in_epoch=3), []
+    restart_epoch_if_clips_changed(
+        state, epoch_clips_key(train, 20), lines.append
+    )  # 10 fed back + 10 replayed
+    restart_epoch_if_clips_changed(state, epoch_clips_key(train, 20), lines.append)  # the same round again
+    assert state.batch_in_epoch == 3 and not lines
+    restart_epoch_if_clips_changed(state, epoch_clips_key(train, 15), lines.append)  # --replay_ratio 0.5
+    assert state.batch_in_epoch == 0 and "starts again from its beginning" in lines[-1]
+    # a run whose epoch is its training clips keeps the key it had before epoch sizes were counted
+    assert epoch_clips_key(train) == epoch_clips_key(train, None)
+
+
 def test_a_resumed_runs_settings_are_checked_again(tmp_path, tone_corpus):
     """A flag given on resume that the run's restored settings cannot go with (refused at a fresh
     start) was accepted: --freerun_samples 0 on a run of --best_metric val_mel_dtw computed no

@@ -238,6 +238,19 @@ def replay_per_epoch(ratio: float, trained_clips: int) -> int:
     return math.ceil(ratio * trained_clips - 1e-9)  # 0.3 x 10 is 3.0000000000000004
 
 
+def replay_record(earlier: dict | None, ratio: float, per_epoch: int, pool: int) -> dict:
+    """feedback_run.json's "replay" for this session; a resumed round trained with another --replay_ratio
+    before keeps those ratios (`earlier_ratios`, oldest first), where the report named the last alone."""
+    record: dict = {"ratio": ratio, "per_epoch": per_epoch, "pool": pool}
+    if isinstance(earlier, dict):
+        ratios = list(earlier.get("earlier_ratios") or [])
+        if earlier.get("ratio") is not None and earlier["ratio"] != ratio:
+            ratios.append(earlier["ratio"])
+        if ratios:
+            record["earlier_ratios"] = ratios
+    return record
+
+
 def _world() -> tuple[int, int]:
     """(processes, this rank)."""
     state = _accelerate_state()
@@ -327,7 +340,9 @@ class FeedbackData:
         # and metadata.csv lines that name no clip (both were warned about as they were found)
         self.info["dropped_feedback_clips"] = [list(d) for d in [*dropped_fb, *fb_report.skipped]]
         self.info["unusable_feedback_lines"] = [list(p) for p in fb_report.metadata_problems]
-        self.info["replay"] = {"ratio": cfg.replay_ratio, "per_epoch": replay_count, "pool": len(replay_pool)}
+        self.info["replay"] = replay_record(
+            self.info.get("replay"), cfg.replay_ratio, replay_count, len(replay_pool)
+        )
         self.info["original_validation_clips"] = len(orig_val)
         log(
             f"feedback: {len(self.feedback_train)} clip(s) to train on, {len(self.feedback_eval)} evaluated "

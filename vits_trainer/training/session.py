@@ -348,7 +348,7 @@ def _build_session(
         cfg, store, text, speakers, generator.hop_length, trainer_state.get("val_ids"), log
     )
     describe_data(data, report, log)
-    restart_epoch_if_clips_changed(state, epoch_clips_key(data.train), log)
+    restart_epoch_if_clips_changed(state, epoch_clips_key(data.train, data.epoch_samples), log)
     pad = PadLengths(generator.hop_length) if cfg.buckets_on(accelerator.device.type) else None
     sampler, loader, val_loaders = make_loaders(cfg, data, accelerator, pad)
     g_opt, d_opt = _make_optimizers(cfg, generator, discriminator, ckpt)
@@ -425,23 +425,28 @@ def rescale_epoch_position(
     )
 
 
-def epoch_clips_key(train) -> str:
-    """A digest of what the sampler orders an epoch by: the training clips' ids and lengths, in order."""
+def epoch_clips_key(train, epoch_samples: int | None = None) -> str:
+    """A digest of what the sampler orders an epoch by: the training clips' ids and lengths, in order,
+    and the clips an epoch holds when that is not all of them (`epoch_samples`: a feedback round's
+    replay draw, which --replay_ratio sizes; None keeps a plain run's key as it was)."""
     h = hashlib.blake2b(digest_size=16)
     for clip_id in train.ids():
         h.update(clip_id.encode() + b"\0")
     h.update(train.audio_lengths().astype("<i8").tobytes())
+    if epoch_samples is not None:
+        h.update(f"epoch:{int(epoch_samples)}".encode())
     return h.hexdigest()
 
 
 def restart_epoch_if_clips_changed(state: TrainState, key: str, log) -> None:
     """A run resumed mid-epoch on other training clips (data added or removed, --max_samples, a WAV
-    replaced): the epoch's batch order is drawn anew, so its position maps to other batches, and some
-    clips would be skipped in it and others trained twice. The epoch starts again instead."""
+    replaced, a feedback round's --replay_ratio changed): the epoch's batch order is drawn anew, so its
+    position maps to other batches, and some clips would be skipped in it and others trained twice. The
+    epoch starts again instead."""
     if state.batch_in_epoch and state.epoch_clips not in (None, key):
         log(
-            f"resume: the training clips differ from the checkpoint's run; epoch {state.epoch + 1} is "
-            "ordered anew and starts again from its beginning"
+            "resume: the training clips (or how many an epoch draws) differ from the checkpoint's run; "
+            f"epoch {state.epoch + 1} is ordered anew and starts again from its beginning"
         )
         state.batch_in_epoch = 0
     state.epoch_clips = key
