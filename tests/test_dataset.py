@@ -537,3 +537,29 @@ def test_the_data_line_of_a_feedback_round_counts_what_an_epoch_trains():
     assert lines[1].startswith(
         "data: 14 clips trained per epoch, drawn from 151 training clips (0.13 h), 3 feedback"
     )
+
+
+def test_a_folder_prepare_data_did_not_make_gets_no_cache_written_into_it(tmp_path: Path) -> None:
+    # a corpus passed as --data_dir as it came (an LJSpeech download has wavs/ + metadata.csv) trained,
+    # and a cache/ folder of ours was left inside the user's corpus
+    raw = tmp_path / "LJSpeech-1.1"
+    (raw / "wavs").mkdir(parents=True)
+    made = tmp_path / "made"
+    make_corpus(made, num_clips=6, sample_rate=SR, seed=1)
+    for wav in (made / "wavs").iterdir():
+        shutil.copy(wav, raw / "wavs" / wav.name)
+    shutil.copy(made / "metadata.csv", raw / "metadata.csv")
+    before = sorted(p.relative_to(raw) for p in raw.rglob("*"))
+    lines: list[str] = []
+    store, report = load(raw, log=lines.append)
+    assert len(store) == 6 and store.in_ram and not report.cache_hit
+    assert sorted(p.relative_to(raw) for p in raw.rglob("*")) == before  # nothing written into it
+    note = [line for line in lines if "not written" in line]
+    assert len(note) == 1 and "prepare_data.py" in note[0] and str(raw) in note[0]
+    # the folders this tool made keep their cache: prepare_data.py's, and the generated ones
+    for prepared in (made, raw):
+        if prepared is raw:
+            (raw / "prepare_report.json").write_text('{"counts": {}, "settings": {}}', encoding="utf-8")
+        load(prepared)
+        _, report = load(prepared)
+        assert report.cache_hit and (prepared / "cache").is_dir()

@@ -29,6 +29,7 @@ from ..errors import UserError
 from ..launch import local_processes
 from ..runlock import refuse_if_being_written
 from .metadata import METADATA_NAME, WAVS_DIR, MetaRow, read_metadata
+from .prepare_state import REPORT_NAME, made_by_prepare
 
 CACHE_VERSION = 1  # bump when the cache layout or the decoding changes: old caches then rebuild
 AUDIO_NAME = "audio_int16.bin"
@@ -294,6 +295,8 @@ def load_clip_store(
     wav_bytes = sum(stat[0] for stat in stats if stat is not None)  # a size estimate
     report.timings["fingerprint"] = time.perf_counter() - t0
 
+    # the default cache goes beside the clips only in a folder this tool made (or whose cache it made)
+    foreign = cache_dir is None and not made_by_prepare(data_dir) and not (data_dir / "cache").is_dir()
     cache_dir = Path(cache_dir) if cache_dir is not None else data_dir / "cache"
     # asked only of an index with another fingerprint: metadata.csv is read then, the wavs not again
     previous = functools.partial(_previous_fingerprint, meta_path, stats, sample_rate)
@@ -303,6 +306,15 @@ def load_clip_store(
         report.cache_hit = True
         report.cache_path = str(cache_dir)
         store = _open_cache(index, rows, cache_dir / AUDIO_NAME, sample_rate, ram_limit, report, log)
+    elif foreign:
+        log(
+            f"note: {data_dir} holds no {REPORT_NAME}: prepare_data.py did not make it, so the clip cache is "
+            f"not written into it and every start reads its wavs (to keep a cache, prepare it: python "
+            f"prepare_data.py --source {data_dir} --data_dir DIR, then train on DIR)"
+        )
+        t_build = time.perf_counter()
+        store = _build_in_ram(rows, wav_paths, sample_rate, _threads(num_workers), report, log, progress)
+        report.timings["build"] = time.perf_counter() - t_build
     else:
         threads = _threads(num_workers)
         store = _build_store(

@@ -42,9 +42,8 @@ from .prepare_checks import (
 )
 from .prepare_convert import CLIP_FRACTION, AudioTarget, convert_all
 from .prepare_settings import PrepareSettings
-from .prepare_state import CLAIMS_NAME, STATE_NAME, load_state, save_state, source_key
+from .prepare_state import CLAIMS_NAME, REPORT_NAME, STATE_NAME, load_state, save_state, source_key
 
-REPORT_NAME = "prepare_report.json"
 SHORT_DECODE = 0.8  # a file decoding to under this share of its header's length is warned about
 
 

@@ -17,7 +17,14 @@ from ..jsonfile import write_json_atomic
 from .corpus_rows import Source
 
 STATE_NAME = ".prepare_state.json"
+REPORT_NAME = "prepare_report.json"  # prepare.py's report of the run; with the state: a folder it made
 CLAIMS_NAME = ".prepare_claims"  # one clip id per line, appended before a converter writes its WAV
+
+
+def made_by_prepare(data_dir: Path) -> bool:
+    """Whether prepare_data.py (or the generator of the demo's and the tests' corpora) made `data_dir`:
+    only such a folder gets files of ours beside its clips (the clip cache)."""
+    return (data_dir / STATE_NAME).is_file() or (data_dir / REPORT_NAME).is_file()
 
 
 def source_key(location: str) -> str:

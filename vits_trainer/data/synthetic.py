@@ -14,6 +14,9 @@ from pathlib import Path
 import numpy as np
 import soundfile as sf
 
+from ..jsonfile import write_json_atomic
+from .prepare_state import STATE_NAME
+
 ALPHABET = "abcdefghijklmno"
 PAUSE_SECONDS = 0.06
 EDGE_SECONDS = 0.08  # silence before and after each clip, as in real recordings
@@ -96,4 +99,6 @@ def make_corpus(
         writer = csv.writer(f, delimiter="|", quoting=csv.QUOTE_NONE, escapechar="\\", lineterminator="\n")
         for row in rows:
             writer.writerow([row["id"], row["text"], row["speaker"]])
+    # made here, as prepare_data.py's folders are: the trainers may keep their clip cache in it
+    write_json_atomic(out_dir / STATE_NAME, {"version": 1, "source": "generated", "clips": {}}, indent=None)
     return rows
