@@ -278,3 +278,26 @@ def test_a_card_never_calls_clips_also_trained_on_held_out():
     assert "never trained on" not in trained and trained.count("also trained on") == 2
     held = card(base_model_facts(MMS), samples=samples, evaluations=scores)
     assert held.count("held out, never trained on") == 2
+
+
+def test_a_resumed_session_that_trains_no_step_keeps_the_final_model_as_it_was(
+    tmp_path, tone_corpus, tiny_model_dir, monkeypatch, capsys
+):
+    """A session resumed where no step fits (its budget too short) on other data exported the same
+    weights again, and their card then named the new data's clips and hours, which never trained them."""
+    from vits_trainer.data.synthetic import make_corpus
+    from vits_trainer.training.budget import Budget
+
+    run = dict(max_steps=2, val_fraction=0.1)
+    _, first = train_tiny(tmp_path, tone_corpus, tiny_model_dir, **run)
+    final = Path(first["final_model"])
+    before = {p.name: p.read_bytes() for p in final.iterdir() if p.is_file()}
+    assert "in 36 training clips" in before["README.md"].decode()
+    other = tmp_path / "other"
+    make_corpus(other, num_clips=60, sample_rate=16000, seed=5)
+    monkeypatch.setattr(Budget, "should_stop", lambda self: True)  # no step fits
+    capsys.readouterr()
+    _, second = train_tiny(tmp_path, other, tiny_model_dir, **run)
+    assert second["session_steps"] == 0 and second["final_model"] == str(final)
+    assert {p.name: p.read_bytes() for p in final.iterdir() if p.is_file()} == before
+    assert f"final model: {final} holds the weights of step 2 already" in capsys.readouterr().out

@@ -17,6 +17,8 @@ from ..safety import (
     UnsafeOverwrite,
     check_own_export,
     check_replaceable,
+    foreign_entries,
+    made_by,
     marker_step,
     read_marker,
     replace_export,
@@ -48,7 +50,8 @@ class RunEnd:
         earlier_best_model = outputs.name_final_as_best() if final_is_best else None
         outputs.save_checkpoint(stop_reason or "end")
         t0 = time.perf_counter()
-        exported = self.export_final()
+        kept = self.kept_final_model()
+        exported = kept or self.export_final()
         best_updated = final_is_best and outputs.copy_final_to_best(exported, earlier_best_model)
         budget.observe_export(time.perf_counter() - t0)
         # after the local export, which never waits on it
@@ -57,7 +60,7 @@ class RunEnd:
         if hub is not None:
             summary["hub"] = hub
         if s.is_main:
-            if exported:
+            if exported and not kept:  # a kept export keeps the summary of the session that trained it
                 write_export_file(exported, "train_summary.json", json.dumps(summary, indent=1))  # + marker
             # checkpoint dir: the run's own folder, never a data folder or --output_dir (safety.py)
             (s.checkpoint_dir / "train_summary.json").write_text(
@@ -114,6 +117,24 @@ class RunEnd:
         return (
             budget.session_steps > 0 and bool(s.state.val_history) and s.state.best_step == budget.global_step
         )
+
+    def kept_final_model(self) -> Path | None:
+        """--output_dir, when a resumed session that trained no step finds this run's export of these very
+        weights there: exported again, their card would describe this session's data (another corpus,
+        given on resume), which never trained them. None: export as usual."""
+        s, step = self.s, self.s.budget.global_step
+        if s.resumed_from is None or self.s.budget.session_steps or not s.is_main:
+            return None
+        marker = read_marker(s.output_dir)
+        if marker_step(marker) != step or not made_by(marker, s.output_dir, s.checkpoint_dir):
+            return None
+        if not (s.output_dir / "model.safetensors").is_file() or foreign_entries(s.output_dir):
+            return None
+        s.log(
+            f"final model: {s.output_dir} holds the weights of step {step} already (no training step this "
+            "session): kept as it is, its model card with it"
+        )
+        return s.output_dir
 
     def export_final(self) -> Path | None:
         """The final model into --output_dir (main process); a failure is an error line naming the last
