@@ -262,3 +262,23 @@ def test_a_huge_step_is_refused_or_planned_at_once():
         dataclasses.replace(huge, micro_batch_size="7").validate()
     assert candidates(huge)[0] == 100_000 and candidates(huge)[-1] == 10**10
     assert time.process_time() - start < 5  # CPU time: seconds where it was minutes, however loaded
+
+
+@pytest.mark.parametrize("rank", ["abc", ""])
+def test_a_stray_rank_in_the_environment_still_gives_one_error_line(tmp_path, rank):
+    # RANK set to something no launcher sets (even empty) turned the error line into a ValueError
+    # traceback: the error handler itself read it as a number
+    env = dict(os.environ, HF_HUB_OFFLINE="1", RANK=rank)
+    proc = subprocess.run(
+        [PYTHON, str(ROOT / "train_vits.py"), "--data_dir", str(tmp_path / "nope")],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=120,
+    )
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr + proc.stdout, proc.stderr
+    lines = [line for line in proc.stderr.splitlines() if line.strip()]
+    assert (
+        lines[0] == f"warning: RANK={rank!r} is not a process number: this process counts as the main one (0)"
+    )
+    assert len(lines) == 2 and lines[1].startswith("error: --data_dir") and "no such folder" in lines[1]

@@ -12,6 +12,8 @@ import textwrap
 import traceback
 from collections.abc import Callable
 
+from .launch import process_rank
+
 
 class UserError(Exception):
     """Bad input from the user (flags, paths, data). The message is shown as is."""
@@ -25,7 +27,7 @@ def run_cli(main: Callable[[list[str] | None], int | None], argv: list[str] | No
     try:
         code = main(argv)
     except UserError as err:
-        rank = int(os.environ.get("RANK", "0"))  # a process of `accelerate launch` (0: the main one)
+        rank = process_rank()  # a process of `accelerate launch` (0: the main one)
         if rank == 0:
             print(f"error: {err}", file=sys.stderr)
             _keep_in_log(f"error: {err}")
@@ -34,7 +36,7 @@ def run_cli(main: Callable[[list[str] | None], int | None], argv: list[str] | No
         # else: the set-up's input checks, which every process makes alike: the main one says it once
         return 2
     except KeyboardInterrupt:
-        if int(os.environ.get("RANK", "0")) == 0:  # Ctrl-C reaches every process: said once
+        if process_rank() == 0:  # Ctrl-C reaches every process: said once
             print("interrupted", file=sys.stderr)
         return 130
     except BrokenPipeError:

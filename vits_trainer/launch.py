@@ -1,38 +1,61 @@
-"""What a multi-process launch (torchrun, accelerate launch) tells this process through its environment.
+"""What a multi-process launch (torchrun, accelerate launch) tells this process through its environment:
+RANK, WORLD_SIZE and LOCAL_WORLD_SIZE.
 
-Read in one place, so the thread count (training/runtime.py) and the RAM share of the preloaded clips
-(data/clipstore.py) never disagree about a value, and a stray one is said once instead of crashing.
+Read in one place, so that every part agrees about a value (the thread count in training/runtime.py and
+the RAM share of the preloaded clips in data/clipstore.py about LOCAL_WORLD_SIZE), and a value no
+launcher sets (left over in a notebook or a shell profile, even empty) is said once instead of stopping
+the run with a traceback, the error handler's included.
 """
 
 from __future__ import annotations
 
 import os
 
+# each variable: the value it means when unset or stray, the smallest a launcher sets, and what it counts
+_VARIABLES = {
+    "RANK": (0, 0, "is not a process number: this process counts as the main one (0)"),
+    "WORLD_SIZE": (1, 1, "is not a number of processes: counted as 1 process"),
+    "LOCAL_WORLD_SIZE": (
+        1,
+        1,
+        "is not a number of processes: counted as 1 process (threads and the RAM for the clips are not split)",
+    ),
+}
 
-def _local_world_size() -> tuple[int, str | None]:
-    """LOCAL_WORLD_SIZE as a count, and the raw value when it is set but no positive whole number."""
-    raw = os.environ.get("LOCAL_WORLD_SIZE", "")
-    if not raw.strip():
-        return 1, None
+
+def _read(name: str) -> tuple[int, str | None]:
+    """The variable as a number, and its raw value when it is set but not a whole number a launcher sets."""
+    default, smallest, _ = _VARIABLES[name]
+    raw = os.environ.get(name)
+    if raw is None:
+        return default, None
     try:
-        count = int(raw)
+        value = int(raw)
     except ValueError:
-        return 1, raw
-    return (count, None) if count >= 1 else (1, raw)
+        return default, raw
+    return (value, None) if value >= smallest else (default, raw)
+
+
+def process_rank() -> int:
+    """This process's number in its launch (RANK); 0, the main process, when unset or stray."""
+    return _read("RANK")[0]
+
+
+def world_size() -> int:
+    """The processes of this launch (WORLD_SIZE); 1 when unset or stray."""
+    return _read("WORLD_SIZE")[0]
 
 
 def local_processes() -> int:
-    """The processes of this launch on this machine (LOCAL_WORLD_SIZE); 1 when unset or not a count:
-    a stray value must not stop a run (a launcher always sets a positive number)."""
-    return _local_world_size()[0]
+    """The processes of this launch on this machine (LOCAL_WORLD_SIZE); 1 when unset or stray."""
+    return _read("LOCAL_WORLD_SIZE")[0]
 
 
-def local_processes_warning() -> str | None:
-    """The line that says a stray LOCAL_WORLD_SIZE is read as one process, or None."""
-    raw = _local_world_size()[1]
-    if raw is None:
-        return None
-    return (
-        f"warning: LOCAL_WORLD_SIZE={raw!r} is not a number of processes: counted as 1 process "
-        "(threads and the RAM for the clips are not split)"
-    )
+def launch_warnings() -> list[str]:
+    """A line for each of the variables set to something no launcher sets, saying how it is read."""
+    lines = []
+    for name, (_, _, meaning) in _VARIABLES.items():
+        raw = _read(name)[1]
+        if raw is not None:
+            lines.append(f"warning: {name}={raw!r} {meaning}")
+    return lines

@@ -22,6 +22,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from .errors import UserError
+from .launch import process_rank
 
 try:
     import fcntl
@@ -44,7 +45,7 @@ def pid_alive(pid: int) -> bool:
 
 def is_main_process() -> bool:
     """The process that holds a run's lock: RANK 0 under accelerate/torchrun, or a plain process."""
-    return int(os.environ.get("RANK", "0")) == 0
+    return process_rank() == 0
 
 
 def describe_holder(holder: dict) -> str:

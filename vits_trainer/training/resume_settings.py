@@ -35,6 +35,8 @@ import dataclasses
 import os
 from pathlib import Path
 
+from ..launch import world_size
+
 # this machine's settings: not restored, and repeated by the printed resume command
 MACHINE = (
     "cpu",
@@ -174,7 +176,7 @@ def resume_command(script: str, cfg, folder_flag: str, folder: str) -> str:
     sets WORLD_SIZE) is continued with as many: `python` alone would resume it on one GPU."""
     import shlex
 
-    processes = int(os.environ.get("WORLD_SIZE", "1"))
+    processes = world_size()
     # on a CPU-only machine accelerate needs --multi_gpu to start gloo processes (docs/multi-gpu.md)
     launch = f"accelerate launch{' --multi_gpu' if cfg.cpu else ''} --num_processes {processes}"
     runner = launch if processes > 1 else "python"

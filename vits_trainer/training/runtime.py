@@ -10,7 +10,7 @@ import time
 from pathlib import Path
 
 from ..errors import UserError
-from ..launch import local_processes, local_processes_warning
+from ..launch import launch_warnings, local_processes, world_size
 
 
 def process_start_time() -> float:
@@ -52,8 +52,7 @@ def configure_threads() -> dict[str, str | int | None]:
     the load average: the load at start-up says little about the hours after it. DataLoader workers
     need nothing here: torch sets one thread in each worker itself.
     """
-    warning = local_processes_warning()
-    if warning:  # the log is not open yet: straight to the terminal
+    for warning in launch_warnings():  # the log is not open yet: straight to the terminal
         print(warning, file=sys.stderr)
     share = str(max(1, available_cpus() // local_processes()))
     user = {name for name in _THREAD_VARS if os.environ.get(name)}
@@ -166,7 +165,7 @@ def make_accelerator(mixed_precision: str, cpu: bool, report_to: str, project_di
             import wandb  # noqa: F401
         except ImportError:
             raise UserError("--report_to wandb needs the wandb package: pip install wandb") from None
-    if int(os.environ.get("WORLD_SIZE", "1")) == 1:
+    if world_size() == 1:
         # accelerate keeps one process-wide state; a second run in the same process (a notebook, the
         # tests) may want another precision, so single-process runs start it afresh
         from accelerate.state import AcceleratorState, GradientState
