@@ -282,3 +282,22 @@ def test_a_stray_rank_in_the_environment_still_gives_one_error_line(tmp_path, ra
         lines[0] == f"warning: RANK={rank!r} is not a process number: this process counts as the main one (0)"
     )
     assert len(lines) == 2 and lines[1].startswith("error: --data_dir") and "no such folder" in lines[1]
+
+
+def test_a_stray_world_size_is_one_error_line_before_accelerate_reads_it(
+    tmp_path, tone_corpus, tiny_model_dir
+):
+    # accelerate reads WORLD_SIZE as a number on a CPU run: WORLD_SIZE=abc ended it with a traceback
+    env = dict(os.environ, HF_HUB_OFFLINE="1", WORLD_SIZE="abc")
+    args = ["--data_dir", str(tone_corpus), "--model_name", str(tiny_model_dir), "--cpu"]
+    args += ["--checkpoint_dir", str(tmp_path / "ckpt"), "--output_dir", str(tmp_path / "final")]
+    proc = subprocess.run(
+        [PYTHON, str(ROOT / "train_vits.py"), *args], capture_output=True, text=True, env=env, timeout=300
+    )
+    lines = [line for line in proc.stderr.splitlines() if line.strip()]
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr + proc.stdout, proc.stderr[-3000:]
+    assert lines == [
+        "error: WORLD_SIZE='abc' is not a number of processes (torchrun and accelerate launch set it "
+        "themselves): unset it to train in one process"
+    ]
+    assert not (tmp_path / "ckpt").exists() and not (tmp_path / "final").exists()

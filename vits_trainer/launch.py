@@ -12,9 +12,10 @@ from __future__ import annotations
 import os
 
 # each variable: the value it means when unset or stray, the smallest a launcher sets, and what it counts
-_VARIABLES = {
+_VARIABLES: dict[str, tuple[int, int, str | None]] = {
     "RANK": (0, 0, "is not a process number: this process counts as the main one (0)"),
-    "WORLD_SIZE": (1, 1, "is not a number of processes: counted as 1 process"),
+    # accelerate reads it as a number itself (a CPU run's set-up): training/runtime.py refuses it
+    "WORLD_SIZE": (1, 1, None),
     "LOCAL_WORLD_SIZE": (
         1,
         1,
@@ -51,11 +52,17 @@ def local_processes() -> int:
     return _read("LOCAL_WORLD_SIZE")[0]
 
 
+def stray_world_size() -> str | None:
+    """WORLD_SIZE as it is set when no launcher would set it so (accelerate reads it as a number), else
+    None."""
+    return _read("WORLD_SIZE")[1]
+
+
 def launch_warnings() -> list[str]:
     """A line for each of the variables set to something no launcher sets, saying how it is read."""
     lines = []
     for name, (_, _, meaning) in _VARIABLES.items():
         raw = _read(name)[1]
-        if raw is not None:
+        if raw is not None and meaning is not None:
             lines.append(f"warning: {name}={raw!r} {meaning}")
     return lines

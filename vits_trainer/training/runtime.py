@@ -10,7 +10,7 @@ import time
 from pathlib import Path
 
 from ..errors import UserError
-from ..launch import launch_warnings, local_processes, world_size
+from ..launch import launch_warnings, local_processes, stray_world_size, world_size
 
 
 def process_start_time() -> float:
@@ -145,6 +145,12 @@ def idle_gpus_note(processes: int, visible_gpus: int, argv: list[str]) -> str | 
 
 
 def make_accelerator(mixed_precision: str, cpu: bool, report_to: str, project_dir: Path):
+    stray = stray_world_size()
+    if stray is not None:  # accelerate would read it as a number: its traceback, not an error line
+        raise UserError(
+            f"WORLD_SIZE={stray!r} is not a number of processes (torchrun and accelerate launch set it "
+            "themselves): unset it to train in one process"
+        )
     from accelerate import Accelerator
     from accelerate.utils import GradScalerKwargs
 
