@@ -563,3 +563,26 @@ def test_a_folder_prepare_data_did_not_make_gets_no_cache_written_into_it(tmp_pa
         load(prepared)
         _, report = load(prepared)
         assert report.cache_hit and (prepared / "cache").is_dir()
+
+
+def test_an_ljspeech_metadata_read_as_it_came_says_its_third_column_is_no_speaker(tmp_path: Path) -> None:
+    # LJSpeech's metadata.csv is id|text|normalised text: read as it came, every sentence became a
+    # speaker name (12 speakers for 12 clips) and only a note about preparing the folder was said
+    raw = tmp_path / "LJSpeech-1.1"
+    make_corpus(raw, num_clips=12, sample_rate=SR, seed=2)
+    (raw / ".prepare_state.json").unlink()
+    lines = (raw / "metadata.csv").read_text(encoding="utf-8").splitlines()
+    rows = [line.split("|") for line in lines]
+    (raw / "metadata.csv").write_text("".join(f"{i}|{t}|{t.upper()}\n" for i, t, _ in rows), encoding="utf-8")
+    said: list[str] = []
+    store, _ = load(raw, log=said.append)
+    assert len(set(store.speakers)) == 12
+    warning = [line for line in said if line.startswith("warning:") and "third column" in line]
+    assert len(warning) == 1 and "12 speaker names" in warning[0] and "LJSpeech" in warning[0]
+    # a corpus of its own with real speaker names says nothing of the kind
+    said.clear()
+    two = tmp_path / "two"
+    make_corpus(two, num_clips=12, sample_rate=SR, num_speakers=2, seed=2)
+    (two / ".prepare_state.json").unlink()
+    load(two, log=said.append)
+    assert not [line for line in said if "third column" in line]

@@ -252,6 +252,17 @@ def _read_all(
     return failures, resampled
 
 
+def _warn_if_speakers_are_sentences(meta_path: Path, rows: list[MetaRow], log: Log) -> None:
+    """A metadata.csv that prepare_data.py did not write, whose third column holds sentences (LJSpeech's:
+    id|text|normalised text): each one is read as a speaker name, which a warning says."""
+    speakers = {row.speaker for row in rows}
+    if len(speakers) > 1 and sum(" " in name for name in speakers) > len(speakers) / 2:
+        log(
+            f"warning: {meta_path}: its third column is read as {len(speakers)} speaker names, most of them "
+            "sentences (an LJSpeech metadata.csv's normalised text?); prepare_data.py reads that format"
+        )
+
+
 def _ram_limit_bytes(max_ram_gb: float) -> int:
     """This process's share of the RAM limit: every process of a launch on this machine
     (LOCAL_WORLD_SIZE) preloads its own copy, so N copies must fit, not one (above its share a
@@ -312,6 +323,7 @@ def load_clip_store(
             f"not written into it and every start reads its wavs (to keep a cache, prepare it: python "
             f"prepare_data.py --source {data_dir} --data_dir DIR, then train on DIR)"
         )
+        _warn_if_speakers_are_sentences(meta_path, rows, log)
         t_build = time.perf_counter()
         store = _build_in_ram(rows, wav_paths, sample_rate, _threads(num_workers), report, log, progress)
         report.timings["build"] = time.perf_counter() - t_build
