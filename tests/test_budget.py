@@ -572,6 +572,41 @@ def test_without_total_each_session_is_its_own_horizon():
     assert lr.horizon_warning() is None
 
 
+def test_without_total_the_previous_sessions_plan_does_not_cap_this_sessions_warmup():
+    # Session 1 (no --total_hours) planned 500 steps, capping --warmup_steps 1000 to 50, and was stopped at
+    # step 20. Session 2 has 10 hours: its own horizon caps the warmup, not session 1's.
+    clock = FakeClock(0.0)
+    b = Budget(36000, 0.0, clock=clock, benchmark_skip_steps=0, benchmark_samples=8)
+    b.load_state_dict({"spent_seconds": 100.0, "global_step": 20, "planned_horizon_steps": 500})
+    assert b.planned_horizon_steps is None
+    lr = BudgetLR(b, warmup_steps=1000)
+    b.start_training()
+    run_steps(b, clock, 2, seconds=1.0, samples=4)
+    assert lr.effective_warmup_steps == 1000  # the first steps' estimate: ~35,000 steps
+    b.plan(4000, 4)
+    assert b.planned_horizon_steps > 10_000
+    assert lr.effective_warmup_steps == 1000 and not lr.warmup_capped
+    assert lr.factor(b.global_step) == pytest.approx((b.global_step + 1) / 1000)
+
+
+def test_the_warmup_cap_estimated_before_the_plan_never_rises():
+    # A slow first measured step, then faster ones: the estimated horizon would grow, raising the cap and
+    # dropping the learning rate mid-warmup. The cap is only ever lowered, so the LR never goes down.
+    clock = FakeClock(0.0)
+    b = Budget(3600, 0.0, clock=clock, benchmark_skip_steps=1, benchmark_samples=10_000)
+    lr = BudgetLR(b, warmup_steps=5000, max_warmup_fraction=0.1)
+    b.start_training()
+    run_steps(b, clock, 1, seconds=5.0, samples=16)  # warm-up step: no cap yet
+    caps, factors = [], []
+    for seconds in [2.0, 0.5, 0.5, 0.5, 0.5]:
+        run_steps(b, clock, 1, seconds=seconds, samples=16)
+        caps.append(lr.effective_warmup_steps)
+        factors.append(lr.factor(b.global_step))
+    assert not b.benchmark_done()
+    assert caps[0] < 5000 and caps == sorted(caps, reverse=True)
+    assert factors == sorted(factors)
+
+
 def test_state_dict_round_trip_priors():
     b, clock = make_benchmarked()
     b.observe_eval(12.0)
@@ -719,11 +754,32 @@ def test_a_first_step_that_cannot_finish_is_not_started():
     # Without an estimate the first step is started (nothing says it cannot finish) ...
     b2 = Budget(120, 0.0, clock=clock)
     assert not b2.should_stop()
-    # ... and one that took 60 s is not repeated when, as slow again, it would end past the allowed overrun.
+    # ... and one that took 60 s is not repeated when, as slow again, it would not leave the final reserve.
     b2.observe_step(60.0, 8)
     clock.t = 61.0
     assert b2.allowed_overrun_seconds() == 10.0
     assert b2.should_stop()
+
+
+def test_a_step_far_slower_than_the_median_is_not_repeated_when_one_as_slow_would_overrun():
+    # The machine became busy: one 30 s step after 1 s steps. The median (1 s) still says two more steps
+    # fit; one as slow as the last would end the run past the deadline and its allowed overrun.
+    clock = FakeClock(0.0)
+    b = Budget(1000, 0.0, clock=clock, benchmark_skip_steps=0)
+    b.observe_eval(5.0)
+    b.observe_save(2.0)
+    b.observe_export(3.0)
+    run_steps(b, clock, 4, seconds=1.0, samples=4)
+    run_steps(b, clock, 1, seconds=30.0, samples=4)
+    assert b.typical_step_seconds() == pytest.approx(1.0)
+    overrun = b.allowed_overrun_seconds()
+    assert overrun == 10.0
+    slow_limit = b.deadline() + overrun - 30.0 - b.final_reserve()  # a 30 s step started later overruns
+    clock.t = slow_limit - 1e-3
+    assert not b.should_stop()
+    clock.t = slow_limit + 1e-3
+    assert clock() + 2 * b.typical_step_seconds() + b.final_reserve() < b.deadline()  # the median's rule: go
+    assert b.should_stop()
 
 
 @pytest.mark.parametrize("outlier_at", [5, 40, 100])
