@@ -9,7 +9,7 @@ import time
 import pytest
 
 from vits_trainer.training.budget import Budget
-from vits_trainer.training.lr_schedule import BudgetLR, lr_lambda_for, make_scheduler
+from vits_trainer.training.lr_schedule import BudgetLR, lr_lambda_for, make_scheduler, set_peak_lr
 
 
 class FakeClock:
@@ -409,6 +409,23 @@ def test_lr_warmup_then_cosine_to_min_exactly_at_training_end():
     assert lr2.factor(10**6) == pytest.approx(0.525)
 
 
+def test_a_faster_measured_save_does_not_raise_the_learning_rate_again():
+    # The save was estimated at 100 s (from the model size) and measured at 5 s: the training end moves
+    # later, so the time-based progress would drop; the LR must not climb back during the decay.
+    clock = FakeClock(0.0)
+    b = Budget(1000, 0.0, clock=clock, benchmark_skip_steps=0)
+    b.set_estimates(save_seconds=100.0)
+    lr = BudgetLR(b, warmup_steps=0)
+    b.start_training()
+    assert lr.factor(b.global_step) == 1.0  # the cosine starts here
+    run_steps(b, clock, 400, seconds=1.0, samples=4)
+    before = lr.factor(b.global_step)
+    assert before < 0.9
+    b.observe_save(5.0)
+    assert b.training_end() > 900  # the window grew by 95 s
+    assert lr.factor(b.global_step) <= before
+
+
 def test_lr_reaches_min_at_deadline_despite_drift():
     clock = FakeClock(0.0)
     b = Budget(2000, 0.0, clock=clock, benchmark_skip_steps=1)
@@ -703,6 +720,33 @@ def test_make_scheduler_round_trip():
         sched2.step()
         assert opt2.param_groups[0]["lr"] == pytest.approx(opt.param_groups[0]["lr"])
         assert sched2.get_last_lr() == pytest.approx(sched.get_last_lr())
+
+
+def test_a_new_peak_applies_to_the_very_next_step():
+    # A recovery halves the peak after reloading a checkpoint whose optimizer state holds the old LR: the
+    # step right after it (the one most at risk of going non-finite again) must already use the new one.
+    torch = pytest.importorskip("torch")
+    clock = FakeClock(0.0)
+    b = Budget(1000, 0.0, clock=clock, benchmark_skip_steps=0)
+    lr = BudgetLR(b, warmup_steps=100)
+    param = torch.nn.Parameter(torch.zeros(2))
+    opt = torch.optim.AdamW([param], lr=0.1)
+    sched = make_scheduler(opt, lr)
+    b.start_training()
+    for _ in range(10):
+        run_steps(b, clock, 1, seconds=1.0, samples=4)
+        opt.step()
+        sched.step()
+    factor = lr.factor(b.global_step)
+    assert factor < 0.5  # still warming up
+    assert opt.param_groups[0]["lr"] == pytest.approx(0.1 * factor)
+    set_peak_lr([(opt, sched)], 0.05, lr)
+    assert opt.param_groups[0]["initial_lr"] == 0.05
+    assert opt.param_groups[0]["lr"] == pytest.approx(0.05 * factor)  # before any scheduler step
+    run_steps(b, clock, 1, seconds=1.0, samples=4)
+    opt.step()
+    sched.step()
+    assert opt.param_groups[0]["lr"] == pytest.approx(0.05 * lr.factor(b.global_step))
 
 
 def test_lr_lambda_ignores_lambdalr_counter_and_follows_shared_progress():
