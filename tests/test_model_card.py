@@ -186,6 +186,17 @@ def test_a_real_runs_exports_carry_the_card(tmp_path, tone_corpus, tiny_model_di
 
 
 @pytest.mark.slow
+def test_a_resumed_runs_card_counts_every_session(tmp_path, tone_corpus, tiny_model_dir):
+    # The budget line of the second session's export: its --target_hours is that session's alone, the
+    # time spent is both sessions' (without the count the spent time read like an overrun).
+    train_tiny(tmp_path, tone_corpus, tiny_model_dir, max_steps=1)
+    session, summary = train_tiny(tmp_path, tone_corpus, tiny_model_dir, max_steps=2)
+    assert session.resumed_from is not None and summary["steps"] == 2
+    text = (Path(summary["final_model"]) / "README.md").read_text(encoding="utf-8")
+    assert "- Budget: --target_hours 9.5 in the last of 2 sessions; " in text and " spent in all when" in text
+
+
+@pytest.mark.slow
 def test_samples_that_cannot_be_copied_leave_a_complete_folder(
     tmp_path, tone_corpus, tiny_model_dir, monkeypatch, capsys
 ):
