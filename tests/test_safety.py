@@ -8,6 +8,7 @@ import dataclasses
 import itertools
 import json
 import os
+import shutil
 from pathlib import Path
 
 import pytest
@@ -112,6 +113,10 @@ def train_cases(tree: dict[str, Path], scratch: Path):
         )
 
 
+FLAGS = ("data_dir", "checkpoint_dir", "output_dir")
+OVERLAP_VERBS = ("is the same folder as", "contains", "is inside", "overlaps")  # safety.refuse's
+
+
 def test_every_overlap_of_train_folders_is_refused_and_nothing_changes(tmp_path, capsys, monkeypatch):
     monkeypatch.chdir(tmp_path)
     tree = user_tree(tmp_path)
@@ -123,7 +128,10 @@ def test_every_overlap_of_train_folders_is_refused_and_nothing_changes(tmp_path,
     for name, roles in cases:
         argv = list(itertools.chain.from_iterable((f"--{k}", str(v)) for k, v in roles.items()))
         line = refused(capsys, train_vits.main, [*argv, "--model_name", "unused"])
-        assert "--" in line and line.count("--") >= 2, (name, line)  # both flags named
+        # refused for an overlap (a parent of two folders may be refused for the third), naming both
+        # flags; not by a later check (the checkpoints' or the model's) that named two flags too
+        assert any(f" {verb} --" in line for verb in OVERLAP_VERBS), (name, line)
+        assert sum(f"--{flag} " in line for flag in FLAGS) >= 2, (name, line)
         assert_unchanged(tmp_path, before)
 
 
@@ -305,6 +313,8 @@ def recordings(folder: Path) -> Path:
         "source is data_dir",
         "source is metadata.csv",
         "symlinked data_dir",
+        "source inside data_dir/cache",
+        "a filelist elsewhere naming data_dir/wavs",
     ],
 )
 def test_prepare_never_writes_over_its_source(tmp_path, capsys, case):
@@ -323,14 +333,30 @@ def test_prepare_never_writes_over_its_source(tmp_path, capsys, case):
         "source is data_dir": (x, x),
         "source is metadata.csv": (x / "metadata.csv", x),
         "symlinked data_dir": (x / "wavs", tmp_path / "link"),
+        "source inside data_dir/cache": (x / "cache" / "old", x),
+        "a filelist elsewhere naming data_dir/wavs": (tmp_path / "filelist.txt", x),
     }[case]
     if case == "symlinked data_dir":
         (tmp_path / "link").symlink_to(x, target_is_directory=True)
+    if case == "source inside data_dir/cache":  # recordings kept in the folder prepare_data.py rewrites
+        shutil.copytree(x / "wavs", source)
+    if case == "a filelist elsewhere naming data_dir/wavs":  # the folder is not a source, its files are
+        lines = [
+            f"{p}|{p.with_suffix('.txt').read_text(encoding='utf-8')}" for p in sorted(x.glob("wavs/*.wav"))
+        ]
+        source.write_text("\n".join(lines) + "\n", encoding="utf-8")
     before = snapshot(tmp_path)
+    # the folder check (check_prepare_sources) and the per-file one (check_prepare_files) each refuse
+    expected = {
+        "source is data_dir": "is the same folder as --data_dir",
+        "source inside data_dir/cache": "cache is written by prepare_data.py",
+        "a filelist elsewhere naming data_dir/wavs": "where prepare_data.py writes; it would be overwritten",
+    }.get(case, "is inside --data_dir")
     refused(
         capsys,
         prepare_data.main,
         ["--source", str(source), "--data_dir", str(data_dir), "--num_workers", "1"],
+        expected,
     )
     assert_unchanged(tmp_path, before)
 
@@ -386,11 +412,24 @@ def test_feedback_folders_that_overlap_are_refused(tmp_path, capsys, monkeypatch
     }
     (root / "latest.json").write_text("my notes", encoding="utf-8")
     cases["a foreign latest.json"] = ok
+    expected = {
+        "root is data_dir": "is the same folder as --data_dir",
+        "root contains data_dir": "contains --data_dir",
+        "root in data wavs": "overlaps --data_dir",
+        "root is feedback_dir": "is the same folder as --feedback_dir",
+        "root symlinked to feedback_dir": "is the same folder as --feedback_dir",
+        "root inside feedback wavs": "overlaps --feedback_dir",
+        "root inside base": "is inside --base_model",
+        "base is an unfinished version": "is inside --output_dir",
+        "base is a version's checkpoints": "not a model folder (no config.json); this version's model is",
+        "base is root": "not a model folder (no config.json); the current model of these feedback versions",
+        "a foreign latest.json": "latest.json is not a pointer written by train_feedback.py",
+    }
     before = snapshot(tmp_path)
     for name, roles in cases.items():
         argv = list(itertools.chain.from_iterable((f"--{k}", str(v)) for k, v in roles.items()))
         line = refused(capsys, train_feedback.main, argv)
-        assert "--" in line, (name, line)
+        assert expected[name] in line, (name, line)  # refused for this case's reason, not a later check
         assert_unchanged(tmp_path, before)
 
 
