@@ -89,6 +89,69 @@ def test_lock_of_a_killed_run_is_taken_over_with_a_warning(tmp_path):
     assert not (folder / LOCK_NAME).exists()
 
 
+def test_a_holder_that_releases_between_our_open_and_our_lock_is_not_mistaken_for_us(tmp_path, monkeypatch):
+    # The race the inode check closes: the holder ends (unlinking the lock file) after the second run
+    # opened that file and before it locked it. A lock on the unlinked file would leave the folder
+    # unlocked for a third run. (The timing is forced by running the holder's release inside flock.)
+    import vits_trainer.runlock as runlock
+
+    folder = tmp_path / "checkpoints"
+    folder.mkdir()  # not the first run's to remove at its release
+    first = RunLock.acquire(folder, "--checkpoint_dir")
+    real_flock = runlock.fcntl.flock
+
+    def holder_ends_first(fd, operation):
+        if first.fd is not None:
+            first.release()
+        return real_flock(fd, operation)
+
+    monkeypatch.setattr(runlock.fcntl, "flock", holder_ends_first)
+    second = RunLock.acquire(folder, "--checkpoint_dir")
+    monkeypatch.undo()
+    try:
+        path = folder / LOCK_NAME
+        assert path.is_file() and os.stat(path).st_ino == os.fstat(second.fd).st_ino
+        with pytest.raises(UserError, match="is in use by another run"):
+            RunLock.acquire(folder, "--checkpoint_dir")
+    finally:
+        second.release()
+
+
+def test_releasing_never_removes_another_runs_lock_file(tmp_path):
+    # The lock file was deleted under a live run (a clean-up of the folder) and a second run took a new
+    # one: the first run's release must leave the second's file, or a third run could start beside it.
+    folder = tmp_path / "checkpoints"
+    first = RunLock.acquire(folder, "--checkpoint_dir")
+    (folder / LOCK_NAME).unlink()
+    second = RunLock.acquire(folder, "--checkpoint_dir")
+    try:
+        first.release()
+        assert json.loads((folder / LOCK_NAME).read_text())["pid"] == os.getpid()
+        with pytest.raises(UserError, match="is in use by another run"):
+            RunLock.acquire(folder, "--checkpoint_dir")
+    finally:
+        second.release()
+
+
+def test_only_dead_writers_temp_folders_are_removed(tmp_path):
+    from vits_trainer.safety import remove_dead_writers_temp
+
+    ended = subprocess.Popen([PYTHON, "-c", "pass"])
+    ended.wait(timeout=60)
+    alive = subprocess.Popen([PYTHON, "-c", "import sys; sys.stdin.read()"], stdin=subprocess.PIPE)
+    try:
+        dead_tmp = tmp_path / f".final_model.tmp-{ended.pid}"
+        live_tmp = tmp_path / f".final_model.tmp-{alive.pid}"  # another run exporting there right now
+        own_tmp = tmp_path / f".final_model.tmp-{os.getpid()}"
+        for folder in (dead_tmp, live_tmp, own_tmp):
+            folder.mkdir()
+        remove_dead_writers_temp(tmp_path, ".final_model.tmp-*")
+        assert not dead_tmp.exists() and live_tmp.is_dir() and own_tmp.is_dir()
+    finally:
+        alive.stdin.close()
+        alive.wait(timeout=60)
+
+
 def test_a_refused_run_leaves_no_folder_behind(tmp_path):
     folder = tmp_path / "new" / "checkpoints"
     lock = RunLock.acquire(folder, "--checkpoint_dir")
