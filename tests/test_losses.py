@@ -112,6 +112,19 @@ def test_mel_reconstruction_loss_by_hand() -> None:
     assert mel_reconstruction_loss(fake, real).item() == pytest.approx(0.875)
 
 
+def test_masked_mel_loss_is_the_mean_over_the_clips_frames_and_every_channel() -> None:
+    # full-length evaluation of a padded batch: the same per-element mean as the unmasked loss over the
+    # frames inside each clip, whatever the padding holds
+    fake = t([[[1.0, 2.0, 9.0], [3.0, 4.0, -9.0]], [[0.0, 1.0, 7.0], [1.0, 1.0, 7.0]]])
+    real = t([[[0.0, 2.0, 0.0], [5.0, 4.5, 0.0]], [[0.0, 0.0, 0.0], [1.0, 3.0, 0.0]]])
+    mask = t([[[1.0, 1.0, 0.0]], [[1.0, 1.0, 0.0]]])  # the third frame is padding in both clips
+    # (1 + 0 + 2 + 0.5) + (0 + 1 + 0 + 2) over 2 clips x 2 frames x 2 channels
+    assert mel_reconstruction_loss(fake, real, mask).item() == pytest.approx(6.5 / 8)
+    assert mel_reconstruction_loss(fake, real, mask).item() == pytest.approx(
+        mel_reconstruction_loss(fake[..., :2], real[..., :2]).item()
+    )
+
+
 def test_duration_loss_by_hand() -> None:
     durations = t([[[1.0, math.e - 1e-6, 4.0]]])
     mask = t([[[1.0, 1.0, 0.0]]])
