@@ -82,6 +82,28 @@ def test_non_finite_step_changes_no_weight(tmp_path, tiny_model_dir, tone_corpus
     assert not s.g_optimizer.state and not s.d_optimizer.state  # AdamW never stepped
 
 
+@pytest.mark.parametrize("network", ["generator", "discriminator"])
+def test_a_non_finite_gradient_behind_finite_losses_changes_no_weight(
+    tmp_path, tiny_model_dir, tone_corpus, network
+):
+    """fp32 (no loss scaler to catch it): both losses finite, one weight's gradient NaN (as an overflow in
+    a backward gives). Only the gradient norms show it; the step must be skipped like a NaN loss."""
+    cfg = tiny_config(tmp_path, tone_corpus, tiny_model_dir, max_steps=1)
+    s = build_session(cfg, time.time())
+    assert s.accelerator.scaler is None
+    from tests.test_vits_training import one_batch
+
+    batch = one_batch(s)
+    net = s.model if network == "generator" else s.discriminator_raw
+    next(net.parameters()).register_hook(lambda grad: grad * float("nan"))
+    before_g = {k: v.clone() for k, v in s.model.state_dict().items()}
+    before_d = {k: v.clone() for k, v in s.discriminator_raw.state_dict().items()}
+    result = GanStep(s.accelerator, s.generator, s.discriminator, s.g_optimizer, s.d_optimizer)(batch)
+    assert result.synced and result.skipped
+    assert all(torch.equal(v, before_g[k]) for k, v in s.model.state_dict().items())
+    assert all(torch.equal(v, before_d[k]) for k, v in s.discriminator_raw.state_dict().items())
+
+
 def test_fp16_gradient_overflow_lowers_the_loss_scale_without_a_recovery(
     tmp_path, tiny_model_dir, tone_corpus, capsys
 ):
