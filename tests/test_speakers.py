@@ -12,7 +12,7 @@ from transformers import VitsModel
 from vits_trainer.data.items import speaker_map
 from vits_trainer.data.synthetic import make_corpus
 from vits_trainer.errors import UserError, run_cli
-from vits_trainer.model.speakers import add_speakers
+from vits_trainer.model.speakers import add_speakers, resolve_speakers
 from vits_trainer.model.vits import apply_decoder_weight_norm, export_model, load_vits_model
 from vits_trainer.speak import main as speak_main
 
@@ -103,3 +103,19 @@ def test_multi_speaker_fine_tune_exports_each_voice_and_resume_keeps_the_map(tmp
     resumed, _ = train_tiny(tmp_path, corpus, tiny_model_dir, max_steps=3, **fast)
     assert resumed.resumed_from is not None
     assert resumed.model.config.num_speakers == 2 and resumed.speakers == {"0": 0, "1": 1}
+
+
+def test_the_start_line_says_which_id_each_speaker_got(single):
+    # the ids are what speak.py --speaker_id and the pipeline's forward_params take: the log names them
+    lines = []
+    _, mapping = resolve_speakers("auto", single, ["narin", "azad", "narin"], None, lines.append)
+    assert mapping == {"azad": 0, "narin": 1}
+    assert any("azad = 0, narin = 1" in line for line in lines), lines
+
+
+def test_a_long_speaker_map_is_cut_short_in_the_log(single):
+    lines = []
+    names = [f"s{i:02d}" for i in range(30)]
+    resolve_speakers("auto", single, names, None, lines.append)
+    line = next(line for line in lines if line.startswith("speakers:"))
+    assert "s00 = 0" in line and "and 22 more" in line and "s29" not in line, line

@@ -66,7 +66,10 @@ def resolve_speakers(wanted: int | str | None, model: VitsModel, names: list[str
     if wanted is None or model.config.num_speakers > 1 or (wanted == "auto" and distinct <= 1):
         if wanted is not None and model.config.num_speakers > 1:
             log(f"--num_speakers: the model already has {model.config.num_speakers} speakers; kept")
-        return model, speaker_map(names, model.config.num_speakers, log=log)
+        mapping = speaker_map(names, model.config.num_speakers, log=log)
+        if model.config.num_speakers > 1:
+            log(f"speakers: {describe_map(mapping)} (speakers.json beside the exported model)")
+        return model, mapping
     count = distinct if wanted == "auto" else wanted
     if count < distinct:
         raise UserError(
@@ -75,8 +78,17 @@ def resolve_speakers(wanted: int | str | None, model: VitsModel, names: list[str
     if count == 1:
         return model, speaker_map(names, 1, log=log)
     model = add_speakers(model, count)
+    mapping = speaker_map(names, count, log=log)
     log(
-        f"speakers: the single-speaker model now has {count} speaker embeddings (all starting as its voice); "
-        f"the map is saved as speakers.json beside the exported model"
+        f"speakers: the single-speaker model now has {count} speaker embeddings (all starting as its voice): "
+        f"{describe_map(mapping)}; the map is saved as speakers.json beside the exported model"
     )
-    return model, speaker_map(names, count, log=log)
+    return model, mapping
+
+
+def describe_map(mapping: dict[str, int], limit: int = 8) -> str:
+    """`azad = 0, narin = 1`: the ids speak.py --speaker_id and the pipeline take, by id; a long map is
+    cut short (speakers.json has it all)."""
+    pairs = [f"{name} = {sid}" for name, sid in sorted(mapping.items(), key=lambda kv: (kv[1], kv[0]))]
+    more = f" and {len(pairs) - limit} more" if len(pairs) > limit else ""
+    return ", ".join(pairs[:limit]) + more
