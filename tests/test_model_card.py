@@ -312,3 +312,15 @@ def test_a_resumed_session_that_trains_no_step_keeps_the_final_model_as_it_was(
     assert second["session_steps"] == 0 and second["final_model"] == str(final)
     assert {p.name: p.read_bytes() for p in final.iterdir() if p.is_file()} == before
     assert f"final model: {final} holds the weights of step 2 already" in capsys.readouterr().out
+
+
+def test_a_multi_speaker_card_names_the_voice_of_each_speaker_id():
+    # a stranger on the hub has the card, not the run's log: which speaker_id is which voice
+    usage = card(base_model_facts(MMS), voices=2, speaker_names={"narin": 1, "azad": 0}).split("## Usage")[1]
+    assert "`speaker_id` 0: azad, 1: narin" in usage
+    many = {f"s{i:02d}": i for i in range(30)}
+    usage = card(base_model_facts(MMS), voices=30, speaker_names=many).split("## Usage")[1]
+    assert "s19" in usage and "s20" not in usage and "and 10 more in `speakers.json`" in usage
+    # ids that are their own names (the data's speaker column held 0, 1) say nothing new: no list
+    plain = card(base_model_facts(MMS), voices=2, speaker_names={"0": 0, "1": 1}).split("## Usage")[1]
+    assert "`speaker_id` 0:" not in plain and "`speakers.json` maps" in plain

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import json
 import re
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from ..hub import is_repo_id
@@ -78,6 +78,7 @@ class CardFacts:
     val_clips: int | None = None
     speakers: int | None = None  # speakers named in the data
     voices: int = 1  # the model's speaker embeddings (1: a single voice)
+    speaker_names: dict[str, int] = field(default_factory=dict)  # speakers.json: name -> speaker_id
     feedback_clips: int | None = None  # a feedback version (train_feedback.py): its feedback clips
     target_seconds: float | None = None  # --target_hours of this session (the run's last)
     total_seconds: float | None = None  # --total_hours, when the run spans several sessions
@@ -374,8 +375,8 @@ def _usage(facts: CardFacts) -> str:
         # transformers' VitsModel drops the speaker embedding when speaker_id is None (the pipeline's
         # default): every layer trained with one then gets none, a voice no speaker was trained as
         lines.append(
-            f"\nThe model has {facts.voices} voices (`speaker_id`); `speakers.json` maps the speakers' "
-            "names in the training data to them. Always give a `speaker_id`: without one, the model "
+            f"\nThe model has {facts.voices} voices{_voices(facts.speaker_names)}. "
+            "Always give a `speaker_id`: without one, the model "
             "speaks with no speaker embedding, a voice it was never trained on. With the pipeline:\n\n"
             "```python\n"
             "from transformers import pipeline\n\n"
@@ -384,6 +385,17 @@ def _usage(facts: CardFacts) -> str:
             "```"
         )
     return "\n".join(lines)
+
+
+def _voices(names: dict[str, int], limit: int = 20) -> str:
+    """Which speaker of the training data each `speaker_id` speaks as: the card travels without the
+    run's log. Ids that are their own names (a speaker column of 0, 1, ...) say nothing more."""
+    named = sorted((sid, name) for name, sid in names.items() if name != str(sid))
+    if not named:
+        return " (`speaker_id`); `speakers.json` maps the speakers' names in the training data to them"
+    shown = ", ".join(f"{sid}: {_markdown_text(name)}" for sid, name in named[:limit])
+    more = f", and {len(named) - limit} more in `speakers.json`" if len(named) > limit else ""
+    return f", one per speaker of the training data: `speaker_id` {shown}{more}"
 
 
 def _duration(seconds: float) -> str:
@@ -513,6 +525,7 @@ def run_facts(s, kind: str, samples: tuple[Sample, ...] = ()) -> CardFacts:
         val_clips=sum(len(v) for v in data.val_sets.values()) - data.val_trained_clips,
         speakers=len(s.speakers),
         voices=s.model.config.num_speakers,
+        speaker_names=dict(s.speakers) if s.model.config.num_speakers > 1 else {},
         feedback_clips=data.feedback_clips,
         target_seconds=budget.target_seconds,
         total_seconds=budget.total_seconds,
