@@ -267,4 +267,12 @@ class Logger:
 
 
 def is_interactive() -> bool:
-    return sys.stderr.isatty() and os.environ.get("TERM") != "dumb"
+    """A terminal tqdm can draw on. A pseudo-terminal of size 0 (`docker run -t` or `script` without
+    a terminal behind them) is none: tqdm draws nothing there, so the run gets plain step lines."""
+    if not sys.stderr.isatty() or os.environ.get("TERM") == "dumb":
+        return False
+    try:
+        size = os.get_terminal_size(sys.stderr.fileno())
+    except (OSError, ValueError):
+        return False
+    return size.columns > 0 and size.lines > 0
