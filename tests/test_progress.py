@@ -43,3 +43,33 @@ def test_a_terminal_without_a_size_gets_plain_lines(terminal, rows, columns):
     # all, and a run's only progress would be its evaluation lines
     terminal(rows, columns)
     assert not is_interactive()
+
+
+class _Log:
+    bar = None
+
+    def __call__(self, message: str) -> None:
+        print(message)
+
+
+class _Budget:
+    def session_left(self, max_steps: int) -> float:
+        return 378.0
+
+
+def test_the_bar_shows_one_time_left_the_runs(monkeypatch, capsys):
+    # tqdm's own estimate (steps left of a plan that moves, at a rate that counts the evaluations)
+    # disagreed with the run's: "[00:47<08:15, ..., ETA=6:18]"; the bar keeps the budget's only
+    import torch
+
+    from vits_trainer.training import reporting
+
+    monkeypatch.setattr(reporting, "is_interactive", lambda: True)
+    progress = reporting.Progress(_Log(), True, torch.device("cpu"))
+    progress.set_total(636, 330)
+    values = {"loss_g": 63.3, "mel": 1.21, "samples_per_second": 7.4, "data_wait_fraction": 0.01}
+    progress.update(334, values, _Budget(), epoch_eta=15.0)
+    progress.close()
+    drawn = capsys.readouterr().err.replace("\r", "\n").strip().splitlines()[-1]
+    assert "334/636" in drawn and "ETA=6:18" in drawn and "epoch ETA=0:15" in drawn, drawn
+    assert "<" not in drawn and "?" not in drawn, drawn

@@ -56,6 +56,11 @@ class MetricsLog:
             f.write(json.dumps(record, ensure_ascii=False) + "\n")
 
 
+# tqdm's without its time left: steps left of a plan that re-plans, at a rate slowed by evaluations,
+# it disagreed with the budget's own ETA in the postfix
+BAR_FORMAT = "{l_bar}{bar}| {n_fmt}/{total_fmt} [{elapsed}, {rate_fmt}{postfix}]"
+
+
 class Progress:
     """A tqdm bar on a terminal, plain lines otherwise (logs of Kaggle/Colab/CI are not TTYs)."""
 
@@ -69,13 +74,19 @@ class Progress:
             from tqdm import tqdm
 
             self.bar = tqdm(
-                total=max_steps or None, initial=step, unit="step", dynamic_ncols=True, leave=True
+                total=max_steps or None,
+                initial=step,
+                unit="step",
+                dynamic_ncols=True,
+                leave=True,
+                bar_format=BAR_FORMAT if max_steps else None,  # tqdm's own until a total is known
             )
             log.bar = self.bar
 
     def set_total(self, total: int, done: int) -> None:
         if self.bar is not None:
             self.bar.total = min(total, self.max_steps) if self.max_steps else total
+            self.bar.bar_format = BAR_FORMAT
             self.bar.n = done
             self.bar.refresh()
 
