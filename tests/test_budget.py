@@ -1015,3 +1015,16 @@ def test_a_plan_ending_within_minutes_gives_its_ends_to_the_second():
     now = time.mktime((2026, 11, 28, 6, 48, 30, 0, 0, -1))
     assert hhmm(now + 79, now) == "06:49:49" and hhmm(now + 88, now) == "06:49:58"
     assert hhmm(now + 3600, now) == "07:48"  # a long run's end: minutes are enough
+
+
+def test_a_resumed_session_without_total_says_its_learning_rate_starts_again():
+    # a user resuming "for more training" saw val_mel worsen at once: the LR went from its minimum back
+    # to the peak, and no line said so
+    b = Budget(1000, 0.0, clock=FakeClock(0.0))
+    b.load_state_dict({"spent_seconds": 4000.0, "global_step": 5000})
+    note = BudgetLR(b, warmup_steps=100).horizon_note(2e-4)
+    assert note and "0.0002" in note and "--total_hours" in note
+    assert BudgetLR(Budget(1000, 0.0, clock=FakeClock(0.0)), warmup_steps=100).horizon_note(2e-4) is None
+    spanned = Budget(1000, 0.0, total_seconds=9000, clock=FakeClock(0.0))
+    spanned.load_state_dict({"spent_seconds": 4000.0, "global_step": 5000})
+    assert BudgetLR(spanned, warmup_steps=100).horizon_note(2e-4) is None  # one schedule across sessions

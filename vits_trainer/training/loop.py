@@ -347,6 +347,9 @@ class Trainer:
         warning = s.budget_lr.horizon_warning()
         if warning:
             s.log(f"warning: {warning}")
+        note = s.budget_lr.horizon_note(cfg.learning_rate * s.state.lr_scale)
+        if note:
+            s.log(f"note: {note}")
         budget.start_training()
         self.write_session_record(started)
         self.micro.start()

@@ -200,6 +200,18 @@ class BudgetLR:
             )
         return None
 
+    def horizon_note(self, peak: float) -> str | None:
+        """A line for a resumed session without --total_hours: its schedule is its own, so the learning
+        rate goes from where the last session left it (its minimum) back to `peak`."""
+        b = self.budget
+        if b.total_seconds is not None or (b.global_step == 0 and b.spent_before == 0):
+            return None
+        return (
+            f"the learning rate follows a schedule of this session's own: back to its peak ({peak:g}) "
+            "and down to its minimum at this session's end; for one schedule over every session, give "
+            "--total_hours (the whole training's hours) in each"
+        )
+
     # ---- persistence ------------------------------------------------------------------------------
 
     def state_dict(self) -> dict[str, Any]:
