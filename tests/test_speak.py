@@ -88,10 +88,11 @@ def test_text_file_gives_one_file_per_sentence_and_speakers_by_name(tmp_path, ca
 
     # the name is the id speakers.json gives it; the same seed gives the same takes
     by_id = tmp_path / "by_id"
-    code, _, _ = speak(
+    code, stdout, _ = speak(
         capsys, "--model", multi_model_dir, "--text_file", lines, "--out", by_id, "--speaker_id", "1"
     )
     assert code == 0
+    assert "speaker 1 = bob," in stdout  # which voice an id is, as speakers.json names it
     for name in ("0001.wav", "0002.wav", "0003.wav"):
         assert (by_id / name).read_bytes() == (by_name / name).read_bytes()
 

@@ -177,7 +177,22 @@ def choose_speaker(
         raise UserError(f"speaker {label}: {args.model} is a single-speaker model (only speaker 0)")
     if not 0 <= speaker_id < count:
         raise UserError(f"speaker {label}: {args.model} has speakers 0..{count - 1}")
+    if args.speaker is None and count > 1:  # an id alone says nothing of whose voice it is
+        label += _name_of(speaker_id, model_dir, trainer_state)
     return speaker_id, label
+
+
+def _name_of(speaker_id: int, model_dir: Path, trainer_state: dict | None) -> str:
+    """` = NAME` when the model's speaker names give `speaker_id` one; nothing otherwise (an id works
+    without names, so an unreadable speakers.json is left to --speaker to report)."""
+    try:
+        names, _ = speaker_names(model_dir, trainer_state)
+    except UserError:
+        return ""
+    if not isinstance(names, dict):
+        return ""
+    found = sorted(str(name) for name, sid in names.items() if sid == speaker_id and str(name) != str(sid))
+    return f" = {', '.join(found)}" if found else ""
 
 
 def open_checkpoint(model_dir: Path, flag: str):
