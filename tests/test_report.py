@@ -807,3 +807,27 @@ def test_a_start_evaluation_that_stays_best_is_named_as_the_starting_weights(tmp
     (tmp_path / "train_summary.json").write_text(json.dumps({**summary, "best_step": 8}))
     page = write_report(tmp_path, None, "val_mel_dtw").read_text(encoding="utf-8")
     assert "started from" not in page[page.index('<section id="status">') : page.index("</section>")]
+
+
+def _y_ticks(svg: str) -> list[float]:
+    return [float(t.replace(",", "")) for t in re.findall(r'<text class="tick" x="56"[^>]*>([^<]*)<', svg)]
+
+
+def test_a_curve_that_starts_far_above_the_rest_is_cut_so_the_rest_shows():
+    """val_mel 4.2 at step 0 and 1.08-1.2 after: the axis went to 4.5 and a resumed session's progress
+    was a flat line at its bottom. The axis now fits what comes after the start, and says what it cut."""
+    from vits_trainer.training.report_svg import line_chart, series
+
+    xs = [0, 19, 57, 95, 190, 300, 400, 500, 600, 690]
+    ys = [4.21, 2.25, 1.43, 1.29, 1.18, 1.15, 1.14, 1.11, 1.09, 1.10]
+    svg = line_chart("mel", [series("validation mel L1", xs, ys, markers=True)], "mel")
+    assert max(_y_ticks(svg)) < 2.0, _y_ticks(svg)
+    assert "cut" in svg and "4.21" in svg  # the page says the axis is cut, and the value is hoverable
+    # a curve without such a start keeps its whole range, and says nothing of cutting
+    flat = line_chart(
+        "mel", [series("val", xs, [1.4, 1.3, 1.25, 1.2, 1.18, 1.15, 1.14, 1.11, 1.09, 1.1])], "mel"
+    )
+    assert max(_y_ticks(flat)) >= 1.4 and "cut" not in flat
+    # a rise late in the run is not cut: it is what the curve is for
+    late = line_chart("lr", [series("lr", xs, [0.1, 1, 1, 0.9, 0.5, 0.2, 4.0, 3.0, 2.0, 1.0])], "lr")
+    assert max(_y_ticks(late)) >= 4.0 and "cut" not in late

@@ -151,8 +151,20 @@ def line_chart(
     ys = [y for s in lines for _, y in s.points]
     # optimizer steps are whole and not negative: a run with one evaluation (step 0) had an axis of
     # -1, -0.5, 0, 0.5, 1, and a 3-step run a step 1.5
-    frame = Frame(width, height, (min(xs), max(max(xs), min(xs) + 1)), (min(ys), max(ys)))
+    x_range = (min(xs), max(max(xs), min(xs) + 1))
+    cut = _cut_top(lines, x_range)
+    frame = Frame(width, height, x_range, (min(ys), cut if cut is not None else max(ys)))
     parts = _axes(frame, x_label, y_label, x_step=1.0)
+    top = frame.y_range[1]  # with its ticks: values above it are drawn at the edge, titled with their own
+
+    def py(y: float) -> float:
+        return frame.y(min(y, top))
+
+    if cut is not None:
+        parts.append(
+            f'<text class="tick" x="{width - frame.right - 4}" y="{frame.top + 10}" text-anchor="end">'
+            f"axis cut: the start reached {_label(max(ys))}</text>"
+        )
     for x, label in vlines:
         px = frame.x(x)
         parts.append(
@@ -162,13 +174,13 @@ def line_chart(
     legend = []
     for k, s in enumerate(lines):
         color = COLORS[k % len(COLORS)]
-        path = " ".join(f"{frame.x(x):.1f},{frame.y(y):.1f}" for x, y in s.points)
+        path = " ".join(f"{frame.x(x):.1f},{py(y):.1f}" for x, y in s.points)
         dash = ' stroke-dasharray="5 3"' if s.dashed else ""
         parts.append(f'<polyline fill="none" stroke="{color}" stroke-width="1.6"{dash} points="{path}"/>')
         if s.markers or len(s.points) == 1:
             for x, y in s.points:
                 parts.append(
-                    f'<circle cx="{frame.x(x):.1f}" cy="{frame.y(y):.1f}" r="3" fill="{color}">'
+                    f'<circle cx="{frame.x(x):.1f}" cy="{py(y):.1f}" r="3" fill="{color}">'
                     f"<title>{escape(s.label)}: step {x:g}, {y:.4g}</title></circle>"
                 )
         legend.append(
@@ -176,6 +188,22 @@ def line_chart(
         )
     parts.append(f'<text class="legend" x="{frame.left}" y="14">{"".join(legend)}</text>')
     return _svg(width, height, title, parts)
+
+
+def _cut_top(lines: list[Series], x_range: tuple[float, float]) -> float | None:
+    """The top of the y axis when the first tenth of the steps rose far above everything after (a
+    fine-tune's start: val_mel 4.2, then 1.1-1.3), else None. Scaled to the start, the rest of the run
+    was a flat line at the bottom of the chart."""
+    low_x, high_x = x_range
+    early_end = low_x + 0.1 * (high_x - low_x)
+    ys = [y for s in lines for _, y in s.points]
+    late = [y for s in lines for x, y in s.points if x > early_end]
+    if len(late) < 3:
+        return None
+    low, late_top = min(ys), max(late)
+    if max(ys) - low <= 3 * (late_top - low):
+        return None
+    return late_top + max(0.25 * (late_top - low), 0.05 * abs(late_top))
 
 
 def _svg(width: int, height: int, title: str, parts: list[str]) -> str:
