@@ -324,3 +324,15 @@ def test_a_multi_speaker_card_names_the_voice_of_each_speaker_id():
     # ids that are their own names (the data's speaker column held 0, 1) say nothing new: no list
     plain = card(base_model_facts(MMS), voices=2, speaker_names={"0": 0, "1": 1}).split("## Usage")[1]
     assert "`speaker_id` 0:" not in plain and "`speakers.json` maps" in plain
+
+
+def test_the_usage_speaks_a_sentence_of_the_models_language():
+    # "Text to speak." is not a sentence of a Kurdish voice; its samples' first sentence is
+    samples = (Sample("samples/sample_1.wav", 'Silav, "tu" çawa yî?', "c1", 1, "narin"),)
+    usage = (
+        card(base_model_facts(MMS), samples=samples, voices=2).split("## Usage")[1].split("## Training")[0]
+    )
+    assert 'text = "Silav, \\"tu\\" çawa yî?"' in usage
+    assert 'tts("Silav, \\"tu\\" çawa yî?", forward_params={"speaker_id": 1})' in usage  # its voice too
+    assert "Text to speak." not in usage
+    assert 'text = "Text to speak."' in card(base_model_facts(MMS)).split("## Usage")[1]  # no samples

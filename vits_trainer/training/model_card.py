@@ -349,6 +349,10 @@ def _markdown_text(text: str) -> str:
 
 
 def _usage(facts: CardFacts) -> str:
+    # the first sample's sentence and voice: a sentence of the model's language, heard on the hub page
+    first = facts.samples[0] if facts.samples else None
+    sentence = json.dumps(first.text if first else "Text to speak.", ensure_ascii=False)  # a Python literal
+    speaker_id = first.speaker_id if first is not None and first.speaker_id is not None else 0
     lines = [
         "```python",
         "import soundfile as sf",
@@ -358,11 +362,11 @@ def _usage(facts: CardFacts) -> str:
         "",
         'model = VitsModel.from_pretrained("path/to/this/folder")  # or its hub id once uploaded',
         'tokenizer = VitsTokenizer.from_pretrained("path/to/this/folder")',
-        'text = "Text to speak."',
+        f"text = {sentence}",
     ]
     if facts.uroman:  # pip install uroman
         lines.append("text = uroman.Uroman().romanize_string(text)  # this tokenizer expects romanised text")
-    call = "model(**inputs, speaker_id=0)" if facts.voices > 1 else "model(**inputs)"
+    call = f"model(**inputs, speaker_id={speaker_id})" if facts.voices > 1 else "model(**inputs)"
     lines += [
         'inputs = tokenizer(text, return_tensors="pt")',
         "torch.manual_seed(0)  # VITS samples durations and noise: a seed makes the speech repeatable",
@@ -381,7 +385,7 @@ def _usage(facts: CardFacts) -> str:
             "```python\n"
             "from transformers import pipeline\n\n"
             'tts = pipeline("text-to-speech", model="path/to/this/folder")\n'
-            'speech = tts("Text to speak.", forward_params={"speaker_id": 0})\n'
+            f'speech = tts({sentence}, forward_params={{"speaker_id": {speaker_id}}})\n'
             "```"
         )
     return "\n".join(lines)
