@@ -10,7 +10,7 @@ from pathlib import Path
 import torch
 
 from .report import current_history, primary, read_metrics
-from .runtime import is_interactive
+from .runtime import Logger, is_interactive
 
 
 def _fmt_seconds(seconds: float) -> str:
@@ -105,11 +105,13 @@ class Progress:
         if epoch_eta is not None:
             fields["epoch ETA"] = _fmt_seconds(epoch_eta)
         fields["ETA"] = _fmt_seconds(budget.session_left(self.max_steps))
+        line = f"step {step} | " + " | ".join(f"{k} {v}" for k, v in fields.items())
         if self.bar is not None:
             self.bar.n = step
             self.bar.set_postfix(fields, refresh=True)
+            Logger.copy.add(line)  # train.log has the progress a closed terminal's bar took with it
         else:
-            self.log(f"step {step} | " + " | ".join(f"{k} {v}" for k, v in fields.items()))
+            self.log(line)
 
     def close(self) -> None:
         if self.bar is not None:
