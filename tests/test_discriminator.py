@@ -193,3 +193,62 @@ def test_spectral_norm_variant_converts() -> None:
     rebuilt = discriminator_from_state_dict(convert_original_discriminator(original, True), cfg)
     for key, value in disc.state_dict().items():
         assert torch.equal(rebuilt.state_dict()[key], value)
+
+
+def _original_forward(weights: dict[str, torch.Tensor], x: torch.Tensor) -> tuple[list, list]:
+    """VITS's MultiPeriodDiscriminator (models.py: DiscriminatorS, then DiscriminatorP for periods 2, 3, 5,
+    7, 11) written out as plain functional ops on an original-format state dict: the weight-normed
+    weight g * v / |v|, leaky ReLU 0.1 after every conv but the last, reflect padding to a whole period."""
+    import torch.nn.functional as F
+
+    def weight(prefix: str) -> torch.Tensor:
+        g, v = weights[f"{prefix}.weight_g"], weights[f"{prefix}.weight_v"]
+        return g * v / v.flatten(1).norm(dim=1).view(-1, *[1] * (v.dim() - 1))
+
+    scale = [(1, 7, 1), (4, 20, 4), (4, 20, 16), (4, 20, 64), (4, 20, 256), (1, 2, 1)]  # stride, pad, groups
+    logits, fmaps = [], []
+    for d in range(6):
+        h, fmap = x, []
+        if d > 0:
+            period = (2, 3, 5, 7, 11)[d - 1]
+            if h.shape[-1] % period:
+                h = F.pad(h, (0, period - h.shape[-1] % period), "reflect")
+            h = h.view(h.shape[0], 1, h.shape[-1] // period, period)
+        for k in range(6 if d == 0 else 5):
+            name, bias = f"discriminators.{d}.convs.{k}", weights[f"discriminators.{d}.convs.{k}.bias"]
+            if d == 0:
+                stride, pad, groups = scale[k]
+                h = F.conv1d(h, weight(name), bias, stride, pad, groups=groups)
+            else:
+                h = F.conv2d(h, weight(name), bias, (3 if k < 4 else 1, 1), (2, 0))
+            h = F.leaky_relu(h, 0.1)
+            fmap.append(h)
+        post = f"discriminators.{d}.conv_post"
+        conv = F.conv1d if d == 0 else F.conv2d
+        h = conv(h, weight(post), weights[f"{post}.bias"], 1, 1 if d == 0 else (1, 0))
+        fmap.append(h)
+        logits.append(torch.flatten(h, 1, -1))
+        fmaps.append(fmap)
+    return logits, fmaps
+
+
+def test_a_converted_discriminator_computes_what_the_original_vits_one_computes() -> None:
+    # A converted net_d must stay the function it was trained as: the round trip above only compares this
+    # module with itself, so a changed slope or padding in the forward would pass it.
+    torch.manual_seed(5)
+    disc = VitsDiscriminator().eval()  # width 1.0: the original layout
+    with torch.no_grad():
+        for p in disc.parameters():  # away from the init, so every weight's role shows in the outputs
+            p.add_(0.05 * torch.randn_like(p))
+    original = _original_format(disc)
+    converted = discriminator_from_state_dict(convert_original_discriminator(original), DiscriminatorConfig())
+    x = torch.randn(2, 1, 1001)  # no period divides it: every period discriminator pads
+    with torch.no_grad():
+        want_logits, want_fmaps = _original_forward(original, x)
+        for module in (disc, converted.eval()):
+            logits, fmaps = module(x)
+            for got, want in zip(logits, want_logits, strict=True):
+                torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-5)
+            for got_maps, maps in zip(fmaps, want_fmaps, strict=True):
+                for got, want in zip(got_maps, maps, strict=True):
+                    torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-5)
