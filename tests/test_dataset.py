@@ -394,6 +394,23 @@ def test_sampler_shards_are_disjoint_and_equal() -> None:
         assert not (firsts[0] & firsts[1]) and not (firsts[1] & firsts[2]) and not (firsts[0] & firsts[2])
 
 
+def test_the_batch_order_is_random_not_by_length() -> None:
+    # A corpus within one pool (fewer clips than batch_size * bucket_size_multiplier) is one length-sorted
+    # run of batches: the epoch must not then go from the shortest batch to the longest every time.
+    lengths = np.random.default_rng(3).integers(16_000, 240_000, size=160)
+    sampler = BucketBatchSampler(lengths, batch_size=8, seed=0)
+    first_batches = set()
+    for epoch in range(4):
+        sampler.set_epoch(epoch)
+        batches = list(sampler)
+        means = [float(lengths[b].mean()) for b in batches]
+        assert means != sorted(means) and means != sorted(means, reverse=True)
+        ranks = np.argsort(np.argsort(means))
+        assert abs(np.corrcoef(np.arange(len(means)), ranks)[0, 1]) < 0.7  # no trend with position
+        first_batches.add(tuple(batches[0]))
+    assert len(first_batches) == 4
+
+
 def test_bucketing_cuts_padding() -> None:
     lengths = np.random.default_rng(2).integers(16_000, 240_000, size=2000)
     bucketed = list(BucketBatchSampler(lengths, batch_size=16, seed=0))
