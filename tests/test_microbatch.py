@@ -128,6 +128,22 @@ def test_the_compile_decision_gets_the_trials_eager_figure_for_the_chosen_size_o
     assert policy.trial_seconds_per_sample() is None
 
 
+def test_each_sizes_first_trial_step_is_a_warm_up_not_a_measurement():
+    # The first step at a new size allocates (and on a GPU autotunes) for its shapes: counted as
+    # measured, a slow first step at 16 made 8 look fastest although 16 is faster on every later step.
+    trial = MicroBatchTrial([8, 16], 2)
+    for size, per_sample in ((8, [0.5, 0.30]), (16, [2.0, 0.20])):
+        for t in per_sample:
+            trial.observe(size, t * 16, 16)
+    assert trial.done
+    assert trial.seconds_per_sample(8) == pytest.approx(0.30)
+    assert trial.seconds_per_sample(16) == pytest.approx(0.20)
+    assert trial.fastest() == 16
+    one = MicroBatchTrial([8], 1)
+    one.observe(8, 1.6, 16)
+    assert one.seconds_per_sample(8) is None and one.fastest() is None  # its warm-up step alone: no figure
+
+
 def test_a_run_ending_on_the_trials_last_step_reports_the_chosen_size():
     """max_steps can end a run on the trial's last step, which ran the largest size tried; the summary
     and checkpoints report the size chosen (here 16 of 8 x 4 clips), not that one."""
