@@ -123,6 +123,22 @@ def test_an_edited_transcript_keeps_the_cache_and_is_read_afresh(corpus: Path) -
     assert not report.cache_hit and reordered.ids[:2] == [store.ids[1], store.ids[0]]
 
 
+def test_clips_that_swap_places_keep_their_own_audio_even_with_equal_file_stats(corpus: Path) -> None:
+    # Wavs unpacked from an archive share their mtime, and clips of fixed length their size: the cache is
+    # told apart by the clips' ids too, or reordered rows would get each other's audio.
+    lines = (corpus / "metadata.csv").read_text().splitlines()
+    first, second = (line.split("|")[0] for line in lines[:2])
+    for k, clip_id in enumerate((first, second)):
+        sf.write(corpus / "wavs" / f"{clip_id}.wav", np.full(SR // 4, 1000 * (k + 1), np.int16), SR)
+        os.utime(corpus / "wavs" / f"{clip_id}.wav", ns=(10**18, 10**18))
+    store, _ = load(corpus)
+    assert store.ids[:2] == [first, second] and store.clip(0)[0] == 1000 and store.clip(1)[0] == 2000
+    (corpus / "metadata.csv").write_text("\n".join([lines[1], lines[0], *lines[2:]]) + "\n")
+    swapped, _ = load(corpus)
+    assert swapped.ids[:2] == [second, first]
+    assert swapped.clip(0)[0] == 2000 and swapped.clip(1)[0] == 1000
+
+
 def test_a_cache_of_the_previous_fingerprint_is_still_used_on_a_read_only_folder(
     corpus: Path, monkeypatch
 ) -> None:
