@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import math
 import os
 import re
 import shlex
@@ -177,6 +178,7 @@ def test_promotion_rule():
     assert promotion(*fb, {"val_mel": 1.0}, {"val_mel": 1.019}, 0.02, clear)[0]
     ok, why = promotion(*fb, {"val_mel": 1.0}, {"val_mel": 1.03}, 0.02, clear)
     assert not ok and "regressed" in why and "+3.0%" in why
+    assert promotion(*fb, {"val_mel": 2.0}, {"val_mel": 2.5}, 0.25, clear)[0]  # at most the limit: exactly
     ok, why = promotion({"val_mel": 2.0}, {"val_mel": 2.0}, {"val_mel": 1.0}, {"val_mel": 0.9}, 0.02)
     assert not ok and "did not improve" in why
     ok, why = promotion({"val_mel": 2.0}, {"val_mel": float("nan")}, {"val_mel": 1.0}, {"val_mel": 1.0}, 0.02)
@@ -221,6 +223,12 @@ def test_judgement_needs_an_improvement_beyond_the_noise_on_enough_clips():
     # the same mean change, consistent across the clips: real
     real = paired_judgement(before, {k: v - 0.01 + 0.001 * i for i, (k, v) in enumerate(before.items())})
     assert real["improved"] and real["clips"] == 4 and real["t_critical"] == pytest.approx(2.353, abs=1e-3)
+    # the noise is the sample standard deviation (n - 1) of the changes: -1.5 +- 1 over 3 clips is
+    # within t(0.95, 2) x 1 / sqrt(3) = 1.686 (with the population deviation it passed, at 1.376)
+    by_hand = paired_judgement({"a": 3.0, "b": 3.0, "c": 3.0}, {"a": 2.5, "b": 1.5, "c": 0.5})
+    assert by_hand["std_error"] == pytest.approx(1 / math.sqrt(3))
+    assert by_hand["threshold"] == pytest.approx(2.919986 / math.sqrt(3), rel=1e-5)
+    assert by_hand["mean_diff"] == pytest.approx(-1.5) and not by_hand["improved"]
     # a worse model is never "improved", however clear
     assert not paired_judgement(before, {k: v + 0.1 for k, v in before.items()})["improved"]
     # non-finite clips are not counted
