@@ -97,7 +97,10 @@ class CompileChoice:
         self.cache_start: tuple[int, int] | None = None  # the counts when compiling began
 
     @property
-    def decided(self) -> bool:
+    def begun(self) -> bool:
+        """`begin` was called (the micro-batch size is fixed): each step's time goes to `observe` from
+        here, which measures, compiles and judges; whether the step stays compiled is known only once
+        the phase is "on" or "off"."""
         return self.phase != "undecided"
 
     @property
@@ -128,8 +131,9 @@ class CompileChoice:
     def begin(
         self, training_seconds_left: float, eager_seconds_per_sample: float | None, until: str = ""
     ) -> None:
-        """Decide, once the micro-batch size is fixed; `eager_seconds_per_sample`: the trial's figure
-        for that size, if it measured one; `until` as in why_not."""
+        """Start, once the micro-batch size is fixed: off at once when `why_not` says so, else compile
+        (first measuring eager steps when the trial measured none at that size: `eager_seconds_per_sample`,
+        the trial's figure); `until` as in why_not. `observe` takes it from there."""
         reason = self.why_not(training_seconds_left, until)
         if reason is not None:
             self._off(reason)

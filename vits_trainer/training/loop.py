@@ -276,13 +276,13 @@ class Trainer:
         # a trial's steps count, but measure the run only once its size is chosen; compiling steps count,
         # but are not a step's time either
         measured = trial_size is None
-        if measured and self.compiler.decided:
+        if measured and self.compiler.begun:
             measured = self.compiler.observe(seconds, samples, clean and self.micro.is_full(samples))
         budget.observe_step(seconds, samples, measured=measured)  # counts the step: global_step += 1
         # after observe_step: a trial that ends here hands the budget the steps it observed unmeasured
         if trial_size is not None and self.micro.trial is not None:
             self.micro.observe_trial_step(trial_size, seconds, samples, clean)
-        if self.micro.trial is None and not self.compiler.decided:
+        if self.micro.trial is None and not self.compiler.begun:
             self.begin_compile()
 
     def plan_and_report(self, progress: Progress, batches_left: int) -> None:
