@@ -195,7 +195,7 @@ def defaults_throughput(
 
     out = Path(tempfile.mkdtemp(dir=tmp))
     defaults = TrainConfig()
-    clips = defaults.batch_size * defaults.gradient_accumulation_steps
+    clips = defaults.step_clips
     naive = baseline_throughput(data, model, width, clips, max(4, min(steps // 4, 10)))
     print(f"naive loop, {clips} clips per step: {json.dumps(naive)}", flush=True)
     cfg = dataclasses.replace(

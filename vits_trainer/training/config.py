@@ -213,6 +213,12 @@ class TrainConfig:
     def target_seconds(self) -> float:
         return self.target_hours * 3600.0
 
+    @property
+    def step_clips(self) -> int:
+        """Clips one process trains on per optimiser step: --gradient_accumulation_steps loader batches
+        of --batch_size (the micro-batch size only decides how many go through the networks at once)."""
+        return self.batch_size * self.gradient_accumulation_steps
+
     def validate(self, resumed: bool = False, final: bool = True) -> None:
         """Reject what the code does not support instead of ignoring it. `resumed`: again, once a
         checkpoint's settings are restored (a restored --gradient_checkpointing with --compile on is no
@@ -311,7 +317,7 @@ class TrainConfig:
             raise UserError(
                 f"--micro_batch_size must be auto or a number of clips (got {self.micro_batch_size})"
             ) from None
-        batch = self.batch_size * self.gradient_accumulation_steps
+        batch = self.step_clips
         if size < 1 or (check_divides and (size > batch or batch % size)):
             found = divisors(batch)
             divisors_text = ", ".join(map(str, found[:12])) + (f" ... {found[-1]}" if len(found) > 12 else "")

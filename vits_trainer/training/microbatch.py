@@ -32,14 +32,9 @@ TRIAL_STEPS_SHORT = 2  # when the budget is short: one warm-up, one measured
 TRIAL_SHARE = 0.2  # the trial may take at most this share of the training time left (its steps train)
 
 
-def per_process_batch(cfg) -> int:
-    """Clips one process trains on per optimiser step."""
-    return cfg.batch_size * cfg.gradient_accumulation_steps
-
-
 def candidates(cfg) -> list[int]:
     """The sizes a trial tries: from --batch_size up to the whole step's batch, those that divide it."""
-    return [m for m in divisors(per_process_batch(cfg)) if m >= cfg.batch_size]
+    return [m for m in divisors(cfg.step_clips) if m >= cfg.batch_size]
 
 
 def hardware_id(device: torch.device) -> str:

@@ -16,7 +16,6 @@ from .microbatch import (
     accumulation_for,
     candidates,
     hardware_id,
-    per_process_batch,
 )
 from .recovery import free_memory
 
@@ -30,9 +29,10 @@ class MicroBatchPolicy:
         self.metrics = metrics
         self.agreement = agreement
         # clips per optimiser step, per process, as configured (clips_trained_per_step: as trained)
-        self.step_clips = per_process_batch(session.cfg)
+        self.step_clips = session.cfg.step_clips
         # an epoch's training clips per process: when fewer than a step's, every step trains on all of them
-        self.epoch_clips = session.data.samples_per_epoch // session.accelerator.num_processes
+        # (a count; TrainState.epoch_clips is a digest of which clips they are)
+        self.clips_per_epoch = session.data.samples_per_epoch // session.accelerator.num_processes
         self.trial: MicroBatchTrial | None = None  # the trial while it runs
         self.trial_steps: list[tuple[int, float, int, bool]] = []  # (size, seconds, samples, clean)
         self.last_micro: int | None = None  # the micro-batch size the last step ran at
@@ -40,7 +40,7 @@ class MicroBatchPolicy:
     def clips_trained_per_step(self) -> int:
         """The clips one optimiser step trains on, per process: `step_clips` (the configured step), or the
         epoch's when fewer."""
-        return max(1, min(self.step_clips, self.epoch_clips))
+        return max(1, min(self.step_clips, self.clips_per_epoch))
 
     def size(self) -> int:
         """Clips per micro-batch for the next step: the trial's size while it runs, else the chosen one,
@@ -94,10 +94,10 @@ class MicroBatchPolicy:
         if len(options) == 1:
             state.micro_batch_size = options[0]
             return
-        if self.epoch_clips < self.step_clips:  # every step is short of clips: no step would be measured
+        if self.clips_per_epoch < self.step_clips:  # every step is short of clips: no step would be measured
             state.micro_batch_size = cfg.batch_size
             if s.is_main:
-                clips = self.epoch_clips
+                clips = self.clips_per_epoch
                 s.log(
                     f"micro-batch trial skipped (only {clips} training clips per epoch, fewer than a step's "
                     f"{self.step_clips}): each step trains on those {clips}, in micro-batches of "
