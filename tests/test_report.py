@@ -480,8 +480,8 @@ def test_a_long_run_curve_is_averaged_down_keeping_its_ends():
 
 def test_a_resume_from_another_folder_takes_its_best_model_only_when_it_holds_the_checkpoints_best(tmp_path):
     from vits_trainer.safety import read_marker, write_marker
+    from vits_trainer.training.best_model import existing_best_model
     from vits_trainer.training.carry import carry_best_model
-    from vits_trainer.training.run_end import existing_best_model
 
     source = tmp_path / "copy" / "checkpoints"
     (source / "best_model").mkdir(parents=True)
@@ -506,8 +506,8 @@ def test_best_model_is_labelled_by_its_own_step_and_carried_by_it_without_a_summ
     """The marker's step is what best_model/ holds, whatever a checkpoint recorded: a copy that failed
     after the final checkpoint named it, or an export after the last checkpoint of a killed session."""
     from vits_trainer.safety import read_marker, write_marker
+    from vits_trainer.training.best_model import existing_best_model
     from vits_trainer.training.carry import carry_best_model
-    from vits_trainer.training.run_end import existing_best_model
 
     source = tmp_path / "copy" / "checkpoints"
     (source / "best_model").mkdir(parents=True)

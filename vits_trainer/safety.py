@@ -19,7 +19,7 @@ model/vits.py:export_model
     os.replace(out_dir -> `.<name>.old-<pid>`) + rmtree(old) -> `check_replaceable(out_dir)` first:
         the folder carries our marker and nothing beyond the files it lists (else UnsafeOverwrite)
     remove_dead_writers_temp(`.<name>.tmp-*`, `.<name>.old-*`) -> temp folders named with a dead pid
-training/run_end.py:install_best_model (RunOutputs.copy_final_to_best, and carry_best_model's)
+training/best_model.py:install_best_model (RunOutputs.copy_final_to_best, and carry_best_model's)
     rmtree `.best_model.tmp` / best_model -> `check_replaceable(best_model)` first (marker, as above);
         the temp folder is named by this tool inside its checkpoint dir
 training/run_end.py:RunEnd.finish (train_summary.json)

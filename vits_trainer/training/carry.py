@@ -8,7 +8,7 @@ read; nothing the new folder holds is replaced.
 From an older checkpoint of the same folder: the later checkpoints, another future than the resumed
 one, are moved to abandoned/ (kept). And whatever the checkpoint, a best_model/ that scored better than
 anything the checkpoint knows (exported after it, by the future it left or a session killed before its
-next checkpoint) stays the best to beat: `best_model_score` reads its score, and
+next checkpoint) stays the best to beat: best_model.best_model_score reads its score, and
 outputs.RunOutputs.keep_better_best_model keeps it.
 """
 
@@ -18,10 +18,9 @@ import json
 import shutil
 from pathlib import Path
 
-from ..safety import marker_step, read_marker
+from .best_model import existing_best_model, install_best_model
 from .checkpoint import list_checkpoints, step_of
 from .report import REFERENCE_FOLDER, read_metrics
-from .run_end import existing_best_model, install_best_model
 
 
 def carry_history(source: Path, folder: Path, step: int, saved: float, log) -> None:
@@ -100,19 +99,3 @@ def set_aside_later_checkpoints(folder: Path, resumed: Path, step: int, log) -> 
         f"resume: from step {step}, an older checkpoint: the later {names} moved to {aside} (kept); "
         "--resume auto continues from here"
     )
-
-
-def best_model_score(folder: Path, key: str) -> tuple[int, float] | None:
-    """(step, its `key` score) of the best_model/ in checkpoint folder `folder`: the step its marker
-    records and that step's evaluation in metrics.jsonl (the lowest, if it has several); None when the
-    folder, its step or the score is missing."""
-    best = folder / "best_model"
-    step = marker_step(read_marker(best)) if (best / "model.safetensors").is_file() else None
-    if step is None:
-        return None
-    scores = [
-        r[key]
-        for r in read_metrics(folder / "metrics.jsonl")
-        if r.get("event") == "eval" and r.get("step") == step and isinstance(r.get(key), (int, float))
-    ]
-    return (step, min(scores)) if scores else None

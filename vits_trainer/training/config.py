@@ -157,7 +157,7 @@ class TrainConfig:
     freerun_samples: int = _f(
         8, "validation sentences spoken from text alone and scored (val_mel_dtw, val_mcd) at each evaluation"
     )
-    # lower is better for every choice (outputs.RunOutputs.run_eval, carry.best_model_score and
+    # lower is better for every choice (outputs.RunOutputs.run_eval, best_model.best_model_score and
     # report.best_eval keep the minimum); a free-running one needs validate()'s --freerun_samples check
     best_metric: str = _f(
         "val_mel",

@@ -21,7 +21,7 @@ from ..model.alignment import maximum_path
 from ..model.discriminator import save_discriminator
 from ..model.vits import export_model
 from ..safety import UnsafeOverwrite
-from .carry import best_model_score
+from .best_model import best_model_score, install_best_model
 from .checkpoint import checkpoint_name, prune_checkpoints, write_checkpoint
 from .evaluate import evaluate, set_prefix, synthesize
 from .freerun import dtw_scores, free_running_eval, write_wavs
@@ -30,7 +30,6 @@ from .pictures import alignment_paths, log_images_to_trackers, warm_up_pictures,
 from .report import sample_folder, write_references, write_report
 from .reporting import log_audio_to_trackers
 from .resume_settings import resume_command
-from .run_end import install_best_model
 from .runtime import git_revision
 from .trainstate import checkpoint_files
 

@@ -8,23 +8,19 @@ Apart from loop.py because it runs once, after the loop, and decides what the ru
 from __future__ import annotations
 
 import json
-import os
-import shutil
 import time
 from pathlib import Path
 
 from ..safety import (
     UnsafeOverwrite,
     check_own_export,
-    check_replaceable,
     foreign_entries,
     made_by,
     marker_step,
     read_marker,
-    replace_export,
     write_export_file,
-    write_marker,
 )
+from .best_model import existing_best_model
 from .reporting import plot_losses
 
 
@@ -226,33 +222,3 @@ class RunEnd:
             # the best weights' export refused (a file of the user's in best_model/) or failed
             "best_model_not_exported": outputs.best_model_refused,
         }
-
-
-def install_best_model(exported: Path, checkpoint_dir: Path, step: int) -> Path:
-    """A copy of the export `exported` (the weights of training `step`) as `<checkpoint_dir>/best_model`,
-    marked as this run's; it replaces only an earlier export there (our marker, nothing the user put in
-    it). Raises OSError/UnsafeOverwrite."""
-    best = checkpoint_dir / "best_model"
-    check_replaceable(best)
-    tmp = best.with_name(f".best_model.tmp-{os.getpid()}")
-    shutil.rmtree(tmp, ignore_errors=True)  # this pid's temp folder
-    shutil.copytree(exported, tmp)
-    write_marker(tmp, "best_model", checkpoint_dir, step)
-    replace_export(tmp, best)
-    return best
-
-
-def existing_best_model(checkpoint_dir: Path, best_model_step: int | None) -> tuple[Path, int | None] | None:
-    """(`<checkpoint_dir>/best_model`, the step its marker records) when this run exported one and it is
-    complete (exports are renamed into place whole, so a folder with its weights is complete); else None.
-    The start evaluation measures the model the run started from and exports nothing: a run whose
-    evaluations never beat it has no best_model. The marker's step is the folder's own, which a
-    checkpoint's `best_model_step` may miss (an export after the last checkpoint of a killed session, a
-    final copy that failed after the final checkpoint named it); None for an export made before markers
-    had one, whose step each caller takes from what it has."""
-    folder = checkpoint_dir / "best_model"
-    if best_model_step is None or not (folder / "config.json").is_file():
-        return None
-    if not (folder / "model.safetensors").is_file():
-        return None
-    return folder, marker_step(read_marker(folder))
