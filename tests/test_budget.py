@@ -914,18 +914,18 @@ def test_a_replan_that_moves_the_step_count_says_so():
         metrics=SimpleNamespace(write=records.append),
         resumed_from_step=None,
         announced_steps=42,
+        progress=SimpleNamespace(set_total=lambda total, done: totals.append((total, done))),
     )
-    trainer.publish_plan = lambda plan, event, progress: Trainer.publish_plan(trainer, plan, event, progress)
-    progress = SimpleNamespace(set_total=lambda total, done: totals.append((total, done)))
+    trainer.publish_plan = lambda plan, event: Trainer.publish_plan(trainer, plan, event)
 
     def plan(steps: int) -> Plan:
         return Plan(
             4.3, 60.0, 2.4, 2, 18, steps, steps, 1_000_600.0, 1_000_700.0, 120.0, 5, 5, 5, 2, 1_000_000.0
         )
 
-    Trainer.announce_replan(trainer, plan(48), progress)  # within a quarter: no news
+    Trainer.announce_replan(trainer, plan(48))  # within a quarter: no news
     assert lines == [] and records == [] and trainer.announced_steps == 42
-    Trainer.announce_replan(trainer, plan(101), progress)
+    Trainer.announce_replan(trainer, plan(101))
     assert len(lines) == 1
     assert lines[0].startswith(
         "replan: 101 steps this session (planned 42) at ~4.3 samples/s, training ends ~"
@@ -966,21 +966,21 @@ def test_with_several_processes_rank_0_keeps_its_own_clock_and_the_others_follow
             accelerator=SimpleNamespace(num_processes=2),
             device=torch.device("cpu"),
         )
-        return SimpleNamespace(s=session, budget_stop=None), clock
+        return SimpleNamespace(s=session, budget_stop=None, signals=SimpleNamespace(received=None)), clock
 
     sent_by_rank0: list = []
     main, clock = rank(True)
     progress = []
     for _ in range(3):
         clock.advance(200.0)
-        Trainer.stop_decision(main, SimpleNamespace(received=None))
+        Trainer.stop_decision(main)
         progress.append(sent[-1][2])
     assert progress[0] < progress[1] < progress[2]  # was 0.2, 0.2, 0.2
     assert main.s.budget_lr.progress() == pytest.approx(progress[2])  # the value it sent, as the others
 
     sent_by_rank0.append([0.0, 0.0, 0.5, 7.0])
     other, _ = rank(False)  # its own clock says 0, its own warmup 0: it follows rank 0's 0.5 and 7
-    Trainer.stop_decision(other, SimpleNamespace(received=None))
+    Trainer.stop_decision(other)
     assert other.s.budget_lr.progress() == 0.5 and other.s.budget_lr.effective_warmup_steps == 7
 
 

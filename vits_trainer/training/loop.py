@@ -173,22 +173,26 @@ class Trainer:
         self.warmup_reported: int | None = None  # the warmup cap (steps) the last line reported
         self.announced_steps: int | None = None  # the session's steps by the plan last printed
         self.window = StepWindow()
+        # for the length of `train`: the SIGINT/SIGTERM handlers and the progress bar
+        self.signals: SignalStop | None = None
+        self.progress: Progress | None = None
 
     # ---- the loop --------------------------------------------------------------------------------
 
     def train(self) -> dict:
         s = self.s
         signals = SignalStop(s.log, REPEAT_GRACE_SECONDS if s.accelerator.num_processes > 1 else 0.0)
+        self.signals = signals
         try:  # the handlers before the run come back however it ends (a notebook goes on with them)
-            progress = Progress(s.log, s.is_main, s.device, s.cfg.max_steps, s.budget.global_step)
-            stop_reason = self.start_run(signals)
+            self.progress = Progress(s.log, s.is_main, s.device, s.cfg.max_steps, s.budget.global_step)
+            stop_reason = self.start_run()
             while stop_reason is None:
-                stop_reason = self.run_epoch(signals, progress)
+                stop_reason = self.run_epoch()
                 if stop_reason is None:
-                    stop_reason = self.end_epoch(signals, progress)
+                    stop_reason = self.end_epoch()
             if self.window.steps:  # the steps since the last metric line: else the curves end short of
-                self.log_step(progress, 0)  # the run, and a run shorter than --log_every has none
-            progress.close()
+                self.log_step(0)  # the run, and a run shorter than --log_every has none
+            self.progress.close()
             self.say_no_plan(stop_reason)
             signals.ending = True
             return self.end_run(stop_reason)
@@ -197,7 +201,7 @@ class Trainer:
             if s.run_lock is not None:  # released by end_run; here too when the run raised (a notebook's
                 s.run_lock.release()  # next run in this process would be refused its own folder)
 
-    def run_epoch(self, signals: SignalStop, progress: Progress) -> str | None:
+    def run_epoch(self) -> str | None:
         """The rest of the current epoch, one optimiser step per cycle of loader batches; the stop
         reason if the run ends inside it."""
         s, state = self.s, self.s.state
@@ -223,28 +227,18 @@ class Trainer:
             b += 1
             if b - cycle_start < cycle_length:
                 continue  # the step's clips are gathered first, then cut into micro-batches
-            stop_reason = self.train_step(pending, t_step, signals, progress, b, n_batches)
+            stop_reason = self.train_step(pending, t_step, b, n_batches)
             pending = []
             if stop_reason:
                 return stop_reason
             t_step = time.perf_counter()  # logging and saving are not part of the next step's time
         return None
 
-    def train_step(
-        self,
-        pending: list[dict],
-        t_step: float,
-        signals: SignalStop,
-        progress: Progress,
-        position: int,
-        n_batches: int,
-    ) -> str | None:
+    def train_step(self, pending: list[dict], t_step: float, position: int, n_batches: int) -> str | None:
         """One optimiser step on a cycle's loader batches (`pending`, ending at batch `position` of the
-        epoch's `n_batches`), then, in this order: its time measured (the budget counts the step:
-        `budget.global_step` is the new step's number from there on), the stop decision, the LR schedules
-        (the next step's LR) and the run's counters, a skipped step's recovery (which may reload weights
-        and set a new peak LR), the thread count, the plan and a metric line when due, an interval
-        checkpoint. The stop reason, if the run ends here."""
+        epoch's `n_batches`), then its bookkeeping; the stop reason if the run ends here. The order matters
+        twice: `measure_step` counts the step (`budget.global_step` is its number in every line and record
+        after it), and the LR schedules step after the stop decision, which brings rank 0's LR progress."""
         s, state = self.s, self.s.state
         # the size being tried, read before the step: an out-of-memory error inside it can end the trial
         trial_size = self.micro.trial.current() if self.micro.trial is not None else None
@@ -252,7 +246,7 @@ class Trainer:
         seconds = time.perf_counter() - t_step
         samples = sum(x["indices"].numel() for x in pending) * s.accelerator.num_processes
         self.measure_step(seconds, samples, trial_size, micro, clean)
-        stop_reason, save_now = self.stop_decision(signals, self.outputs.interval_save_due())
+        stop_reason, save_now = self.stop_decision(self.outputs.interval_save_due())
         s.g_scheduler.step()  # after the decision: every rank now has the same LR progress
         s.d_scheduler.step()
         self.train_seconds += seconds
@@ -261,7 +255,7 @@ class Trainer:
         state.batch_in_epoch = position  # a checkpoint from here on resumes after this step
         self.recovery.after_step(result, pending)
         self.follow_load()
-        self.plan_and_report(progress, n_batches - position)
+        self.plan_and_report(n_batches - position)
         if save_now and not stop_reason:  # a stop saves anyway, at the end
             self.outputs.save_checkpoint("interval")
         return stop_reason
@@ -285,19 +279,19 @@ class Trainer:
         if self.micro.trial is None and not self.compiler.begun:
             self.begin_compile()
 
-    def plan_and_report(self, progress: Progress, batches_left: int) -> None:
+    def plan_and_report(self, batches_left: int) -> None:
         """The plan once the benchmark samples are measured, the warmup cap's line, and a metric line every
         --log_every steps (or LOG_SECONDS, whichever comes first)."""
         budget, cfg = self.s.budget, self.s.cfg
         if budget.current_plan is None and budget.benchmark_done():
-            self.make_plan(progress)
+            self.make_plan()
         if self.warmup_reported is None:
             self.report_warmup_cap()
         if (
             budget.global_step % cfg.log_every == 0
             or time.perf_counter() - self.window.started >= LOG_SECONDS
         ):
-            self.log_step(progress, batches_left)
+            self.log_step(batches_left)
 
     def run_step(self, pending: list[dict]):
         """The cycle's forward/backward passes and optimiser step, redone after an out-of-memory error
@@ -332,7 +326,7 @@ class Trainer:
 
     # ---- the start and the end -------------------------------------------------------------------
 
-    def start_run(self, signals: SignalStop) -> str | None:
+    def start_run(self) -> str | None:
         """Before the first step: trackers, the start evaluation (a new run), the micro-batch choice;
         the stop reason when not even one step fits."""
         s, cfg, budget = self.s, self.s.cfg, self.s.budget
@@ -356,7 +350,7 @@ class Trainer:
         if self.micro.trial is None:  # the micro-batch is known: compile now, or after the trial
             self.begin_compile()
         # asked before the first step too: a step that cannot finish before the deadline is not started
-        stop_reason, _ = self.stop_decision(signals)
+        stop_reason, _ = self.stop_decision()
         if stop_reason == "budget":
             weighed = budget.stop_state()  # the step with its headroom: the figures the rule compared
             s.log(
@@ -394,15 +388,15 @@ class Trainer:
         left, until = self.s.budget.training_left(self.s.cfg.max_steps)
         self.compiler.begin(left, self.micro.trial_seconds_per_sample(), until)
 
-    def end_epoch(self, signals: SignalStop, progress: Progress) -> str | None:
+    def end_epoch(self) -> str | None:
         """An epoch ended: count it, re-plan, evaluate/save if due; the stop reason after that."""
         budget, state = self.s.budget, self.s.state
         state.epoch += 1
         state.batch_in_epoch = 0
         if budget.current_plan is not None:
-            self.announce_replan(budget.replan(), progress)
+            self.announce_replan(budget.replan())
         self.outputs.evaluate_and_save_if_due()
-        stop_reason, _ = self.stop_decision(signals)
+        stop_reason, _ = self.stop_decision()
         return stop_reason
 
     def say_no_plan(self, stop_reason: str | None) -> None:
@@ -453,13 +447,13 @@ class Trainer:
 
     # ---- decisions and helpers ------------------------------------------------------------------
 
-    def stop_decision(self, signals: SignalStop, want_save: bool = False) -> tuple[str | None, bool]:
+    def stop_decision(self, want_save: bool = False) -> tuple[str | None, bool]:
         """(stop reason, save now?) as the main process sees them (its clock, its signals), the same on
         every rank; in multi-process runs rank 0's LR progress and warmup cap travel along."""
         s = self.s
         reason = None
         if s.is_main:
-            if signals.received:
+            if self.signals.received:
                 reason = "signal"
             elif s.budget.should_stop():
                 reason = "budget"
@@ -474,9 +468,9 @@ class Trainer:
             packet = torch.tensor(
                 [code, float(want_save), lr.own_progress(), lr.own_warmup_steps()], device=s.device
             )
-            code, save, progress, warmup = broadcast(packet, from_process=0).tolist()
+            code, save, lr_progress, warmup = broadcast(packet, from_process=0).tolist()
             code, want_save = int(code), bool(save)
-            lr.share_progress(progress, int(warmup))  # every rank, rank 0 too: one LR for all
+            lr.share_progress(lr_progress, int(warmup))  # every rank, rank 0 too: one LR for all
         return STOP_REASONS[code], want_save
 
     def follow_load(self) -> None:
@@ -508,7 +502,7 @@ class Trainer:
                 self.s.log(message)
             self.warmup_reported = cap
 
-    def make_plan(self, progress: Progress) -> None:
+    def make_plan(self) -> None:
         s = self.s
         effective = self.micro.step_clips * s.accelerator.num_processes
         rate = s.budget.samples_per_second()
@@ -516,9 +510,9 @@ class Trainer:
         plan = s.budget.plan(s.data.samples_per_epoch, effective, evals, saves)
         s.log(plan.describe())
         self.report_warmup_cap()
-        self.publish_plan(plan, "plan", progress)
+        self.publish_plan(plan, "plan")
 
-    def announce_replan(self, plan, progress: Progress) -> None:
+    def announce_replan(self, plan) -> None:
         """A re-plan that moves the session's step count by more than REPLAN_NEWS from the plan last
         announced gets a line and a `replan` record (a busy machine during the benchmark, then a quiet
         one: 42 steps planned, 101 run, and the log never said so)."""
@@ -530,16 +524,16 @@ class Trainer:
             f"~{plan.samples_per_second:.1f} samples/s, training ends "
             f"~{hhmm(plan.train_end_wall, plan.created_wall)}"
         )
-        self.publish_plan(plan, "replan", progress)
+        self.publish_plan(plan, "replan")
 
-    def publish_plan(self, plan, event: str, progress: Progress) -> None:
+    def publish_plan(self, plan, event: str) -> None:
         """A plan the log announced: the progress bar's total, its metrics record, the steps it said."""
         step = self.s.budget.global_step
-        progress.set_total(plan.optimizer_steps + (self.resumed_from_step or 0), step)
+        self.progress.set_total(plan.optimizer_steps + (self.resumed_from_step or 0), step)
         self.metrics.write({"event": event, "step": step, **plan.to_dict()})
         self.announced_steps = plan.optimizer_steps
 
-    def log_step(self, progress: Progress, batches_left: int) -> None:
+    def log_step(self, batches_left: int) -> None:
         """A metric line: the window's means to metrics.jsonl, the trackers and the progress bar."""
         s, window = self.s, self.window
         values = {k: (v if math.isfinite(v) else None) for k, v in window.means().items()}  # strict JSON
@@ -561,7 +555,7 @@ class Trainer:
         if s.accelerator.trackers:
             s.accelerator.log(values, step=s.budget.global_step)
         epoch_eta = batches_left / self.batches_per_step * s.budget.step_seconds()
-        progress.update(s.budget.global_step, values, s.budget, epoch_eta)
+        self.progress.update(s.budget.global_step, values, s.budget, epoch_eta)
         self.window = StepWindow()  # the next line covers the steps from here
 
 
