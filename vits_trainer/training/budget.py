@@ -199,12 +199,14 @@ class Budget:
         self.session_steps = 0
         self.session_samples = 0
         self.spent_before = 0.0  # seconds spent by earlier sessions
-        self._measured_samples = 0  # after the skipped warm-up steps
+        self._measured_samples = 0  # of the measured steps (not the unmeasured ones below)
         self._measured_seconds = 0.0
         self._last_step_seconds: float | None = None
-        self._recent_steps: list[float] = []  # the last few step durations after the warm-up steps
-        self._warmup_steps: list[tuple[float, int]] = []  # this session's first (skipped) steps: s, samples
-        self._horizon_provisional = False  # planned_horizon_steps is the first estimate's, not a plan's
+        self._recent_steps: list[float] = []  # the last few measured step durations
+        # (seconds, samples) of the steps observe_step did not measure: the session's first (skipped) ones
+        # and the micro-batch trial's (measured=False); nothing to do with the LR's warmup (BudgetLR's)
+        self._unmeasured_steps: list[tuple[float, int]] = []
+        self._horizon_estimated = False  # planned_horizon_steps is the first estimate's, not a plan's
         self._step = _Stat()
         self._step_samples = _Stat()
         self._events = {"eval": _Stat(), "save": _Stat(), "export": _Stat()}
@@ -283,8 +285,8 @@ class Budget:
         self.global_step += 1
         self._last_step_seconds = seconds
         if self.session_steps <= self.benchmark_skip_steps or not measured:
-            self._warmup_steps.append((seconds, samples))
-            if self.planned_horizon_steps is None or self._horizon_provisional:
+            self._unmeasured_steps.append((seconds, samples))
+            if self.planned_horizon_steps is None or self._horizon_estimated:
                 self._provisional_horizon()
             return
         self._measure(seconds, samples)
@@ -297,7 +299,7 @@ class Budget:
 
     def _measure(self, seconds: float, samples: int) -> None:
         self._recent_steps = [*self._recent_steps[-(_RECENT_STEPS - 1) :], seconds]
-        if self.planned_horizon_steps is None or self._horizon_provisional:
+        if self.planned_horizon_steps is None or self._horizon_estimated:
             self._provisional_horizon()
         self._measured_samples += samples
         self._measured_seconds += seconds
@@ -351,7 +353,7 @@ class Budget:
         return self._event_seconds("export")
 
     def step_seconds(self) -> float:
-        """EMA of measured optimizer-step time; before any: last session's, else a warm-up step's, else 0."""
+        """EMA of measured optimizer-step time; before any: last session's, else an unmeasured step's, else 0."""
         if self._step.ema is not None:
             return self._step.ema
         if "step" in self._priors:
@@ -367,36 +369,36 @@ class Budget:
     def typical_step_seconds(self) -> float:
         """What the next optimizer step should cost: robust to one outlier, and to slow first steps.
 
-        The median of the last few steps after the session's warm-up steps; while there are none, the
-        fastest warm-up step (they are the slow ones: compilation, allocator), and before any step the
+        The median of the last few measured steps; while there are none, the fastest unmeasured step (the
+        session's first are the slow ones: compilation, allocator), and before any step the
         last session's step time or the caller's estimate (`set_estimates`), else 0.
         """
         if self._recent_steps:
             ordered = sorted(self._recent_steps)
             n = len(ordered)
             return ordered[n // 2] if n % 2 else 0.5 * (ordered[n // 2 - 1] + ordered[n // 2])
-        if self._warmup_steps:
-            return self._fastest_warmup_step()
+        if self._unmeasured_steps:
+            return self._fastest_unmeasured_step()
         return max(self._priors.get("step", 0.0), self._estimates.get("step", 0.0))
 
-    def _fastest_warmup_step(self) -> float:
-        """The fastest warm-up step as a full one: a short step (an epoch's last few clips) counts at its
+    def _fastest_unmeasured_step(self) -> float:
+        """The fastest unmeasured step as a full one: a short step (an epoch's last few clips) counts at its
         time per clip, scaled to the largest step seen. Its fixed costs make that an upper bound still;
         taken as it was, an 18 s step of 4 clips stood for the 80 s steps of 32 clips (a 3-minute run
         started a step it could not finish)."""
-        full = max(samples for _, samples in self._warmup_steps)
-        return min(seconds * full / max(samples, 1) for seconds, samples in self._warmup_steps)
+        full = max(samples for _, samples in self._unmeasured_steps)
+        return min(seconds * full / max(samples, 1) for seconds, samples in self._unmeasured_steps)
 
     def allowed_overrun_seconds(self) -> float:
         """How far past the deadline a run may end: max(1 %, 10 s)."""
         return max(_OVERRUN_FRACTION * self.target_seconds, _OVERRUN_MIN_SECONDS)
 
     def _provisional_horizon(self) -> None:
-        """Planned steps from the first measured steps (after the warm-up ones), until the benchmark's
+        """Planned steps from the first measured steps (after the unmeasured ones), until the benchmark's
         plan: caps the warmup from then on, so a run shorter than the benchmark still leaves warmup and
         decays."""
         if not self._recent_steps or self.training_start is None:
-            return  # the warm-up steps (compilation) would make the horizon, and the warmup, far too short
+            return  # the unmeasured steps (compilation) would make the horizon, and the warmup, far too short
         typical = self.typical_step_seconds()
         if self.total_seconds is None:
             window = self.training_end() - self.training_start
@@ -405,10 +407,10 @@ class Budget:
         steps = self.global_step - self.session_steps + max(1, int(window / typical))
         if self.planned_horizon_steps is None or steps < self.planned_horizon_steps:
             self.planned_horizon_steps = steps  # only ever lowered: the warmup ramp stays monotone
-        self._horizon_provisional = True
+        self._horizon_estimated = True
 
     def benchmark_done(self) -> bool:
-        """True once ``benchmark_samples`` samples were measured after the skipped warm-up steps, or a
+        """True once ``benchmark_samples`` samples were measured after the skipped first steps, or a
         minute of at least two slow steps."""
         if self._step.count == 0:
             return False
@@ -421,8 +423,8 @@ class Budget:
         # usual time, and that overrun would otherwise come out of the final evaluation. One step of a
         # multi-hour run is a negligible price. Typical is a median, not the slowest recent step: one slow
         # step doubled and taken as the rule would end short runs well before their deadlines.
-        if not self._recent_steps and self._warmup_steps:
-            # Only warm-up steps so far: they are the slow ones (compilation, allocator), so the fastest is
+        if not self._recent_steps and self._unmeasured_steps:
+            # Only unmeasured steps so far: they are the slow ones (compilation, allocator), so the fastest is
             # already an upper bound with headroom in it; doubled, one slow first step would end a short
             # run after it (seen: 1 step at 0.4-0.8 of the budget). The slow-spell check bounds the rest.
             return self.typical_step_seconds()
@@ -453,7 +455,7 @@ class Budget:
     @property
     def horizon_estimated(self) -> bool:
         """planned_horizon_steps is the first measured steps' estimate, not yet a plan's."""
-        return self._horizon_provisional
+        return self._horizon_estimated
 
     def after_loop_seconds(self) -> float:
         """What is kept for the work after the loop's final export (reserve_after_loop)."""
@@ -512,13 +514,13 @@ class Budget:
         plan = self._make_plan()
         if self.first_plan is None:
             self.first_plan = plan
-        if self.planned_horizon_steps is None or self._horizon_provisional:
+        if self.planned_horizon_steps is None or self._horizon_estimated:
             # the plan replaces the first estimate's horizon, but never raises the warmup cap it set
             provisional = self.planned_horizon_steps
             self.planned_horizon_steps = (
                 plan.horizon_steps if provisional is None else min(provisional, plan.horizon_steps)
             )
-            self._horizon_provisional = False
+            self._horizon_estimated = False
         self.current_plan = plan
         return plan
 
@@ -632,11 +634,11 @@ class Budget:
 
     def _saved_step_seconds(self) -> float | None:
         """The step time the next session starts from: measured, else the previous session's, else the
-        fastest warm-up step (an upper bound). Without one, a session resumed from a checkpoint taken
-        during the warm-up steps would start a step it has no time to finish."""
+        fastest unmeasured step (an upper bound). Without one, a session resumed from a checkpoint taken
+        during the unmeasured steps would start a step it has no time to finish."""
         if self._step.ema is not None:
             return self._step.ema
-        return self._priors.get("step", self._fastest_warmup_step() if self._warmup_steps else None)
+        return self._priors.get("step", self._fastest_unmeasured_step() if self._unmeasured_steps else None)
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Restore from a previous session (call before training starts).
