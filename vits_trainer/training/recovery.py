@@ -20,7 +20,6 @@ import torch
 
 from ..model.discriminator import VitsDiscriminator
 from .checkpoint import CheckpointError, verify_checkpoint
-from .lr_schedule import set_peak_lr
 from .runtime import native_bf16
 from .trainstate import LoadedCheckpoint
 
@@ -157,7 +156,7 @@ class Recovery:
             s.d_optimizer.state.clear()
             source = "the starting weights"
         s.state.lr_scale *= 0.5
-        set_peak_lr(s.lr_pairs(), s.cfg.learning_rate * s.state.lr_scale, s.budget_lr)
+        s.apply_peak_lr()
         old = s.accelerator.mixed_precision
         new = next_precision(old)
         if new is not None:

@@ -99,6 +99,11 @@ class Session:
         """(optimizer, its LR scheduler) for the generator and the discriminator."""
         return [(self.g_optimizer, self.g_scheduler), (self.d_optimizer, self.d_scheduler)]
 
+    def apply_peak_lr(self) -> None:
+        """Both schedules' peak set, and this step's LR from it: always this session's --learning_rate
+        times the recoveries' scale (`state.lr_scale`, halved by each), at set-up and after a recovery."""
+        set_peak_lr(self.lr_pairs(), self.cfg.learning_rate * self.state.lr_scale, self.budget_lr)
+
     @property
     def device(self) -> torch.device:
         return self.accelerator.device
@@ -391,8 +396,7 @@ def _build_session(
         preload_seconds=report.seconds,
         model_source=model_source,
     )
-    # the peak is always this session's --learning_rate (x recoveries' scale)
-    set_peak_lr(session.lr_pairs(), cfg.learning_rate * state.lr_scale, budget_lr)
+    session.apply_peak_lr()
     return session
 
 
