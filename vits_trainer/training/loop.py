@@ -163,6 +163,8 @@ class Trainer:
             checkpoint_dir=session.checkpoint_dir,
         )
         self.outputs = RunOutputs(session, self.metrics, self.agreement, self.threads, self.micro.used)
+        if session.resumed_from is not None:
+            self.outputs.take_over_resumed()
         self.recovery = Recovery(session, self.metrics, lambda: self.outputs.last_checkpoint)
         self.run_end = RunEnd(session, self.outputs, self.agreement)
         self.batches_per_step = cfg.gradient_accumulation_steps  # loader batches; micro-batches may differ

@@ -62,9 +62,12 @@ class RunOutputs:
         self.best_model_refused: str | None = None  # why the latest best weights have no best_model/
         self.report: Path | None = None  # report.html, once written
         self.hub = self._hub_push() if session.cfg.push_to_hub and session.is_main else None
-        if session.resumed_from is not None:
-            self.keep_better_best_model()
-            self._known_evaluation()
+
+    def take_over_resumed(self) -> None:
+        """Before a resumed run's first step: what its folder holds beyond the checkpoint (a better
+        best_model/ to beat: TrainState's best fields may change) and an evaluation of the resumed weights."""
+        self.keep_better_best_model()
+        self._known_evaluation()
 
     def _known_evaluation(self) -> None:
         """A resumed checkpoint whose weights an evaluation scored (the final one of a run that reached
