@@ -308,6 +308,31 @@ def test_a_round_from_another_model_than_the_current_one_is_warned_and_not_promo
     for base in (out / "v1" / "model", *([out / "latest"] if (out / "latest").exists() else [])):
         run.inputs = SimpleNamespace(base_model=base)
         assert run.base_is_not_current() is None
+    # the decision: a clear improvement on its own base is not promoted over v1 (the round's figures are
+    # made up: the rule under test is the base's, not the evaluation's) ...
+    shutil.copytree(light_base["model"], out / "v2" / "model")
+    run.version, run.feedback_eval, run.feedback_train = out / "v2", [], []
+    run.info = {
+        "per_clip_before": {"a": 2.0, "b": 2.1, "c": 1.9},
+        "feedback_split": {"held_out": ["a", "b", "c"]},
+    }
+    session = SimpleNamespace(
+        state=SimpleNamespace(val_history=[{"tag": "start", "feedback_val_mel": 2.0, "val_mel": 1.0}])
+    )
+    summary = {
+        "steps": 5,
+        "final_val": {"feedback_val_mel": 1.5, "val_mel": 1.0},
+        "final_model": str(out / "v2" / "model"),
+    }
+    after = {"a": 1.5, "b": 1.62, "c": 1.41}
+    run.inputs = SimpleNamespace(base_model=Path(light_base["model"]))
+    report = run.report(session, summary, after)
+    assert not report["promoted"], report["reason"]
+    assert "trained from another model than the current one, v1" in report["reason"]
+    assert read_latest(out)["version"] == "v1"
+    # ... where the same round from the current model is
+    run.inputs = SimpleNamespace(base_model=out / "v1" / "model")
+    assert run.report(session, summary, after)["promoted"] and read_latest(out)["version"] == "v2"
     # no current model yet (the first round): nothing to compare with
     (out / "latest.json").unlink()
     run.inputs = SimpleNamespace(base_model=Path(light_base["model"]))
