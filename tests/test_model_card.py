@@ -169,6 +169,9 @@ def test_a_real_runs_exports_carry_the_card(tmp_path, tone_corpus, tiny_model_di
     clips = len(session.data.train)
     assert f"training clips from 1 speaker; {sum(map(len, session.data.val_sets.values()))} more" in text
     assert f" in {clips} training clips" in text and "- Hardware: CPU, precision fp32." in text
+    seconds = float(session.data.train.audio_lengths().sum()) / session.data.train.sample_rate
+    audio = f"{seconds / 60:.1f} min" if seconds >= 60 else f"{seconds:.0f} s"
+    assert f"- Data: {audio} of audio in {clips} training clips" in text
     assert "- Budget: --target_hours 9.5;" in text
     final_row = next(line for line in text.splitlines() if line.startswith("| ") and "final" in line)
     assert final_row.count("|") == 7  # evaluation, step and the four scores, free-running ones included
