@@ -831,3 +831,33 @@ def test_a_curve_that_starts_far_above_the_rest_is_cut_so_the_rest_shows():
     # a rise late in the run is not cut: it is what the curve is for
     late = line_chart("lr", [series("lr", xs, [0.1, 1, 1, 0.9, 0.5, 0.2, 4.0, 3.0, 2.0, 1.0])], "lr")
     assert max(_y_ticks(late)) >= 4.0 and "cut" not in late
+
+
+def test_the_best_evaluation_is_the_best_model_folders_else_the_first_lowest_finite_one():
+    from vits_trainer.training.report import best_eval
+
+    evals = [
+        {"step": 0, "val_mel": float("nan")},  # a diverged evaluation is never the best
+        {"step": 10, "val_mel": 3.0},
+        {"step": 20, "val_mel": 2.0},
+        {"step": 30, "val_mel": 2.0},  # a tie: the run keeps the first (strictly lower wins)
+        {"step": 40, "val_mel": 2.5},
+    ]
+    assert best_eval(evals, "val_mel", None)["step"] == 20
+    # the weights best_model/ holds win over the summary's best_step (a resume went back past it)
+    assert best_eval(evals, "val_mel", {"best_step": 30}, best_model_step=10)["step"] == 10
+    assert best_eval(evals, "val_mel", {"best_step": 30})["step"] == 30
+    assert best_eval(evals, "val_mel", {"best_step": 99}, best_model_step=98)["step"] == 20  # neither found
+
+
+def test_durations_read_hours_minutes_seconds():
+    from vits_trainer.training.report import _duration
+
+    assert [_duration(s) for s in (None, 0, 59.6, 125, 3725, 36000)] == [
+        "–",
+        "0:00",
+        "1:00",
+        "2:05",
+        "1:02:05",
+        "10:00:00",
+    ]
