@@ -52,6 +52,7 @@ import torch  # noqa: E402
 from vits_trainer.data.clipstore import load_clip_store  # noqa: E402
 from vits_trainer.data.items import build_items  # noqa: E402
 from vits_trainer.data.loader import make_loader  # noqa: E402
+from vits_trainer.data.prepare_state import mark_as_made  # noqa: E402
 from vits_trainer.data.sampler import BucketBatchSampler  # noqa: E402
 from vits_trainer.data.synthetic import make_corpus  # noqa: E402
 from vits_trainer.errors import UserError  # noqa: E402
@@ -111,6 +112,7 @@ def espeak_corpus(folder: Path, num_clips: int, seed: int, id_prefix: str) -> li
             write_wav(folder / "wavs" / f"{clip_id}.wav", resample(audio, rate, SAMPLE_RATE), SAMPLE_RATE)
             rows.append({"id": clip_id, "text": text, "speaker": "0"})
     write_metadata(folder, rows)
+    mark_as_made(folder, "espeak")  # a corpus of ours, as make_corpus's: the runs on it keep a clip cache
     return rows
 
 

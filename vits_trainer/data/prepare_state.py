@@ -22,9 +22,15 @@ CLAIMS_NAME = ".prepare_claims"  # one clip id per line, appended before a conve
 
 
 def made_by_prepare(data_dir: Path) -> bool:
-    """Whether prepare_data.py (or the generator of the demo's and the tests' corpora) made `data_dir`:
-    only such a folder gets files of ours beside its clips (the clip cache)."""
+    """Whether prepare_data.py (or a generator of corpora: `mark_as_made`) made `data_dir`: only such a
+    folder gets files of ours beside its clips (the clip cache)."""
     return (data_dir / STATE_NAME).is_file() or (data_dir / REPORT_NAME).is_file()
+
+
+def mark_as_made(data_dir: Path, source: str) -> None:
+    """A corpus this tool generated (the demo's and the tests' in synthetic.py, the benchmarks'), marked
+    as prepare_data.py marks its folders: the trainers keep their clip cache in it."""
+    write_json_atomic(data_dir / STATE_NAME, {"version": 1, "source": source, "clips": {}}, indent=None)
 
 
 def source_key(location: str) -> str:

@@ -14,8 +14,7 @@ from pathlib import Path
 import numpy as np
 import soundfile as sf
 
-from ..jsonfile import write_json_atomic
-from .prepare_state import STATE_NAME
+from .prepare_state import mark_as_made
 
 ALPHABET = "abcdefghijklmno"
 PAUSE_SECONDS = 0.06
@@ -99,6 +98,5 @@ def make_corpus(
         writer = csv.writer(f, delimiter="|", quoting=csv.QUOTE_NONE, escapechar="\\", lineterminator="\n")
         for row in rows:
             writer.writerow([row["id"], row["text"], row["speaker"]])
-    # made here, as prepare_data.py's folders are: the trainers may keep their clip cache in it
-    write_json_atomic(out_dir / STATE_NAME, {"version": 1, "source": "generated", "clips": {}}, indent=None)
+    mark_as_made(out_dir, "generated")  # as prepare_data.py's folders are: the clip cache may go in it
     return rows
