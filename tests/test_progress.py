@@ -57,9 +57,8 @@ class _Budget:
         return 378.0
 
 
-def test_the_bar_shows_one_time_left_the_runs(monkeypatch, capsys):
-    # tqdm's own estimate (steps left of a plan that moves, at a rate that counts the evaluations)
-    # disagreed with the run's: "[00:47<08:15, ..., ETA=6:18]"; the bar keeps the budget's only
+def draw_the_bar_at(monkeypatch, step: int) -> None:
+    """A progress bar on a terminal, its total set (636 steps, 330 done), updated once at `step`, closed."""
     import torch
 
     from vits_trainer.training import reporting
@@ -68,8 +67,14 @@ def test_the_bar_shows_one_time_left_the_runs(monkeypatch, capsys):
     progress = reporting.Progress(_Log(), True, torch.device("cpu"))
     progress.set_total(636, 330)
     values = {"loss_g": 63.3, "mel": 1.21, "samples_per_second": 7.4, "data_wait_fraction": 0.01}
-    progress.update(334, values, _Budget(), epoch_eta=15.0)
+    progress.update(step, values, _Budget(), epoch_eta=15.0)
     progress.close()
+
+
+def test_the_bar_shows_one_time_left_the_runs(monkeypatch, capsys):
+    # tqdm's own estimate (steps left of a plan that moves, at a rate that counts the evaluations)
+    # disagreed with the run's: "[00:47<08:15, ..., ETA=6:18]"; the bar keeps the budget's only
+    draw_the_bar_at(monkeypatch, 334)
     drawn = capsys.readouterr().err.replace("\r", "\n").strip().splitlines()[-1]
     assert "334/636" in drawn and "ETA=6:18" in drawn and "epoch ETA=0:15" in drawn, drawn
     assert "<" not in drawn and "?" not in drawn, drawn
@@ -78,20 +83,12 @@ def test_the_bar_shows_one_time_left_the_runs(monkeypatch, capsys):
 def test_train_log_keeps_the_step_lines_a_bar_shows(monkeypatch, tmp_path, capsys):
     # on a terminal the losses were only in the bar: train.log went from one evaluation to the next
     # with nothing between, and a closed terminal took the run's progress with it
-    import torch
-
-    from vits_trainer.training import reporting
     from vits_trainer.training.runtime import LogCopy, Logger
 
     copy = LogCopy()
     copy.to(tmp_path / "train.log")
     monkeypatch.setattr(Logger, "copy", copy)
-    monkeypatch.setattr(reporting, "is_interactive", lambda: True)
-    progress = reporting.Progress(_Log(), True, torch.device("cpu"))
-    progress.set_total(636, 330)
-    values = {"loss_g": 63.3, "mel": 1.21, "samples_per_second": 7.4, "data_wait_fraction": 0.01}
-    progress.update(340, values, _Budget(), epoch_eta=15.0)
-    progress.close()
+    draw_the_bar_at(monkeypatch, 340)
     lines = (tmp_path / "train.log").read_text(encoding="utf-8").splitlines()
     assert "step 340 | loss 63.300 | mel 1.210 | samples/s 7.4 | wait 1% | epoch ETA 0:15 | ETA 6:18" in lines
     assert "step 340 |" not in capsys.readouterr().out  # the terminal has the bar, not the line too

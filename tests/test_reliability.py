@@ -73,13 +73,18 @@ def test_non_finite_step_changes_no_weight(tmp_path, tiny_model_dir, tone_corpus
 
     batch = one_batch(s)
     batch["audio"][1, 0, :50] = float("inf")
+    assert_step_skipped_with_no_weight_changed(s, batch)
+    assert not s.g_optimizer.state and not s.d_optimizer.state  # AdamW never stepped
+
+
+def assert_step_skipped_with_no_weight_changed(s, batch) -> None:
+    """One optimiser step of `batch` in session `s`: skipped, both networks' weights as they were."""
     before_g = {k: v.clone() for k, v in s.model.state_dict().items()}
     before_d = {k: v.clone() for k, v in s.discriminator_raw.state_dict().items()}
     result = GanStep(s.accelerator, s.generator, s.discriminator, s.g_optimizer, s.d_optimizer)(batch)
     assert result.synced and result.skipped
     assert all(torch.equal(v, before_g[k]) for k, v in s.model.state_dict().items())
     assert all(torch.equal(v, before_d[k]) for k, v in s.discriminator_raw.state_dict().items())
-    assert not s.g_optimizer.state and not s.d_optimizer.state  # AdamW never stepped
 
 
 @pytest.mark.parametrize("network", ["generator", "discriminator"])
@@ -96,12 +101,7 @@ def test_a_non_finite_gradient_behind_finite_losses_changes_no_weight(
     batch = one_batch(s)
     net = s.model if network == "generator" else s.discriminator_raw
     next(net.parameters()).register_hook(lambda grad: grad * float("nan"))
-    before_g = {k: v.clone() for k, v in s.model.state_dict().items()}
-    before_d = {k: v.clone() for k, v in s.discriminator_raw.state_dict().items()}
-    result = GanStep(s.accelerator, s.generator, s.discriminator, s.g_optimizer, s.d_optimizer)(batch)
-    assert result.synced and result.skipped
-    assert all(torch.equal(v, before_g[k]) for k, v in s.model.state_dict().items())
-    assert all(torch.equal(v, before_d[k]) for k, v in s.discriminator_raw.state_dict().items())
+    assert_step_skipped_with_no_weight_changed(s, batch)
 
 
 def test_fp16_gradient_overflow_lowers_the_loss_scale_without_a_recovery(
