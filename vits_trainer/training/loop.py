@@ -343,7 +343,7 @@ class Trainer:
         warning = s.budget_lr.horizon_warning()
         if warning:
             s.log(f"warning: {warning}")
-        note = s.budget_lr.horizon_note(cfg.learning_rate * s.state.lr_scale)
+        note = s.budget_lr.horizon_note(s.peak_lr)
         if note:
             s.log(f"note: {note}")
         budget.start_training()

@@ -99,10 +99,16 @@ class Session:
         """(optimizer, its LR scheduler) for the generator and the discriminator."""
         return [(self.g_optimizer, self.g_scheduler), (self.d_optimizer, self.d_scheduler)]
 
+    @property
+    def peak_lr(self) -> float:
+        """The schedules' peak: always this session's --learning_rate times the recoveries' scale
+        (`state.lr_scale`, halved by each)."""
+        return self.cfg.learning_rate * self.state.lr_scale
+
     def apply_peak_lr(self) -> None:
-        """Both schedules' peak set, and this step's LR from it: always this session's --learning_rate
-        times the recoveries' scale (`state.lr_scale`, halved by each), at set-up and after a recovery."""
-        set_peak_lr(self.lr_pairs(), self.cfg.learning_rate * self.state.lr_scale, self.budget_lr)
+        """Both schedules' peak (`peak_lr`) set, and this step's LR from it, at set-up and after a
+        recovery."""
+        set_peak_lr(self.lr_pairs(), self.peak_lr, self.budget_lr)
 
     @property
     def device(self) -> torch.device:
