@@ -5,6 +5,10 @@ converting it again; prepare_checks.py reads which WAVs this tool wrote (only th
 deleted by --clean). The state is saved at the end of a run, interrupted or not; a run killed before
 that (SIGKILL, a lost session) leaves `.prepare_claims`, the ids handed to a converter before their
 WAVs were written, so the next run still knows those WAVs for its own.
+
+The state (or prepare.py's report) also marks a folder as made by this tool (`made_by_prepare`): the
+trainers write their clip cache only into such a folder; a corpus generated here is marked so too
+(`mark_as_made`).
 """
 
 from __future__ import annotations
