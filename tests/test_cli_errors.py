@@ -193,6 +193,7 @@ def test_several_processes_say_a_set_up_error_once(monkeypatch, capsys):
     def fails(argv):
         raise UserError("--data_dir x: no such folder")
 
+    monkeypatch.setenv("WORLD_SIZE", "2")
     monkeypatch.setenv("RANK", "1")
     assert run_cli(fails) == 2
     assert capsys.readouterr().err == ""

@@ -506,6 +506,7 @@ def test_too_little_disk_space_is_refused_up_front(tmp_path, tiny_model_dir, ton
         build_session(cfg, time.time())
     # another process of `accelerate launch` refuses it too: it waited for the exited main process in
     # make_accelerator until the launcher killed it, 30 s later
+    monkeypatch.setenv("WORLD_SIZE", "2")
     monkeypatch.setenv("RANK", "1")
 
     def make_accelerator(*args):

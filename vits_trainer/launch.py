@@ -25,7 +25,8 @@ _VARIABLES: dict[str, tuple[int, int, str | None]] = {
 
 
 def _read(name: str) -> tuple[int, str | None]:
-    """The variable as a number, and its raw value when it is set but not a whole number a launcher sets."""
+    """The variable as a number, and its raw value when it is set but not a whole number a launcher sets
+    (a RANK is one of the launch's WORLD_SIZE processes: RANK=1 alone is a leftover, not a second process)."""
     default, smallest, _ = _VARIABLES[name]
     raw = os.environ.get(name)
     if raw is None:
@@ -34,7 +35,9 @@ def _read(name: str) -> tuple[int, str | None]:
         value = int(raw)
     except ValueError:
         return default, raw
-    return (value, None) if value >= smallest else (default, raw)
+    if value < smallest or (name == "RANK" and value >= world_size()):
+        return default, raw
+    return value, None
 
 
 def process_rank() -> int:
