@@ -621,6 +621,25 @@ def test_an_ljspeech_metadata_read_as_it_came_says_its_third_column_is_no_speake
     assert not [line for line in said if "third column" in line]
 
 
+def test_speakers_named_in_full_are_not_taken_for_sentences(tmp_path: Path) -> None:
+    # a speaker column of full names (two voices, each name with a space) was warned about as an
+    # LJSpeech metadata.csv's sentences: sentences are one per clip, speakers are few
+    raw = tmp_path / "named"
+    make_corpus(raw, num_clips=12, sample_rate=SR, num_speakers=2, seed=2)
+    (raw / ".prepare_state.json").unlink()
+    names = {"0": "Ali Rezaei", "1": "Sara Ahmadi"}
+    lines = (raw / "metadata.csv").read_text(encoding="utf-8").splitlines()
+    rows = [line.split("|") for line in lines]
+    assert {speaker for _, _, speaker in rows} == set(names)
+    (raw / "metadata.csv").write_text(
+        "".join(f"{i}|{t}|{names[sp]}\n" for i, t, sp in rows), encoding="utf-8"
+    )
+    said: list[str] = []
+    store, _ = load(raw, log=said.append)
+    assert set(store.speakers) == set(names.values())
+    assert not [line for line in said if "third column" in line]
+
+
 def test_the_preload_benchmarks_corpus_gets_its_cache(tmp_path: Path) -> None:
     # bench/bench_preload.py times a cold load (building the cache) against warm ones (reading it): a
     # folder of its own wavs and metadata.csv, if taken for a user's corpus, got no cache and the

@@ -254,9 +254,11 @@ def _read_all(
 
 def _warn_if_speakers_are_sentences(meta_path: Path, rows: list[MetaRow], log: Log) -> None:
     """A metadata.csv that prepare_data.py did not write, whose third column holds sentences (LJSpeech's:
-    id|text|normalised text): each one is read as a speaker name, which a warning says."""
+    id|text|normalised text): each one is read as a speaker name, which a warning says. Sentences are
+    about one per clip and mostly hold a space; speakers are few, even named in full ("Ali Rezaei")."""
     speakers = {row.speaker for row in rows}
-    if len(speakers) > 1 and sum(" " in name for name in speakers) > len(speakers) / 2:
+    many = len(speakers) > 1 and len(speakers) > len(rows) / 2
+    if many and sum(" " in name for name in speakers) > len(speakers) / 2:
         log(
             f"warning: {meta_path}: its third column is read as {len(speakers)} speaker names, most of them "
             "sentences (an LJSpeech metadata.csv's normalised text?); prepare_data.py reads that format"
