@@ -598,6 +598,23 @@ def test_a_folder_prepare_data_did_not_make_gets_no_cache_written_into_it(tmp_pa
         assert report.cache_hit and (prepared / "cache").is_dir()
 
 
+def test_a_folder_prepare_data_did_not_make_and_larger_than_the_ram_share_is_refused(tmp_path: Path) -> None:
+    # such a folder gets no cache, so nothing can be memory-mapped: read whole into RAM by every process,
+    # a corpus above --max_ram_gb's share would run the machine out of memory instead
+    raw = tmp_path / "corpus"
+    made = tmp_path / "made"
+    make_corpus(made, num_clips=6, sample_rate=SR, seed=1)
+    shutil.copytree(made / "wavs", raw / "wavs")
+    shutil.copy(made / "metadata.csv", raw / "metadata.csv")
+    before = sorted(p.relative_to(raw) for p in raw.rglob("*"))
+    with pytest.raises(UserError) as err:
+        load(raw, max_ram_gb=1e-6)
+    assert "prepare_data.py --source" in str(err.value) and "--max_ram_gb" in str(err.value)
+    assert sorted(p.relative_to(raw) for p in raw.rglob("*")) == before
+    store, _ = load(raw)  # within the share: read into RAM as before
+    assert len(store) == 6
+
+
 def test_an_ljspeech_metadata_read_as_it_came_says_its_third_column_is_no_speaker(tmp_path: Path) -> None:
     # LJSpeech's metadata.csv is id|text|normalised text: read as it came, every sentence became a
     # speaker name (12 speakers for 12 clips) and only a note about preparing the folder was said

@@ -320,6 +320,13 @@ def load_clip_store(
         report.cache_path = str(cache_dir)
         store = _open_cache(index, rows, cache_dir / AUDIO_NAME, sample_rate, ram_limit, report, log)
     elif foreign:
+        if wav_bytes > ram_limit:  # no cache to memory-map: every process would hold it all in RAM
+            raise UserError(
+                f"{data_dir}: its wavs ({_gb(wav_bytes)}) exceed this process's share of RAM "
+                f"({_gb(ram_limit)}, --max_ram_gb), and prepare_data.py did not make this folder, so no "
+                f"cache that could be memory-mapped is written into it: prepare it (python prepare_data.py "
+                f"--source {data_dir} --data_dir DIR) and train on DIR"
+            )
         log(
             f"note: {data_dir} holds no {REPORT_NAME}: prepare_data.py did not make it, so the clip cache is "
             f"not written into it and every start reads its wavs (to keep a cache, prepare it: python "
