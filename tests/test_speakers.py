@@ -119,3 +119,12 @@ def test_a_long_speaker_map_is_cut_short_in_the_log(single):
     resolve_speakers("auto", single, names, None, lines.append)
     line = next(line for line in lines if line.startswith("speakers:"))
     assert "s00 = 0" in line and "and 22 more" in line and "s29" not in line, line
+
+
+def test_the_speaker_map_line_names_only_what_the_ids_do_not_say():
+    from vits_trainer.model.speakers import describe_map
+
+    assert describe_map({"narin": 1, "azad": 0}) == "azad = 0, narin = 1"
+    # a corpus whose speakers are named by number: "0 = 0, 1 = 1" told the reader nothing
+    assert describe_map({"0": 0, "1": 1}) == "ids 0 and 1, as the data names them"
+    assert describe_map({str(i): i for i in range(12)}) == "ids 0 to 11, as the data names them"

@@ -89,6 +89,12 @@ def resolve_speakers(wanted: int | str | None, model: VitsModel, names: list[str
 def describe_map(mapping: dict[str, int], limit: int = 8) -> str:
     """`azad = 0, narin = 1`: the ids speak.py --speaker_id and the pipeline take, by id; a long map is
     cut short (speakers.json has it all)."""
+    ids = sorted(mapping.values())
+    if ids and all(name == str(sid) for name, sid in mapping.items()):  # "0 = 0, 1 = 1" says nothing
+        if len(ids) > 2 and ids == list(range(ids[0], ids[-1] + 1)):
+            return f"ids {ids[0]} to {ids[-1]}, as the data names them"
+        shown = ", ".join(map(str, ids[:-1])) + f" and {ids[-1]}" if len(ids) > 1 else str(ids[0])
+        return f"id{'s' if len(ids) > 1 else ''} {shown}, as the data names them"
     pairs = [f"{name} = {sid}" for name, sid in sorted(mapping.items(), key=lambda kv: (kv[1], kv[0]))]
     more = f" and {len(pairs) - limit} more" if len(pairs) > limit else ""
     return ", ".join(pairs[:limit]) + more
