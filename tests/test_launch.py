@@ -25,3 +25,14 @@ def test_a_rank_beyond_the_launchs_processes_counts_as_the_main_process(monkeypa
     assert capsys.readouterr().err == "error: --data_dir x: no such folder\n"
     monkeypatch.setenv("WORLD_SIZE", "2")  # a launch of two: the second process
     assert process_rank() == 1 and not is_main_process() and launch_warnings() == []
+
+
+def test_a_stray_variable_is_said_by_the_main_process_only(monkeypatch):
+    # a launcher that sets RANK and WORLD_SIZE but not LOCAL_WORLD_SIZE, under a shell that left
+    # LOCAL_WORLD_SIZE=auto: every process printed the same warning
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    monkeypatch.setenv("LOCAL_WORLD_SIZE", "auto")
+    monkeypatch.setenv("RANK", "0")
+    assert len(launch_warnings()) == 1
+    monkeypatch.setenv("RANK", "1")
+    assert launch_warnings() == []

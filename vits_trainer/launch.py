@@ -62,8 +62,11 @@ def stray_world_size() -> str | None:
 
 
 def launch_warnings() -> list[str]:
-    """A line for each of the variables set to something no launcher sets, saying how it is read."""
+    """A line for each of the variables set to something no launcher sets, saying how it is read; from
+    the main process only (every process of a launch reads the same environment: once is enough)."""
     lines = []
+    if process_rank() != 0:
+        return lines
     for name, (_, _, meaning) in _VARIABLES.items():
         raw = _read(name)[1]
         if raw is not None and meaning is not None:
