@@ -92,3 +92,21 @@ def test_train_log_keeps_the_step_lines_a_bar_shows(monkeypatch, tmp_path, capsy
     lines = (tmp_path / "train.log").read_text(encoding="utf-8").splitlines()
     assert "step 340 | loss 63.300 | mel 1.210 | samples/s 7.4 | wait 1% | epoch ETA 0:15 | ETA 6:18" in lines
     assert "step 340 |" not in capsys.readouterr().out  # the terminal has the bar, not the line too
+
+
+def test_a_longer_plan_says_why_the_percentage_fell(monkeypatch, capsys):
+    # a re-plan from 636 to 740 steps took the bar from 61% to 54%, which read as lost progress
+    import torch
+
+    from vits_trainer.training import reporting
+
+    monkeypatch.setattr(reporting, "is_interactive", lambda: True)
+    progress = reporting.Progress(_Log(), True, torch.device("cpu"))
+    progress.set_total(636, 388)
+    progress.set_total(740, 400)
+    drawn = capsys.readouterr().err.replace("\r", "\n").strip().splitlines()[-1]
+    assert "plan 636->740 steps" in drawn and "400/740" in drawn, drawn
+    progress.set_total(700, 420)  # a shorter plan: the percentage rose, nothing to explain
+    drawn = capsys.readouterr().err.replace("\r", "\n").strip().splitlines()[-1]
+    assert "plan" not in drawn and "420/700" in drawn, drawn
+    progress.close()

@@ -85,7 +85,12 @@ class Progress:
 
     def set_total(self, total: int, done: int) -> None:
         if self.bar is not None:
+            before = self.bar.total
             self.bar.total = min(total, self.max_steps) if self.max_steps else total
+            # a longer plan lowers the percentage (61% -> 54%), which reads as lost progress: the bar
+            # says the plan grew, until a re-plan shortens it again
+            grew = before and self.bar.total > before
+            self.bar.set_description_str(f"plan {before:,}->{self.bar.total:,} steps" if grew else "", False)
             self.bar.bar_format = BAR_FORMAT
             self.bar.n = done
             self.bar.refresh()
