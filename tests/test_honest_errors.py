@@ -377,6 +377,11 @@ def test_a_resumed_run_already_at_max_steps_says_why_it_trains_nothing(
     assert first["steps"] == second["steps"] == 2 and second["stopped_reason"] == "max_steps"
     out = capsys.readouterr().out
     assert "max_steps: step 2 is --max_steps 2 already: no training step (--max_steps 0 lets" in out
+    assert "schedule of this session" not in out  # a schedule no step follows: the note only puzzled
+    _, third = train_tiny(tmp_path, tone_corpus, tiny_model_dir, **{**run, "max_steps": 3})
+    assert third["steps"] == 3 and "note: the learning rate follows a schedule of this session's own" in (
+        capsys.readouterr().out
+    )
 
 
 def test_a_run_resumed_at_max_steps_does_not_evaluate_the_same_weights_again(

@@ -343,9 +343,6 @@ class Trainer:
         warning = s.budget_lr.horizon_warning()
         if warning:
             s.log(f"warning: {warning}")
-        note = s.budget_lr.horizon_note(s.peak_lr)
-        if note:
-            s.log(f"note: {note}")
         budget.start_training()
         self.write_session_record(started)
         self.micro.start()
@@ -353,6 +350,9 @@ class Trainer:
             self.begin_compile()
         # asked before the first step too: a step that cannot finish before the deadline is not started
         stop_reason, _ = self.stop_decision()
+        note = s.budget_lr.horizon_note(s.peak_lr)
+        if note and stop_reason is None:  # a session that trains no step follows no schedule
+            s.log(f"note: {note}")
         if stop_reason == "budget":
             weighed = budget.stop_state()  # the step with its headroom: the figures the rule compared
             s.log(
