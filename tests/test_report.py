@@ -861,3 +861,20 @@ def test_durations_read_hours_minutes_seconds():
         "1:02:05",
         "10:00:00",
     ]
+
+
+def test_the_final_model_is_a_link_and_the_wait_policy_is_in_words(tmp_path, monkeypatch):
+    # the final model's path was plain text beside the files' links, and the Threads table read
+    # "omp_wait_policy –" where the log said "OpenMP wait policy spin 10000 then sleep"
+    run = tmp_path / "run" / "checkpoints"
+    run.mkdir(parents=True)
+    fake_run(run)
+    (tmp_path / "run" / "final_model").mkdir()
+    summary = json.loads((run / "train_summary.json").read_text())
+    summary["final_model"] = "run/final_model"  # as given on the command line: relative to its folder
+    summary["threads"] = {"torch_threads": 2, "omp_wait_policy": None, "gomp_spincount": "10000"}
+    (run / "train_summary.json").write_text(json.dumps(summary))
+    monkeypatch.chdir(tmp_path)
+    page = write_report(run, "python train_vits.py").read_text(encoding="utf-8")
+    assert '<th>final model</th><td><a href="../final_model/">run/final_model</a>' in page
+    assert "<th>omp_wait_policy</th><td>unset: spin 10000 then sleep</td>" in page

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import statistics
 import time
 from dataclasses import dataclass, field
@@ -29,7 +30,7 @@ from urllib.parse import quote
 from ..jsonfile import write_json_atomic, write_text_atomic
 from ..safety import marker_step, read_marker
 from .report_svg import PHASE_COLORS, Timeline, line_chart, series, timeline_svg
-from .runtime import LOG_FILE
+from .runtime import LOG_FILE, wait_policy_words
 
 REPORT_FILE = "report.html"
 REFERENCE_FOLDER = "reference"  # samples/reference/: the validation recordings, written once per run
@@ -352,10 +353,10 @@ def status_section(run: RunFiles, best: dict | None, best_metric: str, now: floa
             ),
             ("epochs trained", _fmt(summary.get("epochs_trained"), 3)),
             ("samples per second", _fmt(summary.get("samples_per_second"), 3)),
-            ("final model", _fmt(summary.get("final_model"))),
+            ("final model", _folder_link(summary.get("final_model"), run.folder)),
             (
                 "best model",
-                _fmt(summary.get("best_model"))
+                _folder_link(summary.get("best_model"), run.folder)
                 + (f" (step {_fmt(summary.get('best_model_step'))})" if summary.get("best_model") else ""),
             ),
             ("final evaluation", _final_evaluation(summary)),
@@ -378,6 +379,16 @@ def status_section(run: RunFiles, best: dict | None, best_metric: str, now: floa
         facts.append(("files", " · ".join(f'<a href="{_src(n)}">{escape(n)}</a>' for n in links)))
     rows = "".join(f"<tr><th>{k}</th><td>{v}</td></tr>" for k, v in facts)
     return f'<section id="status"><h2>Status</h2><table class="facts">{rows}</table></section>'
+
+
+def _folder_link(path: str | None, folder: Path) -> str:
+    """A model folder the summary names, as a link relative to the report (the files beside it are
+    links too); plain text where it is gone. The path is as the run was given it: relative to the
+    working folder of the process writing the report, which is the run's own."""
+    if not path or not Path(path).is_dir():
+        return _fmt(path)
+    relative = os.path.relpath(Path(path).resolve(), folder.resolve())
+    return f'<a href="{_src(Path(relative).as_posix())}/">{escape(path)}</a>'
 
 
 def _final_evaluation(summary: dict) -> str:
@@ -793,9 +804,13 @@ def threads_section(run: RunFiles) -> str:
     threads = (run.summary or {}).get("threads")
     parts = []
     if isinstance(threads, dict):
+        # unset, the policy is GOMP_SPINCOUNT's: in the log's words, not a dash
+        shown = dict(threads)
+        if "omp_wait_policy" in shown:
+            shown["omp_wait_policy"] = shown["omp_wait_policy"] or f"unset: {wait_policy_words(threads)}"
         rows = "".join(
             f"<tr><th>{escape(str(k))}</th><td>{_fmt(v)}</td></tr>"
-            for k, v in threads.items()
+            for k, v in shown.items()
             if not isinstance(v, list | dict)
         )
         parts.append(f'<table class="facts">{rows}</table>')

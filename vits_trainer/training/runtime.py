@@ -83,12 +83,17 @@ def thread_report() -> dict[str, str | int | None]:
     return report
 
 
-def describe_threads(report: dict) -> str:
-    policy = report.get("omp_wait_policy") or (
+def wait_policy_words(report: dict) -> str:
+    """How idle OpenMP threads wait, in words: OMP_WAIT_POLICY, else what GOMP_SPINCOUNT makes of it."""
+    return report.get("omp_wait_policy") or (
         f"spin {report['gomp_spincount']} then sleep"
         if report.get("gomp_spincount")
         else "default (spinning)"
     )
+
+
+def describe_threads(report: dict) -> str:
+    policy = wait_policy_words(report)
     line = (
         f"threads: torch {report['torch_threads']}, numba {report.get('numba_threads') or 'default'}, "
         f"OpenMP wait policy {policy}, {report['available_cpus']} CPUs available"
