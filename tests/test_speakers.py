@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 
 import pytest
 import torch
@@ -74,11 +75,14 @@ def test_bad_num_speakers_is_one_clear_error(value, tmp_path, tone_corpus, tiny_
         tiny_config(tmp_path, tone_corpus, tiny_model_dir, num_speakers=value)
 
 
-def test_multi_speaker_fine_tune_exports_each_voice_and_resume_keeps_the_map(tmp_path, tiny_model_dir):
+def test_multi_speaker_fine_tune_exports_each_voice_and_resume_keeps_the_map(
+    tmp_path, tiny_model_dir, capsys
+):
     corpus = tmp_path / "corpus"
     make_corpus(corpus, num_clips=24, num_speakers=2, seed=3)
     fast = dict(val_fraction=0.2)
     session, summary = train_tiny(tmp_path, corpus, tiny_model_dir, max_steps=2, num_speakers="auto", **fast)
+    first_lines = capsys.readouterr().out
     assert session.model.config.num_speakers == 2 and session.speakers == {"0": 0, "1": 1}
 
     final = tmp_path / "final_model"
@@ -103,6 +107,11 @@ def test_multi_speaker_fine_tune_exports_each_voice_and_resume_keeps_the_map(tmp
     resumed, _ = train_tiny(tmp_path, corpus, tiny_model_dir, max_steps=3, **fast)
     assert resumed.resumed_from is not None
     assert resumed.model.config.num_speakers == 2 and resumed.speakers == {"0": 0, "1": 1}
+    # the start line counted the single-speaker model loaded (0.8 M), the resumed one the trained (1.1 M)
+    trained = sum(p.numel() for p in resumed.model.parameters()) / 1e6
+    resumed_line = re.search(r"model: .*\(([\d.]+) M parameters\)", capsys.readouterr().out).group(1)
+    assert resumed_line == f"{trained:.1f}"
+    assert f"model: {trained:.1f} M parameters trained (" in first_lines and "for 2 speakers" in first_lines
 
 
 def test_the_start_line_says_which_id_each_speaker_got(single):

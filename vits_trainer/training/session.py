@@ -347,6 +347,7 @@ def _build_session(
     saved_batch = (trainer_state.get("config") or {}).get("batch_size") if ckpt is not None else None
     rescale_epoch_position(state, accelerator.num_processes, log, cfg.batch_size, saved_batch)
     store, report = load_store(cfg, Path(cfg.data_dir), model.config.sampling_rate, accelerator, log)
+    loaded = (_parameters(model), model.config.vocab_size, model.config.num_speakers)
     if ckpt is None:
         check_vocabulary(cfg, model, text, store, log)
     else:  # the vocabulary is the checkpoint's; data given anew may say what it lacks
@@ -354,6 +355,7 @@ def _build_session(
     model, speakers = resolve_speakers(
         cfg.speakers_wanted(), model, store.speakers, trainer_state.get("speakers"), log
     )
+    _describe_growth(model, *loaded, log)
     generator = make_generator(cfg, model, log)
     data = (data_fn or split_data)(
         cfg, store, text, speakers, generator.hop_length, trainer_state.get("val_ids"), log
@@ -521,9 +523,28 @@ def _describe_start(accelerator, precision: str, model, model_source: str, ckpt,
         note = idle_gpus_note(accelerator.num_processes, torch.cuda.device_count(), sys.argv)
         if note:
             log(note)
-    log(f"model: {model_source} ({sum(p.numel() for p in model.parameters()) / 1e6:.1f} M parameters)")
+    log(f"model: {model_source} ({_parameters(model) / 1e6:.1f} M parameters)")
     if ckpt is not None:
         log(f"resuming from {ckpt.path.name} (step {ckpt.step}): the weights are the checkpoint's")
+
+
+def _parameters(model) -> int:
+    return sum(p.numel() for p in model.parameters())
+
+
+def _describe_growth(model, parameters: int, vocab_size: int, num_speakers: int, log) -> None:
+    """The parameters trained, when added letters (--extend_vocab) or speakers (--num_speakers) made
+    them more than the start line's count of the model loaded (0.8 M said, 1.1 M trained, and a
+    resumed session then said 1.1 M)."""
+    before, after = f"{parameters / 1e6:.1f}", f"{_parameters(model) / 1e6:.1f}"
+    if before == after:  # a few letters of a large model: the figure said holds
+        return
+    added = []
+    if model.config.vocab_size > vocab_size:
+        added.append(f"{model.config.vocab_size - vocab_size} letter(s)")
+    if model.config.num_speakers > num_speakers:
+        added.append(f"{model.config.num_speakers} speakers")
+    log(f"model: {after} M parameters trained ({before} M loaded, the rest for {' and '.join(added)})")
 
 
 def _make_optimizers(
