@@ -461,7 +461,7 @@ def test_warmup_is_capped_from_the_first_estimate_then_by_the_plan():
     run_steps(b, clock, 1, seconds=0.5, samples=16)  # the first measured step: ~7,000 steps fit
     first_cap = lr.effective_warmup_steps
     assert 600 < first_cap < 720 and lr.warmup_capped
-    assert "optimizer steps estimated before the plan; using" in lr.warmup_message()  # not "planned" yet
+    assert "optimizer steps estimated before the plan)" in lr.warmup_message()  # not "planned" yet
     assert lr.factor(b.global_step) == pytest.approx((b.global_step + 1) / first_cap)
     run_steps(b, clock, 3, seconds=0.5, samples=16)
     assert b.benchmark_done()
@@ -487,8 +487,9 @@ def test_a_run_ended_by_max_steps_warms_up_and_decays_within_them():
     lr = BudgetLR(b, warmup_steps=500, max_steps=20)
     b.start_training()
     assert lr.effective_warmup_steps == 2  # known before any step
+    # information, not a fault: README's own rehearsal command read "warmup capped: ... using 12"
     assert lr.warmup_message() == (
-        "warmup capped: --warmup_steps 500 is more than 10% of the 20 optimizer steps of --max_steps; using 2"
+        "warmup: 2 steps (--warmup_steps 500, at most 10% of the 20 optimizer steps of --max_steps)"
     )
     factors = []
     for _ in range(20):

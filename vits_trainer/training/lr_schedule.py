@@ -100,10 +100,10 @@ class BudgetLR:
         if not self.warmup_capped:
             return None
         planned, steps = self.horizon_steps()
+        # worded as the schedule it is, not a fault: README's own rehearsal command prints it
         return (
-            f"warmup capped: --warmup_steps {self.warmup_steps:,} is more than "
-            f"{self.max_warmup_fraction:.0%} of the {planned:,} {steps}; "
-            f"using {self.effective_warmup_steps:,}"
+            f"warmup: {self.effective_warmup_steps:,} steps (--warmup_steps {self.warmup_steps:,}, at most "
+            f"{self.max_warmup_fraction:.0%} of the {planned:,} {steps})"
         )
 
     def factor(self, optimizer_step: int) -> float:
