@@ -67,7 +67,7 @@ def one(model_kind: str, batch: int, steps: int, settings: dict) -> dict:
     summary = Trainer(session).train()
     peak_cuda = torch.cuda.max_memory_allocated() / 2**30 if torch.cuda.is_available() else None
     return {
-        "step_seconds": session.budget.step_seconds(),
+        "step_seconds": session.budget.average_step_seconds(),
         "samples_per_second": summary["samples_per_second"],
         "trainable_generator_m": trainable / 1e6,
         "peak_rss_gb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20,

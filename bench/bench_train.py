@@ -139,7 +139,7 @@ def runner_throughput(
         "samples_per_second": statistics.median(steps_logged[2:] or steps_logged),
         "wall_samples_per_second": wall_samples_per_second(lines, 2),  # the same steps, on the wall clock
         "samples_per_second_every_step": summary["samples_per_second"],
-        "step_seconds": session.budget.step_seconds(),
+        "step_seconds": session.budget.average_step_seconds(),
         "data_wait_fraction": summary["data_wait_fraction"],
         "peak_vram_gb": vram or None,
         "micro_batch_size": summary["micro_batch_size"],

@@ -81,13 +81,13 @@ def test_benchmark_excludes_warmup_steps():
     run_steps(b, clock, 2, seconds=30.0, samples=8)  # compile / allocator warm-up
     assert not b.benchmark_done()
     assert b.samples_per_second() == 0.0
-    assert b.step_seconds() == 30.0  # nothing measured yet: the warm-up step is all we know
+    assert b.average_step_seconds() == 30.0  # nothing measured yet: the warm-up step is all we know
     run_steps(b, clock, 3, seconds=0.5, samples=8)
     assert not b.benchmark_done()  # 24 measured samples < 32
     run_steps(b, clock, 1, seconds=0.5, samples=8)
     assert b.benchmark_done()
     assert b.samples_per_second() == pytest.approx(16.0)  # warm-up steps would give ~0.26
-    assert b.step_seconds() == pytest.approx(0.5)
+    assert b.average_step_seconds() == pytest.approx(0.5)
     assert b.global_step == 6 and b.session_steps == 6
 
 
@@ -133,7 +133,7 @@ def test_plan_arithmetic():
     assert plan.seconds_per_epoch == pytest.approx(100.0)
     assert plan.steps_per_epoch == 200
     # no step starts unless as much again would fit: training ends a step's time (0.5 s) early
-    spare = b.typical_step_seconds()
+    spare = b.median_step_seconds()
     assert spare == pytest.approx(0.5)
     time_left = b.deadline() - clock() - b.final_reserve() - spare
     remaining_epochs = time_left / 100.0
@@ -296,14 +296,14 @@ def test_reserve_is_conservative():
     # not taken as typical (it would end the run early)...
     run_steps(b, clock, 10, seconds=1.0, samples=4)
     run_steps(b, clock, 1, seconds=4.0, samples=4)
-    assert b.typical_step_seconds() == pytest.approx(1.0)
+    assert b.median_step_seconds() == pytest.approx(1.0)
     clock.t = 1000 - b.final_reserve() - 2.0
     assert not b.should_stop()
     clock.t += 1e-6
     assert b.should_stop()
     # ... but a slow spell is, once it is most of the recent steps: the stop comes earlier.
     run_steps(b, clock, 2, seconds=4.0, samples=4)
-    assert b.typical_step_seconds() == pytest.approx(4.0)
+    assert b.median_step_seconds() == pytest.approx(4.0)
     clock.t = 1000 - b.final_reserve() - 7.9
     assert b.should_stop()
 
@@ -538,7 +538,7 @@ def test_total_hours_across_two_sessions():
     assert lr2.effective_warmup_steps == warmup  # the cap belongs to the horizon
     assert lr2.progress() == pytest.approx(p1)  # progress continues where session 1 left it
     assert lr2.factor(b2.global_step) == pytest.approx(f1)  # no warmup restart
-    assert b2.step_seconds() == pytest.approx(1.0)  # the prior until re-measured
+    assert b2.average_step_seconds() == pytest.approx(1.0)  # the prior until re-measured
     clock2.advance(10.0)
     b2.start_training()
     factors = []
@@ -634,7 +634,7 @@ def test_state_dict_round_trip_priors():
     b2 = Budget(3600, 0.0, clock=FakeClock(0.0))
     b2.load_state_dict(state)
     assert b2.samples_per_second() == pytest.approx(b.samples_per_second())
-    assert b2.step_seconds() == pytest.approx(b.step_seconds())
+    assert b2.average_step_seconds() == pytest.approx(b.average_step_seconds())
     assert (b2.eval_seconds(), b2.save_seconds(), b2.export_seconds()) == pytest.approx((12.0, 7.0, 33.0))
     b2.set_estimates(save_seconds=3.0)
     assert b2.save_seconds() == 7.0  # conservative between prior and estimate until measured
@@ -665,7 +665,7 @@ def test_a_short_warmup_step_stands_for_a_full_step_at_its_time_per_clip():
     b.observe_step(40.0, 32)
     clock.advance(10.0)
     b.observe_step(10.0, 4)
-    assert b.typical_step_seconds() == pytest.approx(40.0)  # min(40, 10 * 32 / 4): not the 10 s step
+    assert b.median_step_seconds() == pytest.approx(40.0)  # min(40, 10 * 32 / 4): not the 10 s step
     assert b.state_dict()["step_seconds"] == pytest.approx(40.0)
 
 
@@ -816,14 +816,14 @@ def test_a_step_far_slower_than_the_median_is_not_repeated_when_one_as_slow_woul
     b.observe_export(3.0)
     run_steps(b, clock, 4, seconds=1.0, samples=4)
     run_steps(b, clock, 1, seconds=30.0, samples=4)
-    assert b.typical_step_seconds() == pytest.approx(1.0)
+    assert b.median_step_seconds() == pytest.approx(1.0)
     overrun = b.allowed_overrun_seconds()
     assert overrun == 10.0
     slow_limit = b.deadline() + overrun - 30.0 - b.final_reserve()  # a 30 s step started later overruns
     clock.t = slow_limit - 1e-3
     assert not b.should_stop()
     clock.t = slow_limit + 1e-3
-    assert clock() + 2 * b.typical_step_seconds() + b.final_reserve() < b.deadline()  # the median's rule: go
+    assert clock() + 2 * b.median_step_seconds() + b.final_reserve() < b.deadline()  # the median's rule: go
     assert b.should_stop()
 
 

@@ -249,7 +249,7 @@ class Budget:
         """(training seconds left, what ends them when not the budget: " before --max_steps N"):
         --max_steps may end training long before the budget does."""
         left = self.training_end() - self.clock()
-        step_seconds = self.typical_step_seconds()
+        step_seconds = self.median_step_seconds()
         if max_steps and step_seconds > 0:
             by_steps = max(0, max_steps - self.global_step) * step_seconds
             if by_steps < left:
@@ -352,8 +352,10 @@ class Budget:
     def export_seconds(self) -> float:
         return self._event_seconds("export")
 
-    def step_seconds(self) -> float:
-        """EMA of measured optimizer-step time; before any: last session's, else an unmeasured step's, else 0."""
+    def average_step_seconds(self) -> float:
+        """Moving average (EMA) of measured step time, for display only: the progress bar's epoch ETA, the
+        benchmarks. Before any: last session's, else an unmeasured step's, else 0. The budget's decisions
+        use `median_step_seconds` instead: an EMA follows one slow step."""
         if self._step.ema is not None:
             return self._step.ema
         if "step" in self._priors:
@@ -366,8 +368,9 @@ class Budget:
             return self._step_samples.ema / self._step.ema
         return self._priors.get("samples_per_second", 0.0)
 
-    def typical_step_seconds(self) -> float:
-        """What the next optimizer step should cost: robust to one outlier, and to slow first steps.
+    def median_step_seconds(self) -> float:
+        """The typical step, what the next one should cost, robust to one outlier and to slow first steps:
+        --max_steps's time left, the provisional horizon, the micro-batch trial; doubled, the stop rule.
 
         The median of the last few measured steps; while there are none, the fastest unmeasured step (the
         session's first are the slow ones: compilation, allocator), and before any step the
@@ -399,7 +402,7 @@ class Budget:
         decays."""
         if not self._recent_steps or self.training_start is None:
             return  # the unmeasured steps (compilation) would make the horizon, and the warmup, far too short
-        typical = self.typical_step_seconds()
+        typical = self.median_step_seconds()
         if self.total_seconds is None:
             window = self.training_end() - self.training_start
         else:
@@ -418,7 +421,9 @@ class Budget:
             self._step.count >= _BENCHMARK_MIN_STEPS and self._measured_seconds >= _BENCHMARK_ENOUGH_SECONDS
         )
 
-    def _next_step_seconds(self) -> float:
+    def _step_with_headroom_seconds(self) -> float:
+        """What the stop rule keeps for the next step (should_stop, can_afford, the plan's end): the median
+        step, doubled."""
         # The typical step, and as much again as headroom: on a shared machine a step can take twice its
         # usual time, and that overrun would otherwise come out of the final evaluation. One step of a
         # multi-hour run is a negligible price. Typical is a median, not the slowest recent step: one slow
@@ -427,8 +432,8 @@ class Budget:
             # Only unmeasured steps so far: they are the slow ones (compilation, allocator), so the fastest is
             # already an upper bound with headroom in it; doubled, one slow first step would end a short
             # run after it (seen: 1 step at 0.4-0.8 of the budget). The slow-spell check bounds the rest.
-            return self.typical_step_seconds()
-        return 2.0 * self.typical_step_seconds()
+            return self.median_step_seconds()
+        return 2.0 * self.median_step_seconds()
 
     def _slow_spell_overruns(self) -> bool:
         # A slow spell the median has not caught up with yet: were the next step as slow as the last one,
@@ -477,7 +482,7 @@ class Budget:
         multi-process runs rank 0 calls it and broadcasts the answer.
         """
         return (
-            self.clock() + self._next_step_seconds() + self.final_reserve() > self.deadline()
+            self.clock() + self._step_with_headroom_seconds() + self.final_reserve() > self.deadline()
             or self._slow_spell_overruns()
         )
 
@@ -485,14 +490,17 @@ class Budget:
         """What `should_stop` weighed, for the summary: why a run ended where it did."""
         return {
             "seconds_left": round(self.deadline() - self.clock(), 2),
-            "next_step_seconds": round(self._next_step_seconds(), 2),  # typical step + headroom
+            "next_step_seconds": round(self._step_with_headroom_seconds(), 2),  # typical step + headroom
             "last_step_seconds": round(self._last_step_seconds or 0.0, 2),
             "final_reserve_seconds": round(self.final_reserve(), 2),
         }
 
     def can_afford(self, seconds: float) -> bool:
         """Whether an extra `seconds` (intermediate eval/save) still leaves one step (+ headroom) + the final reserve."""
-        return self.clock() + seconds + self._next_step_seconds() + self.final_reserve() <= self.deadline()
+        return (
+            self.clock() + seconds + self._step_with_headroom_seconds() + self.final_reserve()
+            <= self.deadline()
+        )
 
     def plan(
         self,
@@ -561,7 +569,7 @@ class Budget:
         # the stop rule's headroom: no step starts unless as much again would still fit, so training
         # ends at least this long before the final reserve (without it the plan promised a step or two
         # more than a run of slow steps makes)
-        spare = self._next_step_seconds() - self.typical_step_seconds()
+        spare = self._step_with_headroom_seconds() - self.median_step_seconds()
         train_end = self.deadline() - (ev + sv + ex + after + safety + spare)
         left = max(0.0, train_end - now)
         remaining_epochs = left / seconds_per_epoch

@@ -556,7 +556,7 @@ class Trainer:
         self.metrics.write(record)
         if s.accelerator.trackers:
             s.accelerator.log(values, step=s.budget.global_step)
-        epoch_eta = batches_left / self.batches_per_step * s.budget.step_seconds()
+        epoch_eta = batches_left / self.batches_per_step * s.budget.average_step_seconds()
         self.progress.update(s.budget.global_step, values, s.budget, epoch_eta)
         self.window = StepWindow()  # the next line covers the steps from here
 

@@ -126,7 +126,7 @@ class MicroBatchPolicy:
     def trial_length(self, sizes: int) -> tuple[int, str]:
         """Steps per size the trial can afford (rank 0's clock), and why it is short or skipped."""
         s, budget = self.s, self.s.budget
-        step = budget.typical_step_seconds()  # an estimate before the first step (0 if none)
+        step = budget.median_step_seconds()  # an estimate before the first step (0 if none)
         left, _ = budget.training_left()
         steps_left = s.cfg.max_steps - budget.global_step if s.cfg.max_steps else None
         for steps in (TRIAL_STEPS, TRIAL_STEPS_SHORT):
