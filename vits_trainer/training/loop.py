@@ -506,10 +506,9 @@ class Trainer:
 
     def make_plan(self) -> None:
         s = self.s
-        effective = self.micro.step_clips * s.accelerator.num_processes
         rate = s.budget.samples_per_second()
         evals, saves = self.outputs.expected_per_epoch(s.data.samples_per_epoch / rate if rate > 0 else 0.0)
-        plan = s.budget.plan(s.data.samples_per_epoch, effective, evals, saves)
+        plan = s.budget.plan(s.data.samples_per_epoch, self.micro.effective_step_clips, evals, saves)
         s.log(plan.describe())
         self.report_warmup_cap()
         self.publish_plan(plan, "plan")

@@ -30,6 +30,8 @@ class MicroBatchPolicy:
         self.agreement = agreement
         # clips per optimiser step, per process, as configured (clips_trained_per_step: as trained)
         self.step_clips = session.cfg.step_clips
+        # the same on all processes together: the effective batch the plan counts, a whole step's samples
+        self.effective_step_clips = self.step_clips * session.accelerator.num_processes
         # an epoch's training clips per process: when fewer than a step's, every step trains on all of them
         # (a count; TrainState.epoch_clips is a digest of which clips they are)
         self.clips_per_epoch = session.data.samples_per_epoch // session.accelerator.num_processes
@@ -168,7 +170,7 @@ class MicroBatchPolicy:
 
     def is_full(self, samples: int) -> bool:
         """Whether a step of `samples` clips (all processes) was a whole step, not an epoch's short last one."""
-        return samples == self.step_clips * self.s.accelerator.num_processes
+        return samples == self.effective_step_clips
 
     def trial_seconds_per_sample(self) -> float | None:
         """The eager time per sample this session's trial measured at the chosen size (None without one)."""
