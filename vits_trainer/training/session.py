@@ -65,14 +65,25 @@ from .trainstate import LoadedCheckpoint, TrainState, set_rng_state
 
 @dataclass
 class Session:
+    """One training process's run, as `build_session` made it.
+
+    The networks, each under one name here and in GanStep:
+    - `model`: transformers' VitsModel, the weights themselves: what is exported, spoken with, saved;
+    - `generator_raw`: the VitsGenerator that trains it (model/vits.py: the training forward; its
+      `.model` is `model`); evaluation and alignment pictures call it directly;
+    - `generator`: `generator_raw` as accelerate prepared it (a DDP wrapper in a multi-process run):
+      what the training step calls, so that gradients are synchronised;
+    - `discriminator_raw` and `discriminator`: the VitsDiscriminator, and it prepared by accelerate.
+    """
+
     cfg: TrainConfig
     accelerator: object
     log: Logger
-    model: object  # the plain transformers VitsModel (unwrapped)
+    model: object  # transformers' VitsModel: the weights exported and spoken with
     text: TextEncoder
-    generator: object  # VitsGenerator, prepared by accelerate
-    generator_raw: VitsGenerator
-    discriminator: object  # prepared by accelerate
+    generator: object  # generator_raw, prepared by accelerate: what the training step calls
+    generator_raw: VitsGenerator  # the training wrapper of `model`
+    discriminator: object  # discriminator_raw, prepared by accelerate
     discriminator_raw: VitsDiscriminator
     g_optimizer: torch.optim.Optimizer
     d_optimizer: torch.optim.Optimizer

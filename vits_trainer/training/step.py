@@ -113,9 +113,12 @@ class GanStep:
         log=print,
     ):
         self.accelerator = accelerator
+        # as accelerate prepared them (a DDP wrapper in a multi-process run), and the modules inside: the
+        # same names as the session's
         self.generator = generator
         self.discriminator = discriminator
-        self.disc_raw = accelerator.unwrap_model(discriminator)
+        self.generator_raw = accelerator.unwrap_model(generator)
+        self.discriminator_raw = accelerator.unwrap_model(discriminator)
         self.g_optimizer = g_optimizer
         self.d_optimizer = d_optimizer
         self.weights = weights or LossWeights()
@@ -133,7 +136,7 @@ class GanStep:
         and both discriminator passes), or eager again. Going to another scope compiles only the parts
         not compiled before. One process only: under DDP the discriminator's pass must go through its
         wrapper."""
-        generator = self.accelerator.unwrap_model(self.generator)
+        generator = self.generator_raw
         if not on:
             self.compiled_disc = None
             self.compiled_made = {}
@@ -146,7 +149,7 @@ class GanStep:
         self.stable_grads = compile_mode(device_type) == "reduce-overhead"
         parts = compiled_parts(generator.model, device_type, backend, scope, self.log, self.compiled_made)
         if self.compiled_disc is None:
-            self.compiled_disc = compiled(self.disc_raw, device_type, backend)
+            self.compiled_disc = compiled(self.discriminator_raw, device_type, backend)
         generator.compiled.clear()
         generator.compiled.update(parts)
 
@@ -172,7 +175,7 @@ class GanStep:
         if self.compiled_disc is not None:
             mark_step_begin(acc.device.type)
         d_pass = self.discriminator if self.compiled_disc is None else self.compiled_disc
-        g_pass = self.disc_raw if self.compiled_disc is None else self.compiled_disc
+        g_pass = self.discriminator_raw if self.compiled_disc is None else self.compiled_disc
         with self._no_sync(last):
             with acc.autocast():
                 out = self.generator(
@@ -201,12 +204,12 @@ class GanStep:
                 acc.backward(loss_d * scale)
 
             # --- generator: adversarial + feature matching through a frozen D --------------------
-            self.disc_raw.requires_grad_(False)
+            self.discriminator_raw.requires_grad_(False)
             try:
                 with timer("discriminator"), acc.autocast():
                     logits, features = g_pass(fake)
             finally:
-                self.disc_raw.requires_grad_(True)
+                self.discriminator_raw.requires_grad_(True)
             # what the generator trains on (generator_total reads losses.LOSS_KEYS, weighted by
             # LossWeights); every entry is also logged, a key outside LOSS_KEYS only logged
             losses = {
