@@ -51,6 +51,9 @@ class _Log:
     def __call__(self, message: str) -> None:
         print(message)
 
+    def print_around(self, bar) -> None:
+        self.bar = bar
+
 
 class _Budget:
     def session_left(self, max_steps: int) -> float:

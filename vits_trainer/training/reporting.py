@@ -62,7 +62,8 @@ BAR_FORMAT = "{l_bar}{bar}| {n_fmt}/{total_fmt} [{elapsed}, {rate_fmt}{postfix}]
 
 
 class Progress:
-    """A tqdm bar on a terminal, plain lines otherwise (logs of Kaggle/Colab/CI are not TTYs)."""
+    """A tqdm bar on a terminal, plain lines otherwise (logs of Kaggle/Colab/CI are not TTYs). While
+    the bar is drawn, `log` prints its lines above it."""
 
     def __init__(self, log, enabled: bool, device: torch.device, max_steps: int = 0, step: int = 0):
         self.log = log
@@ -81,7 +82,7 @@ class Progress:
                 leave=True,
                 bar_format=BAR_FORMAT if max_steps else None,  # tqdm's own until a total is known
             )
-            log.bar = self.bar
+            log.print_around(self.bar)
 
     def set_total(self, total: int, done: int) -> None:
         if self.bar is not None:
@@ -121,7 +122,7 @@ class Progress:
     def close(self) -> None:
         if self.bar is not None:
             self.bar.close()
-            self.log.bar = None
+            self.log.print_around(None)
             self.bar = None
 
 

@@ -259,7 +259,12 @@ class Logger:
 
     def __init__(self, enabled: bool = True):
         self.enabled = enabled
-        self.bar = None  # a tqdm bar to print around, when one is active
+        self.bar = None  # a tqdm bar to print around, when one is active (print_around)
+
+    def print_around(self, bar) -> None:
+        """Print above `bar` from now on (the tqdm bar of reporting.Progress, while it is drawn), so a line
+        does not break it; None: plain prints again."""
+        self.bar = bar
 
     def __call__(self, message: str) -> None:
         if not self.enabled:
