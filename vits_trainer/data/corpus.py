@@ -12,7 +12,6 @@ from __future__ import annotations
 import csv
 import itertools
 import json
-import os
 import re
 import unicodedata
 from collections.abc import Iterable
@@ -242,14 +241,11 @@ def _ljspeech_audio(root: Path, clips: Path, first: str) -> tuple[str, Path]:
     """(clip id, audio path) of a metadata.csv row's first field: an id (LJ001-0001, its audio in `clips`)
     or, as home-made corpora often write it, the clip's file name or its path from metadata.csv's folder
     (LJ001-0001.wav, wavs/LJ001-0001.wav). A missing file is returned all the same: the checks report it."""
-    field = Path(first)
-    if field.suffix.lower() not in AUDIO_EXTENSIONS:
+    if Path(first).suffix.lower() not in AUDIO_EXTENSIONS:
         return first, _find_audio(clips, first)
-    if "\\" in first and os.sep == "/" and not any((d / field).is_file() for d in (clips, root)):
-        field = Path(first.replace("\\", "/"))  # written on Windows: wavs\a.wav
-    if field.is_absolute():
-        return _path_id(first), field
-    path = next((p for p in (clips / field, root / field) if p.is_file()), clips / field)
+    path = resolve_in(clips, first, root)
+    if Path(first).expanduser().is_absolute() or not path.is_relative_to(root):
+        return _path_id(first), path
     inside = clips if path.is_relative_to(clips) else root
     return _path_id(str(path.relative_to(inside))), path
 

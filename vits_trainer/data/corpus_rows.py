@@ -89,12 +89,16 @@ def unused_speaker_note(columns: list[str], speaker_column: str | None) -> list[
     ]
 
 
-def resolve_in(root: Path | None, rel: str) -> Path:
+def resolve_in(root: Path | None, rel: str, *more: Path) -> Path:
+    """The audio file a table names: an absolute `rel` as it is, else `rel` from `root`, or from the first
+    of `more` where it exists (`root / rel` when none has it: the checks report it missing). A table
+    written on Windows names folders with backslashes (wavs\\a.wav): where no file has the backslashed
+    name, the same path with '/' is taken when it exists."""
     p = Path(rel).expanduser()
-    path = p if p.is_absolute() or root is None else root / p
-    if "\\" in rel and os.sep == "/" and not path.exists():
-        # a table written on Windows (wavs\a.wav): its folders, where no file has the backslashed name
-        posix = resolve_in(root, rel.replace("\\", "/"))
+    paths = [p] if p.is_absolute() or root is None else [base / p for base in (root, *more)]
+    found = next((path for path in paths if path.exists()), None)
+    if found is None and "\\" in rel and os.sep == "/":
+        posix = resolve_in(root, rel.replace("\\", "/"), *more)
         if posix.exists():
             return posix
-    return path
+    return found or paths[0]
