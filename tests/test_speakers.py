@@ -4,10 +4,11 @@ from __future__ import annotations
 
 import json
 import re
+import subprocess
 
 import pytest
 import torch
-from helpers import tiny_config, train_tiny
+from helpers import PYTHON, ROOT, tiny_config, train_tiny
 from transformers import VitsModel
 
 from vits_trainer.data.items import speaker_map
@@ -137,3 +138,16 @@ def test_the_speaker_map_line_names_only_what_the_ids_do_not_say():
     # a corpus whose speakers are named by number: "0 = 0, 1 = 1" told the reader nothing
     assert describe_map({"0": 0, "1": 1}) == "ids 0 and 1, as the data names them"
     assert describe_map({str(i): i for i in range(12)}) == "ids 0 to 11, as the data names them"
+
+
+def test_speaker_names_are_read_without_loading_torch():
+    """speak.py checks a model's speaker names before torch loads, with model/speakers.py's rule for a
+    name that is just its id: that module must import without torch."""
+    code = (
+        "import sys\n"
+        "from vits_trainer.model.speakers import is_bare_id\n"
+        "import vits_trainer.speak\n"
+        "print(is_bare_id('0', 0), is_bare_id('azad', 0), 'torch' in sys.modules)"
+    )
+    out = subprocess.run([PYTHON, "-c", code], capture_output=True, text=True, cwd=ROOT, timeout=300)
+    assert out.stdout.split() == ["True", "False", "False"], out.stderr

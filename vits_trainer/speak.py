@@ -23,6 +23,7 @@ from pathlib import Path
 
 from .errors import ArgumentParser, UserError, run_command
 from .hub import read_model_config, resolve_model_dir
+from .model.speakers import is_bare_id
 
 SPEAKERS_FILE = "speakers.json"  # speaker name -> id, written beside exported multi-speaker models
 
@@ -191,7 +192,9 @@ def _name_of(speaker_id: int, model_dir: Path, trainer_state: dict | None) -> st
         return ""
     if not isinstance(names, dict):
         return ""
-    found = sorted(str(name) for name, sid in names.items() if sid == speaker_id and str(name) != str(sid))
+    found = sorted(
+        str(name) for name, sid in names.items() if sid == speaker_id and not is_bare_id(name, sid)
+    )
     return f" = {', '.join(found)}" if found else ""
 
 

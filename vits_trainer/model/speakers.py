@@ -6,18 +6,21 @@ flow's WaveNets (`cond_layer`), the duration predictor and the HiFi-GAN decoder 
 encoder takes no speaker. The single-speaker weights are copied into such a model and every new
 projection starts at zero, so at step 0 each speaker id speaks exactly as the checkpoint did; the
 projections (and with them the voices) separate as training reads the speaker column.
+
+speak.py reads the speaker names before torch is imported, so torch and transformers are imported by
+the functions that build models, not by this module.
 """
 
 from __future__ import annotations
 
 import copy
-
-import torch
-from transformers import VitsModel
+from typing import TYPE_CHECKING
 
 from ..data.items import speaker_map
 from ..errors import UserError
-from .vits import apply_decoder_weight_norm, decoder_has_weight_norm
+
+if TYPE_CHECKING:
+    from transformers import VitsModel
 
 SPEAKER_EMBEDDING_SIZE = 256  # VITS's multi-speaker size (gin_channels); MMS single-speaker has none
 
@@ -25,6 +28,8 @@ SPEAKER_EMBEDDING_SIZE = 256  # VITS's multi-speaker size (gin_channels); MMS si
 def _zero_conditioning(model: VitsModel) -> list[str]:
     """Zero every speaker projection; returns their names. Weight-normed layers get g = 0 (weight 0,
     and g still receives a gradient, so the layer can grow out of zero)."""
+    import torch
+
     names = []
     for name, module in model.named_modules():
         if name.rsplit(".", 1)[-1] not in ("cond", "cond_layer"):
@@ -42,6 +47,10 @@ def _zero_conditioning(model: VitsModel) -> list[str]:
 
 def add_speakers(model: VitsModel, num_speakers: int) -> VitsModel:
     """A copy of single-speaker `model` with `num_speakers` voices that all start as the original one."""
+    from transformers import VitsModel
+
+    from .vits import apply_decoder_weight_norm, decoder_has_weight_norm
+
     config = copy.deepcopy(model.config)
     config.num_speakers = num_speakers
     config.speaker_embedding_size = config.speaker_embedding_size or SPEAKER_EMBEDDING_SIZE
@@ -86,11 +95,17 @@ def resolve_speakers(wanted: int | str | None, model: VitsModel, names: list[str
     return model, mapping
 
 
+def is_bare_id(name: object, speaker_id: object) -> bool:
+    """Whether a speaker's name is just its id (a speaker column of 0, 1, ...): naming it beside the id
+    says nothing more."""
+    return str(name) == str(speaker_id)
+
+
 def describe_map(mapping: dict[str, int], limit: int = 8) -> str:
     """`azad = 0, narin = 1`: the ids speak.py --speaker_id and the pipeline take, by id; a long map is
     cut short (speakers.json has it all)."""
     ids = sorted(mapping.values())
-    if ids and all(name == str(sid) for name, sid in mapping.items()):  # "0 = 0, 1 = 1" says nothing
+    if ids and all(is_bare_id(name, sid) for name, sid in mapping.items()):  # "0 = 0, 1 = 1" says nothing
         if len(ids) > 2 and ids == list(range(ids[0], ids[-1] + 1)):
             return f"ids {ids[0]} to {ids[-1]}, as the data names them"
         shown = ", ".join(map(str, ids[:-1])) + f" and {ids[-1]}" if len(ids) > 1 else str(ids[0])

@@ -23,6 +23,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from ..hub import is_repo_id
+from ..model.speakers import is_bare_id
 from .demo import made_by_demo
 
 CARD_FILE = "README.md"
@@ -394,7 +395,7 @@ def _usage(facts: CardFacts) -> str:
 def _voices(names: dict[str, int], limit: int = 20) -> str:
     """Which speaker of the training data each `speaker_id` speaks as: the card travels without the
     run's log. Ids that are their own names (a speaker column of 0, 1, ...) say nothing more."""
-    named = sorted((sid, name) for name, sid in names.items() if name != str(sid))
+    named = sorted((sid, name) for name, sid in names.items() if not is_bare_id(name, sid))
     if not named:
         return " (`speaker_id`); `speakers.json` maps the speakers' names in the training data to them"
     shown = ", ".join(f"{sid}: {_markdown_text(name)}" for sid, name in named[:limit])
