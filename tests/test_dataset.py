@@ -615,6 +615,28 @@ def test_a_folder_prepare_data_did_not_make_and_larger_than_the_ram_share_is_ref
     assert len(store) == 6
 
 
+def test_a_ram_share_counts_the_clips_of_a_folder_of_ours_as_int16(tmp_path: Path) -> None:
+    # float32 wavs at 44.1 kHz take 5.5 times the RAM on disk that they take as int16 at 16 kHz: the
+    # check used the files' sizes, and refused a corpus that fits
+    import soxr
+
+    raw = tmp_path / "corpus"
+    made = tmp_path / "made"
+    make_corpus(made, num_clips=6, sample_rate=SR, seed=1)
+    (raw / "wavs").mkdir(parents=True)
+    for wav in (made / "wavs").iterdir():
+        audio, _ = sf.read(wav, dtype="float32")
+        sf.write(raw / "wavs" / wav.name, soxr.resample(audio, SR, 44100), 44100, subtype="FLOAT")
+    shutil.copy(made / "metadata.csv", raw / "metadata.csv")
+    on_disk = sum(p.stat().st_size for p in (raw / "wavs").iterdir())
+    as_int16 = sum(sf.info(p).frames for p in (made / "wavs").iterdir()) * 2
+    assert on_disk > 4 * as_int16
+    store, _ = load(raw, max_ram_gb=2 * as_int16 / 2**30)
+    assert len(store) == 6 and store.in_ram
+    with pytest.raises(UserError, match="--max_ram_gb"):
+        load(raw, max_ram_gb=as_int16 / 2 / 2**30)
+
+
 def test_an_ljspeech_metadata_read_as_it_came_says_its_third_column_is_no_speaker(tmp_path: Path) -> None:
     # LJSpeech's metadata.csv is id|text|normalised text: read as it came, every sentence became a
     # speaker name (12 speakers for 12 clips) and only a note about preparing the folder was said

@@ -12,6 +12,7 @@ from __future__ import annotations
 import functools
 import hashlib
 import json
+import math
 import os
 import shutil
 import time
@@ -280,6 +281,22 @@ def _ram_limit_bytes(max_ram_gb: float) -> int:
         return 2**62
 
 
+def _int16_bytes(wav_paths: list[Path], stats: list[tuple[int, int] | None], sample_rate: int) -> int:
+    """The bytes the clips take in RAM (int16 mono at `sample_rate`), from their headers alone: a
+    44.1 kHz, stereo or float wav takes several times that on disk. A header that cannot be read
+    counts its file's size; a missing file nothing (it is skipped)."""
+    total = 0
+    for path, stat in zip(wav_paths, stats, strict=True):
+        if stat is None:
+            continue
+        try:
+            info = sf.info(str(path))
+            total += math.ceil(info.frames * sample_rate / info.samplerate) * BYTES_PER_SAMPLE
+        except (RuntimeError, ZeroDivisionError):  # soundfile's errors are RuntimeErrors
+            total += stat[0]
+    return total
+
+
 def _gb(n: int) -> str:
     return f"{n / 2**30:.2f} GB"
 
@@ -320,9 +337,11 @@ def load_clip_store(
         report.cache_path = str(cache_dir)
         store = _open_cache(index, rows, cache_dir / AUDIO_NAME, sample_rate, ram_limit, report, log)
     elif foreign:
-        if wav_bytes > ram_limit:  # no cache to memory-map: every process would hold it all in RAM
+        in_ram = _int16_bytes(wav_paths, stats, sample_rate)
+        if in_ram > ram_limit:  # no cache to memory-map: every process would hold it all in RAM
             raise UserError(
-                f"{data_dir}: its wavs ({_gb(wav_bytes)}) exceed this process's share of RAM "
+                f"{data_dir}: its wavs ({_gb(in_ram)} as 16-bit mono at {sample_rate} Hz) exceed this "
+                f"process's share of RAM "
                 f"({_gb(ram_limit)}, --max_ram_gb), and prepare_data.py did not make this folder, so no "
                 f"cache that could be memory-mapped is written into it: prepare it (python prepare_data.py "
                 f"--source {data_dir} --data_dir DIR) and train on DIR"
