@@ -598,6 +598,49 @@ def test_a_folder_prepare_data_did_not_make_gets_no_cache_written_into_it(tmp_pa
         assert report.cache_hit and (prepared / "cache").is_dir()
 
 
+def test_a_cache_folder_of_the_users_own_is_left_untouched(tmp_path: Path) -> None:
+    # a cache/ folder in the data folder was taken for the clip cache: the tool wrote audio_int16.bin
+    # into it and deleted the index.json it found there
+    def files(folder: Path) -> dict[str, bytes]:
+        return {str(p.relative_to(folder)): p.read_bytes() for p in folder.rglob("*") if p.is_file()}
+
+    made = tmp_path / "made"
+    make_corpus(made, num_clips=6, sample_rate=SR, seed=1)
+    raw = tmp_path / "corpus"
+    shutil.copytree(made / "wavs", raw / "wavs")
+    shutil.copy(made / "metadata.csv", raw / "metadata.csv")
+    for folder in (raw, made):  # a corpus of the user's, and one prepare_data.py made
+        (folder / "cache").mkdir()
+        (folder / "cache" / "index.json").write_text('{"pages": [1, 2]}', encoding="utf-8")
+        (folder / "cache" / "notes.txt").write_text("mine", encoding="utf-8")
+        before = files(folder)
+        for _ in range(2):
+            lines: list[str] = []
+            store, report = load(folder, log=lines.append)
+            assert len(store) == 6 and store.in_ram and not report.cache_hit
+            assert files(folder) == before
+            note = [line for line in lines if line.startswith("note:") and "cache" in line]
+            assert len(note) == 1 and str(folder / "cache") in note[0] and "untouched" in note[0], lines
+        with pytest.raises(UserError, match="--max_ram_gb"):
+            load(folder, max_ram_gb=1e-6)
+        assert files(folder) == before
+
+
+def test_a_clip_cache_of_ours_is_recognised_also_one_written_before_caches_were_marked(
+    tmp_path: Path,
+) -> None:
+    corpus = tmp_path / "data"
+    make_corpus(corpus, num_clips=6, sample_rate=SR, seed=1)
+    load(corpus)
+    marks = [p for p in (corpus / "cache").iterdir() if p.name not in (AUDIO_NAME, INDEX_NAME)]
+    assert len(marks) == 1  # the cache says it is the tool's
+    marks[0].unlink()
+    (corpus / "prepare_report.json").unlink(missing_ok=True)
+    (corpus / ".prepare_state.json").unlink()  # even in a folder that does not say who made it
+    _, report = load(corpus)
+    assert report.cache_hit
+
+
 def test_a_folder_prepare_data_did_not_make_and_larger_than_the_ram_share_is_refused(tmp_path: Path) -> None:
     # such a folder gets no cache, so nothing can be memory-mapped: read whole into RAM by every process,
     # a corpus above --max_ram_gb's share would run the machine out of memory instead

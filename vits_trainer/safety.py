@@ -57,7 +57,8 @@ data/prepare.py:prepare / finish_wavs, data/prepare_convert.py:convert_all (chec
         holds data_dir's lock (runlock.py): no other prepare_data.py is writing there
     no source file may be an output: sources inside data_dir/wavs or equal to an output file are refused
 data/clipstore.py:_build_cache / _cache_writable
-    cache/audio_int16.bin, cache/index.json, probes -> fixed names in data_dir/cache, the tool's cache
+    cache/audio_int16.bin, cache/index.json, probes, the mark -> fixed names in data_dir/cache, the tool's
+        cache: a cache/ folder with other files and without the mark (`_cache_owner`) is never written
 speak.py:main (writes through data/audio.py:write_wav)
     --out WAVs -> refused up front when one exists, unless --overwrite (the user names the files)
 jsonfile.py / data/metadata.py / data/audio.py / model/discriminator.py

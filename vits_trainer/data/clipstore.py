@@ -35,6 +35,7 @@ from .prepare_state import REPORT_NAME, made_by_prepare
 CACHE_VERSION = 1  # bump when the cache layout or the decoding changes: old caches then rebuild
 AUDIO_NAME = "audio_int16.bin"
 INDEX_NAME = "index.json"
+CACHE_MARK = ".vits_trainer_cache"  # written first into every clip cache: a cache/ without it is not ours
 BYTES_PER_SAMPLE = 2
 RAM_FRACTION = 0.75  # of available RAM when max_ram_gb is not given: the model needs the rest
 MAX_READ_THREADS = 8
@@ -281,6 +282,23 @@ def _ram_limit_bytes(max_ram_gb: float) -> int:
         return 2**62
 
 
+def _cache_owner(cache_dir: Path) -> str:
+    """Whose `cache_dir` is: "ours" (the tool's clip cache: its mark, or the index of a cache written
+    before caches were marked), "none" (no such folder, or an empty one) or "theirs" (anything else)."""
+    if not cache_dir.exists():
+        return "none"
+    try:
+        names = {p.name for p in cache_dir.iterdir()}
+        if not names:
+            return "none"
+        if CACHE_MARK in names:
+            return "ours"
+        index = json.loads((cache_dir / INDEX_NAME).read_text(encoding="utf-8"))
+        return "ours" if isinstance(index, dict) and {"fingerprint", "offsets"} <= index.keys() else "theirs"
+    except (OSError, ValueError):  # not a folder, unreadable, no index of ours
+        return "theirs"
+
+
 def _int16_bytes(wav_paths: list[Path], stats: list[tuple[int, int] | None], sample_rate: int) -> int:
     """The bytes the clips take in RAM (int16 mono at `sample_rate`), from their headers alone: a
     44.1 kHz, stereo or float wav takes several times that on disk. A header that cannot be read
@@ -325,32 +343,50 @@ def load_clip_store(
     wav_bytes = sum(stat[0] for stat in stats if stat is not None)  # a size estimate
     report.timings["fingerprint"] = time.perf_counter() - t0
 
-    # the default cache goes beside the clips only in a folder this tool made (or whose cache it made)
-    foreign = cache_dir is None and not made_by_prepare(data_dir) and not (data_dir / "cache").is_dir()
+    default = cache_dir is None
     cache_dir = Path(cache_dir) if cache_dir is not None else data_dir / "cache"
+    # data_dir/cache is the tool's only when it says so (its mark): a cache/ of the user's is never written
+    owner = _cache_owner(cache_dir) if default else "ours"
+    # the default cache goes beside the clips only in a folder this tool made (or whose cache it made)
+    prepared = made_by_prepare(data_dir)
+    foreign = owner == "theirs" or (owner == "none" and not prepared)
     # asked only of an index with another fingerprint: metadata.csv is read then, the wavs not again
     previous = functools.partial(_previous_fingerprint, meta_path, stats, sample_rate)
-    index = _read_index(cache_dir / INDEX_NAME, cache_dir / AUDIO_NAME, fingerprint, previous)
+    index = None
+    if not foreign:
+        index = _read_index(cache_dir / INDEX_NAME, cache_dir / AUDIO_NAME, fingerprint, previous)
     ram_limit = _ram_limit_bytes(max_ram_gb)
     if index is not None:
         report.cache_hit = True
         report.cache_path = str(cache_dir)
         store = _open_cache(index, rows, cache_dir / AUDIO_NAME, sample_rate, ram_limit, report, log)
     elif foreign:
+        theirs = f"{cache_dir} holds files this tool did not write"
+        if prepared:
+            why = f"{theirs}, so no clip cache that could be memory-mapped is written there"
+            fix = f"rename that folder (the clip cache is then written as {cache_dir})"
+        else:
+            why = "prepare_data.py did not make this folder, so no cache that could be memory-mapped is "
+            why += "written into it"
+            fix = f"prepare it (python prepare_data.py --source {data_dir} --data_dir DIR) and train on DIR"
         in_ram = _int16_bytes(wav_paths, stats, sample_rate)
         if in_ram > ram_limit:  # no cache to memory-map: every process would hold it all in RAM
             raise UserError(
                 f"{data_dir}: its wavs ({_gb(in_ram)} as 16-bit mono at {sample_rate} Hz) exceed this "
-                f"process's share of RAM "
-                f"({_gb(ram_limit)}, --max_ram_gb), and prepare_data.py did not make this folder, so no "
-                f"cache that could be memory-mapped is written into it: prepare it (python prepare_data.py "
-                f"--source {data_dir} --data_dir DIR) and train on DIR"
+                f"process's share of RAM ({_gb(ram_limit)}, --max_ram_gb), and {why}: {fix}"
             )
-        log(
-            f"note: {data_dir} holds no {REPORT_NAME}: prepare_data.py did not make it, so the clip cache is "
-            f"not written into it and every start reads its wavs (to keep a cache, prepare it: python "
-            f"prepare_data.py --source {data_dir} --data_dir DIR, then train on DIR)"
-        )
+        if prepared:
+            log(
+                f"note: {theirs}, so it is not taken for the clip cache and is left untouched: every start "
+                f"reads the wavs into RAM (to keep a cache, {fix})"
+            )
+        else:
+            untouched = f" ({theirs}: it is left untouched)" if owner == "theirs" else ""
+            log(
+                f"note: {data_dir} holds no {REPORT_NAME}: prepare_data.py did not make it, so the clip "
+                f"cache is not written into it{untouched} and every start reads its wavs (to keep a cache, "
+                f"prepare it: python prepare_data.py --source {data_dir} --data_dir DIR, then train on DIR)"
+            )
         _warn_if_speakers_are_sentences(meta_path, rows, log)
         t_build = time.perf_counter()
         store = _build_in_ram(rows, wav_paths, sample_rate, _threads(num_workers), report, log, progress)
@@ -575,6 +611,7 @@ def _build_cache(
     tmp_index = index_path.with_name(INDEX_NAME + suffix)
     kept: list[int] = []
     offsets = [0]
+    (cache_dir / CACHE_MARK).write_text(f"vits_trainer clip cache v{CACHE_VERSION}\n", encoding="utf-8")
     try:
         with open(tmp_audio, "wb") as f:
 
