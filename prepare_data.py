@@ -56,7 +56,9 @@ def build_parser() -> argparse.ArgumentParser:
         help="text column (default: the first of sentence, text, transcription, normalized_text)",
     )
     src.add_argument(
-        "--speaker_column", default=None, help="speaker column (default: none, every clip is speaker 0)"
+        "--speaker_column",
+        default=None,
+        help="speaker column (default: a column named speaker, else none: every clip is speaker 0)",
     )
     src.add_argument(
         "--id_column",

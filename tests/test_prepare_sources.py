@@ -484,6 +484,28 @@ def test_table_names_an_unused_speaker_column(tmp_path):
     assert any("column 'Speaker_ID' is not used" in line for line in lines), lines
 
 
+def test_a_column_named_speaker_is_read_as_the_speaker(tmp_path):
+    # a table with a "speaker" column made every clip speaker 0 unless --speaker_column speaker was given
+    for i in range(2):
+        write_audio(tmp_path / "clips" / f"c{i}.wav", speech("abc", 16000), 16000)
+    for header in ("path,text,speaker", "File,Transcript,Speaker"):
+        table = tmp_path / f"{header[0]}.csv"
+        table.write_text(f"{header}\nclips/c0.wav,first,anna\nclips/c1.wav,second,ben\n", encoding="utf-8")
+        out = tmp_path / f"out_{header[0]}"
+        _, lines = run_prepare(table, out)
+        assert output_rows(out) == {"clips_c0": ("first", "anna"), "clips_c1": ("second", "ben")}
+        said = [line for line in lines if "is read as each clip's speaker" in line]
+        assert len(said) == 1 and repr(header.split(",")[2]) in said[0], lines
+        assert not any("is not used" in line for line in lines), lines
+    # an audiofolder's metadata.jsonl too
+    write_audio(tmp_path / "af" / "a.wav", speech("abc", 16000), 16000)
+    record = {"file_name": "a.wav", "transcription": "third", "speaker": "cem"}
+    (tmp_path / "af" / "metadata.jsonl").write_text(json.dumps(record) + "\n", encoding="utf-8")
+    _, lines = run_prepare(tmp_path / "af", tmp_path / "out_af")
+    assert output_rows(tmp_path / "out_af") == {"a": ("third", "cem")}
+    assert any("column 'speaker' is read as each clip's speaker" in line for line in lines), lines
+
+
 def test_audiofolder_with_metadata(tmp_path):
     src = tmp_path / "af"
     write_audio(src / "train" / "a.wav", speech("abc", 16000), 16000)

@@ -29,7 +29,7 @@ from .corpus_rows import (
     Source,
     pick_column,
     resolve_in,
-    unused_speaker_note,
+    speaker_column_of,
 )
 
 FORMATS = ("auto", "ljspeech", "commonvoice", "csv", "hf", "audiofolder", "pairs")
@@ -373,8 +373,9 @@ def _table_rows(
         for name, flag in ((speaker_column, "--speaker_column"), (id_column, "--id_column")):
             if name is not None and name not in header:
                 raise UserError(f"{path}: {flag} {name} is not a column (columns: {', '.join(header)})")
+        speaker_column, speaker_notes = speaker_column_of(header, speaker_column)
         if notes is not None:
-            notes += unused_speaker_note(header, speaker_column)
+            notes += speaker_notes
         index = {name: i for i, name in enumerate(header)}
 
         def id_of(fields: list[str]) -> str:
@@ -471,8 +472,9 @@ def read_audiofolder(
         else:
             records = _read_records(meta)
             keys = sorted({k for r in records if r for k in r})
-            notes += unused_speaker_note(keys, speaker_column)
-            rows += _record_rows(meta, records, audio_column, text_column, speaker_column, id_column)
+            speakers, speaker_notes = speaker_column_of(keys, speaker_column)
+            notes += speaker_notes
+            rows += _record_rows(meta, records, audio_column, text_column, speakers, id_column)
     return Source("audiofolder", str(root), rows, folder=root, notes=list(dict.fromkeys(notes)))
 
 

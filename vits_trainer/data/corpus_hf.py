@@ -19,7 +19,7 @@ from .corpus_rows import (
     Source,
     pick_column,
     resolve_in,
-    unused_speaker_note,
+    speaker_column_of,
 )
 
 
@@ -41,6 +41,7 @@ def read_hf(
             raise UserError(
                 f"--source {source}: {flag} {name} is not a column (columns: {', '.join(columns)})"
             )
+    speaker_column, speaker_notes = speaker_column_of(columns, speaker_column)
 
     from datasets import Audio, Value
 
@@ -97,7 +98,7 @@ def read_hf(
 
     location = source if folder is None or Path(source).is_file() else str(folder)
     notes = [f"split {split_name}: {len(ds)} rows; text from {text_column!r}"]
-    notes += unused_speaker_note(columns, speaker_column)
+    notes += speaker_notes
     return Source("hf", location, rows, folder=folder, fetch_audio=fetch_audio, notes=notes)
 
 

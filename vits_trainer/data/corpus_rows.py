@@ -14,8 +14,8 @@ from ..errors import UserError
 
 TEXT_COLUMNS = ("sentence", "text", "transcription", "transcript", "normalized_text")
 AUDIO_COLUMNS = ("audio", "path", "file_name", "file", "audio_path", "audio_file", "wav", "filename")
-# names a speaker column goes by; without --speaker_column a source's own is only named in a note (a run
-# with speakers trains one voice per speaker: the user's choice, not a guess)
+# names a speaker column goes by; without --speaker_column only a column named `speaker` is read (a note
+# says so), another is only named in a note (speaker_id may number the speakers of a whole dataset)
 SPEAKER_COLUMNS = ("speaker", "speaker_id", "speaker_name", "spk", "spk_id", "client_id", "speaker_label")
 
 
@@ -76,10 +76,21 @@ def pick_column(
     )
 
 
-def unused_speaker_note(columns: list[str], speaker_column: str | None) -> list[str]:
-    """A note naming a column that looks like speakers when --speaker_column was not given."""
+def speaker_column_of(columns: list[str], speaker_column: str | None) -> tuple[str | None, list[str]]:
+    """(the speaker column to read, notes): --speaker_column's; else a column named `speaker` (in any
+    case: a spreadsheet's "Speaker"), and a note says it is read; else none, every clip is speaker 0."""
     if speaker_column is not None:
-        return []
+        return speaker_column, []
+    named = [c for c in columns if c.strip().casefold() == "speaker"]
+    if len(named) == 1:
+        return named[0], [
+            f"column {named[0]!r} is read as each clip's speaker (--speaker_column names another column)"
+        ]
+    return None, _unused_speaker_note(columns)
+
+
+def _unused_speaker_note(columns: list[str]) -> list[str]:
+    """A note naming a column that looks like speakers when --speaker_column was not given."""
     found = [c for c in columns if c.strip().lower() in SPEAKER_COLUMNS]
     if not found:
         return []
