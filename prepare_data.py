@@ -139,4 +139,5 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(run_command(main))  # SIGTERM stops as Ctrl-C does: the WAVs converted so far are recorded
+    # SIGTERM stops as Ctrl-C does: the WAVs converted so far are recorded; never one of a launch's processes
+    sys.exit(run_command(main, one_process=True))

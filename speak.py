@@ -15,4 +15,4 @@ from vits_trainer.errors import run_command
 from vits_trainer.speak import main
 
 if __name__ == "__main__":
-    sys.exit(run_command(main))  # SIGTERM stops as Ctrl-C does: "interrupted"
+    sys.exit(run_command(main, one_process=True))  # SIGTERM stops as Ctrl-C does: "interrupted"

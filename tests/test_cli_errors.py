@@ -302,3 +302,30 @@ def test_a_stray_world_size_is_one_error_line_before_accelerate_reads_it(
         "themselves): unset it to train in one process"
     ]
     assert not (tmp_path / "ckpt").exists() and not (tmp_path / "final").exists()
+
+
+@pytest.mark.parametrize(
+    ("script", "args", "expected"),
+    [
+        ("prepare_data.py", ["--source", "no/corpus", "--data_dir", "out"], "no such file or folder"),
+        ("speak.py", ["--model", "no/model", "--text", "hi", "--out", "hi.wav"], "--model no/model"),
+    ],
+)
+def test_a_one_process_tool_says_its_error_whatever_rank_the_environment_gives(
+    tmp_path, script, args, expected
+):
+    # RANK=1 WORLD_SIZE=2 left over from a launch (a notebook's environment): prepare_data.py and
+    # speak.py, never one of a launch's processes, took themselves for its second one and exited 2
+    # without a word
+    env = dict(os.environ, HF_HUB_OFFLINE="1", RANK="1", WORLD_SIZE="2", LOCAL_WORLD_SIZE="2")
+    proc = subprocess.run(
+        [PYTHON, str(ROOT / script), *args],
+        capture_output=True,
+        text=True,
+        env=env,
+        cwd=tmp_path,
+        timeout=300,
+    )
+    lines = [line for line in proc.stderr.splitlines() if line.strip()]
+    assert proc.returncode == 2 and len(lines) == 1, proc.stderr
+    assert lines[0].startswith("error:") and expected in lines[0], lines

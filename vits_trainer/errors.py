@@ -19,15 +19,19 @@ class UserError(Exception):
     """Bad input from the user (flags, paths, data). The message is shown as is."""
 
 
-def run_cli(main: Callable[[list[str] | None], int | None], argv: list[str] | None = None) -> int:
-    """Run a CLI entry point; a UserError becomes `error: <message>` on stderr and exit code 2."""
+def run_cli(
+    main: Callable[[list[str] | None], int | None], argv: list[str] | None = None, one_process: bool = False
+) -> int:
+    """Run a CLI entry point; a UserError becomes `error: <message>` on stderr and exit code 2.
+    `one_process`: a tool never started by a multi-process launch (prepare_data.py, speak.py) is the
+    main process whatever RANK a launch left in the environment says, so its errors are always said."""
     runtime = sys.modules.get("vits_trainer.training.runtime")
     if runtime is not None:  # a command run in the same process before (tests): its log is closed
         runtime.Logger.copy.reset()
     try:
         code = main(argv)
     except UserError as err:
-        rank = process_rank()  # a process of `accelerate launch` (0: the main one)
+        rank = 0 if one_process else process_rank()  # a process of `accelerate launch` (0: the main one)
         if rank == 0:
             print(f"error: {err}", file=sys.stderr)
             _keep_in_log(f"error: {err}")
@@ -36,7 +40,7 @@ def run_cli(main: Callable[[list[str] | None], int | None], argv: list[str] | No
         # else: the set-up's input checks, which every process makes alike: the main one says it once
         return 2
     except KeyboardInterrupt:
-        if process_rank() == 0:  # Ctrl-C reaches every process: said once
+        if one_process or process_rank() == 0:  # Ctrl-C reaches every process: said once
             print("interrupted", file=sys.stderr)
         return 130
     except BrokenPipeError:
@@ -53,13 +57,13 @@ def run_cli(main: Callable[[list[str] | None], int | None], argv: list[str] | No
     return int(code or 0)
 
 
-def run_command(main: Callable[[list[str] | None], int | None]) -> int:
+def run_command(main: Callable[[list[str] | None], int | None], one_process: bool = False) -> int:
     """A script's entry point: run_cli, with SIGTERM (a job manager, `kill PID`, a notebook's stop)
     stopping as Ctrl-C does until the training loop takes the signal over (it saves and prints the
     resume command): set-up and the run's end release the run's lock and say "interrupted", where
     Python's default ended the process with no word, its lock left behind."""
     signal.signal(signal.SIGTERM, stop_as_ctrl_c)
-    return run_cli(main)
+    return run_cli(main, one_process=one_process)
 
 
 def stop_as_ctrl_c(signum, frame) -> None:
