@@ -1,15 +1,22 @@
 """bench/gpu_check.sh runs rarely, on a borrowed GPU machine with minutes to spare: a stage that dies on a
 misspelt flag or a moved test file wastes them. Here each of its commands is parsed by the command's own
-argument parser (stopped right after parsing: nothing runs), and each test file it names exists."""
+argument parser (stopped right after parsing: nothing runs), and each test file it names exists. The code
+that runs only there (tests/test_gpu.py, skipped without CUDA, and the benchmarks) is read for the
+attributes it takes of a session, a GanStep, a Budget or a TrainState: a renamed one fails here, not
+minutes into a lent machine's call."""
 
 from __future__ import annotations
 
 import argparse
+import ast
+import dataclasses
 import importlib
+import inspect
 import re
 import runpy
 import shlex
 import sys
+import textwrap
 
 import pytest
 
@@ -104,3 +111,82 @@ def test_bench_train_defaults_replaces_training_left_with_a_compatible_function(
         assert budget.training_left(3) == whole
         assert budget.training_left(max_steps=3) == whole
         budget.session_left(3)  # the project's own callers go through it too
+
+
+def _attributes(cls) -> set[str]:
+    """What an instance of `cls` has: its class's names, its dataclass fields, what its methods set on self."""
+    names = set(dir(cls)) | (
+        {f.name for f in dataclasses.fields(cls)} if dataclasses.is_dataclass(cls) else set()
+    )
+    for node in ast.walk(ast.parse(textwrap.dedent(inspect.getsource(cls)))):
+        if isinstance(node, ast.Attribute) and isinstance(node.ctx, ast.Store):
+            if isinstance(node.value, ast.Name) and node.value.id == "self":
+                names.add(node.attr)
+    return names
+
+
+def test_gpu_only_code_takes_attributes_that_exist():
+    """A name is typed by what made it (build_session, GanStep, train_tiny's first value...) or by its
+    parameter's annotation, and `session.budget` by Session's own annotation; each attribute it takes
+    must exist. Neither tests/test_gpu.py nor the benchmarks run in CI, and Budget's step times and the
+    unwrapped networks' names have changed before."""
+    from vits_trainer.training.budget import Budget
+    from vits_trainer.training.session import Session
+    from vits_trainer.training.step import GanStep
+    from vits_trainer.training.trainstate import TrainState
+
+    classes = {c.__name__: c for c in (Session, GanStep, Budget, TrainState)}
+    has = {name: _attributes(c) for name, c in classes.items()}
+    made_by = {
+        "build_session": "Session",
+        "quiet_session": "Session",
+        "GanStep": "GanStep",
+        "gan_step": "GanStep",
+    }
+    first_of = {"train_tiny": "Session", "gpu_run": "Session", "train_and_read_metrics": "Session"}
+
+    def called(node):
+        function = getattr(node, "func", None)
+        return getattr(function, "id", None) or getattr(function, "attr", None)
+
+    def types_in(scope) -> dict[str, str]:
+        types = {}
+        arguments = getattr(scope, "args", None)
+        for arg in (arguments.args + arguments.kwonlyargs) if arguments else []:
+            note = arg.annotation
+            note = getattr(note, "id", None) or getattr(note, "value", None)
+            if note in classes:
+                types[arg.arg] = note
+        for node in ast.walk(scope):
+            if isinstance(node, ast.Assign) and len(node.targets) == 1:
+                target, maker = node.targets[0], called(node.value)
+                if isinstance(target, ast.Name) and maker in made_by:
+                    types[target.id] = made_by[maker]
+                elif (
+                    isinstance(target, ast.Tuple)
+                    and maker in first_of
+                    and isinstance(target.elts[0], ast.Name)
+                ):
+                    types[target.elts[0].id] = first_of[maker]
+        return types
+
+    def type_of(node, types) -> str | None:
+        if isinstance(node, ast.Name):
+            return types.get(node.id)
+        owner = type_of(node.value, types) if isinstance(node, ast.Attribute) else None
+        note = classes[owner].__annotations__.get(node.attr) if owner else None
+        return note if note in classes else None
+
+    missing, checked = set(), 0
+    for path in [ROOT / "tests" / "test_gpu.py", *sorted((ROOT / "bench").glob("*.py"))]:
+        tree = ast.parse(path.read_text(encoding="utf-8"))
+        for scope in [tree, *(n for n in ast.walk(tree) if isinstance(n, ast.FunctionDef))]:
+            types = types_in(scope)
+            for node in ast.walk(scope):
+                owner = type_of(node.value, types) if isinstance(node, ast.Attribute) else None
+                if owner:
+                    checked += 1
+                    if node.attr not in has[owner]:
+                        missing.add(f"{path.relative_to(ROOT)}:{node.lineno}: {owner}.{node.attr}")
+    assert checked > 100, checked  # the typing still finds the sessions and steps
+    assert not missing, sorted(missing)
