@@ -732,3 +732,34 @@ def test_the_preload_benchmarks_corpus_gets_its_cache(tmp_path: Path) -> None:
     _, cold = load(tmp_path / "data")
     _, warm = load(tmp_path / "data")
     assert not cold.cache_hit and warm.cache_hit and (tmp_path / "data" / "cache" / AUDIO_NAME).is_file()
+
+
+def test_the_free_space_a_cache_needs_is_counted_as_int16_not_as_the_wavs_size(
+    tmp_path: Path, monkeypatch
+) -> None:
+    # float32 wavs at 44.1 kHz take 5.5 times the disk that the cache (int16 mono at 16 kHz) takes: the
+    # check used the files' sizes, said "not enough free space" and read every clip into RAM instead
+    import collections
+
+    import soxr
+
+    import vits_trainer.data.clipstore as clipstore
+
+    data = tmp_path / "data"
+    make_corpus(data, num_clips=6, sample_rate=SR, seed=1)
+    as_int16 = sum(sf.info(p).frames for p in (data / "wavs").iterdir()) * 2
+    for wav in (data / "wavs").iterdir():
+        audio, _ = sf.read(wav, dtype="float32")
+        sf.write(wav, soxr.resample(audio, SR, 44100), 44100, subtype="FLOAT")
+    on_disk = sum(p.stat().st_size for p in (data / "wavs").iterdir())
+    free = 2 * as_int16
+    assert free < on_disk
+    # mocked: a test cannot set the real free space of a disk; this much holds the cache, not the wavs
+    usage = collections.namedtuple("usage", "total used free")
+    monkeypatch.setattr(clipstore.shutil, "disk_usage", lambda path: usage(10 * on_disk, 0, free))
+    logs = Logs()
+    store, report = load(data, log=logs)
+    assert len(store) == 6 and report.cache_path == str(data / "cache"), logs
+    assert (data / "cache" / INDEX_NAME).is_file()
+    assert not any("cannot write the clip cache" in m for m in logs)
+    assert os.path.getsize(data / "cache" / AUDIO_NAME) <= free

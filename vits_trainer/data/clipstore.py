@@ -340,7 +340,6 @@ def load_clip_store(
     wav_paths = [_wav_path(data_dir, r.id) for r in rows]
     stats = _wav_stats(wav_paths)
     fingerprint = _fingerprint(rows, stats, sample_rate)
-    wav_bytes = sum(stat[0] for stat in stats if stat is not None)  # a size estimate
     report.timings["fingerprint"] = time.perf_counter() - t0
 
     default = cache_dir is None
@@ -398,7 +397,7 @@ def load_clip_store(
             wav_paths,
             sample_rate,
             fingerprint,
-            wav_bytes,
+            _int16_bytes(wav_paths, stats, sample_rate),  # the cache's size, from the headers
             cache_dir,
             ram_limit,
             threads,
@@ -439,7 +438,7 @@ def _build_store(
     wav_paths: list[Path],
     sample_rate: int,
     fingerprint: str,
-    wav_bytes: int,
+    cache_bytes: int,
     cache_dir: Path,
     ram_limit: int,
     threads: int,
@@ -450,7 +449,7 @@ def _build_store(
     """No usable cache: build it and open it; where no cache can be written, read every clip into RAM."""
     t_build = time.perf_counter()
     index = _try_build_cache(
-        rows, wav_paths, sample_rate, fingerprint, wav_bytes, cache_dir, threads, report, log, progress
+        rows, wav_paths, sample_rate, fingerprint, cache_bytes, cache_dir, threads, report, log, progress
     )
     in_ram = (
         _build_in_ram(rows, wav_paths, sample_rate, threads, report, log, progress) if index is None else None
@@ -466,19 +465,21 @@ def _try_build_cache(
     wav_paths: list[Path],
     sample_rate: int,
     fingerprint: str,
-    wav_bytes: int,
+    cache_bytes: int,
     cache_dir: Path,
     threads: int,
     report: LoadReport,
     log: Log,
     progress: bool,
 ) -> dict[str, Any] | None:
-    """The new cache's index, or None (after a warning saying why) when no cache could be written."""
+    """The new cache's index, or None (after a warning saying why) when no cache could be written.
+    `cache_bytes` is its audio's size (`_int16_bytes`): a 44.1 kHz, stereo or float wav takes several
+    times that on disk, so the wavs' sizes would refuse a cache that fits."""
     why_not = _cache_writable(cache_dir)
     if why_not is None:
         free = shutil.disk_usage(cache_dir).free
-        if free < wav_bytes * 1.05:  # int16 mono at the target rate is at most the wav bytes, roughly
-            why_not = f"only {_gb(free)} free, the cache needs about {_gb(wav_bytes)}"
+        if free < cache_bytes * 1.05:  # and a margin for its index and a resampler's rounding
+            why_not = f"only {_gb(free)} free, the cache needs about {_gb(cache_bytes)}"
     if why_not is not None:
         log(
             f"warning: cannot write the clip cache in {cache_dir} ({why_not}); loading into RAM "
@@ -486,7 +487,7 @@ def _try_build_cache(
             f"somewhere writable and pass that as --data_dir)"
         )
         return None
-    log(f"building clip cache in {cache_dir}: {len(rows)} clips, {_gb(wav_bytes)} of wav files")
+    log(f"building clip cache in {cache_dir}: {len(rows)} clips, about {_gb(cache_bytes)} as int16")
     try:
         index = _build_cache(
             rows, wav_paths, sample_rate, fingerprint, cache_dir, threads, report, log, progress
