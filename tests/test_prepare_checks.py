@@ -231,6 +231,8 @@ def test_model_sets_rate_and_unknown_characters_are_counted_or_dropped(tmp_path)
     result, _ = run_prepare(src, tmp_path / "drop", model_name=str(model), drop_unknown_chars=True)
     assert set(output_rows(tmp_path / "drop")) == {"ok"}
     assert skipped_reasons(tmp_path / "drop") == {"odd": "unknown_chars", "accent": "unknown_chars"}
+    # the characters of the rows dropped for them
+    assert result.report["unknown_characters"] == {"x": 1, "y": 1, "z": 1, "!": 1, "é": 1}
 
 
 def test_unknown_characters_are_those_of_the_rows_kept(tmp_path):

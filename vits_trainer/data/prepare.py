@@ -275,7 +275,8 @@ def build_report(
     by_reason = Counter(s.reason for s in skipped)
     if vocab is not None and not settings.drop_unknown_chars:
         # the rows kept, as the character inventory beside it (counted before the audio checks, a row
-        # whose audio was missing or too long added its characters: 'r' 194 beside 'r' 172)
+        # whose audio was missing or too long added its characters: 'r' 194 beside 'r' 172); plan_rows
+        # counts only the rows it drops for them (--drop_unknown_chars)
         unknown_chars = Counter(ch for r in rows for ch in vocab.unknown(r.text))
     settings_dict = {k: (str(v) if isinstance(v, Path) else v) for k, v in asdict(settings).items()}
     settings_dict["resolved_sample_rate"] = sample_rate

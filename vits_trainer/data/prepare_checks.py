@@ -183,7 +183,9 @@ def clean_speaker(raw: str) -> str:
 def plan_rows(
     source: Source, settings: PrepareSettings, vocab: Vocabulary | None
 ) -> tuple[list[Planned], list[Skip], Counter, Counter | None]:
-    """Apply every check that needs no audio; return (rows to convert, skipped, filtered counts, unknown chars)."""
+    """Apply every check that needs no audio; return (rows to convert, skipped, filtered counts, unknown
+    chars). The unknown characters are counted here only with --drop_unknown_chars, over the rows dropped
+    for them; rows kept with them are counted by the report, over the rows that pass the audio checks too."""
     planned: list[Planned] = []
     skipped: list[Skip] = []
     filtered: Counter = Counter()
@@ -218,10 +220,10 @@ def plan_rows(
         if wanted_speakers is not None and speaker not in wanted_speakers:
             filtered["filtered_speaker"] += 1
             continue
-        if vocab is not None and unknown_chars is not None:
+        if vocab is not None and unknown_chars is not None and settings.drop_unknown_chars:
             missing = vocab.unknown(text)
-            unknown_chars.update(missing)
-            if missing and settings.drop_unknown_chars:
+            if missing:
+                unknown_chars.update(missing)
                 chars = "".join(sorted(set(missing)))
                 skipped.append(
                     Skip(clip_id, row.origin, "unknown_chars", f"not in the vocabulary: {chars!r}")
