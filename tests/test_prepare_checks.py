@@ -570,3 +570,26 @@ def test_a_file_cut_short_is_a_warning(tmp_path):
     assert "where its header says 4.00 s" in result.report["warnings"][0]["detail"]
     again, _ = run_prepare(src, tmp_path / "out")  # reused, still warned about
     assert [w["id"] for w in again.report["warnings"]] == ["cut"] and again.report["counts"]["reused"] == 2
+
+
+def test_a_clip_at_a_duration_limit_gets_the_same_verdict_when_its_wav_is_reused(tmp_path):
+    # checked at the source's rate when converted (1.25 s, not over --max_seconds 1.25, kept), but at the
+    # model's when its WAV was reused (27563 samples at 22050 Hz, 1.25002 s: too long): the same command
+    # run twice wrote two different metadata.csv
+    src = tmp_path / "pairs"
+    edge = speech("ab", rate=44100, seconds=1.25)[:55125]
+    assert len(edge) == 55125  # 1.25 s at 44.1 kHz: 27562.5 samples at 22050 Hz, which soxr rounds up
+    write_audio(src / "edge.wav", edge, 44100)
+    write_audio(src / "ok.wav", speech("ab", rate=44100), 44100)
+    for name in ("edge", "ok"):
+        (src / f"{name}.txt").write_text("ab", encoding="utf-8")
+    limits = {"sample_rate": RATE, "max_seconds": 1.25}
+    first, _ = run_prepare(src, tmp_path / "out", **limits)
+    kept, skipped = set(output_rows(tmp_path / "out")), skipped_reasons(tmp_path / "out")
+    second, _ = run_prepare(src, tmp_path / "out", **limits)
+    assert (set(output_rows(tmp_path / "out")), skipped_reasons(tmp_path / "out")) == (kept, skipped)
+    assert "ok" in kept and first.report["durations"]["max_seconds"] <= 1.25
+    assert second.report["durations"] == first.report["durations"]
+    assert skipped == {"edge": "too_long"}  # as the WAV would hold it; said with the digits that show it
+    detail = next(r["detail"] for r in second.report["skipped_rows"] if r["id"] == "edge")
+    assert detail.startswith("1.250023 s outside"), detail  # not "1.25 s outside [0.5, 1.25] s"

@@ -147,10 +147,16 @@ def _check_and_write(out: Outcome, audio: np.ndarray, rate: int, job: Job, targe
     out.source_rate = int(rate)
     reason = duration_problem(seconds, target)
     if reason is not None:
-        return _failed(out, reason, f"{seconds:.2f} s outside [{target.min_seconds}, {target.max_seconds}] s")
+        return _failed(out, reason, duration_detail(seconds, target))
     converted = resample(audio, rate, target.sample_rate)
+    # checked again as kept, and as a re-run reusing the WAV checks it: resampled, a clip's length moves
+    # by up to half a sample (1.25 s at 44.1 kHz is 27563 samples at 22050 Hz, 1.25002 s)
+    seconds = converted.shape[0] / target.sample_rate
+    reason = duration_problem(seconds, target)
+    if reason is not None:
+        return _failed(out, reason, duration_detail(seconds, target))
     out.wav_size = write_wav(job.out_path, converted, target.sample_rate)
-    out.seconds = converted.shape[0] / target.sample_rate
+    out.seconds = seconds
     return out
 
 
@@ -160,6 +166,14 @@ def duration_problem(seconds: float, target: AudioTarget) -> str | None:
     if seconds > target.max_seconds:
         return "too_long"
     return None
+
+
+def duration_detail(seconds: float, target: AudioTarget) -> str:
+    """Why `seconds` is outside the limits, with the digits that show it (1.250023 s, not 1.25 s)."""
+    shown = f"{seconds:.2f}"
+    if target.min_seconds <= float(shown) <= target.max_seconds:
+        shown = f"{seconds:.6f}"
+    return f"{shown} s outside [{target.min_seconds}, {target.max_seconds}] s"
 
 
 def convert_chunk(jobs: list[Job], target: AudioTarget) -> list[Outcome]:
@@ -336,9 +350,7 @@ def _block_jobs(
         if _reusable(previous, fingerprint, target, out_path):
             seconds = float(previous["seconds"])
             reason = duration_problem(seconds, target)
-            detail = (
-                f"{seconds:.2f} s outside [{target.min_seconds}, {target.max_seconds}] s" if reason else ""
-            )
+            detail = duration_detail(seconds, target) if reason else ""
             run.outcomes[item.clip_id] = Outcome.reused(item.clip_id, reason, detail, previous)
             run.reused += reason is None
             continue
