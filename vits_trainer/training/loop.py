@@ -183,8 +183,7 @@ class Trainer:
 
     def train(self) -> dict:
         s = self.s
-        signals = SignalStop(s.log, REPEAT_GRACE_SECONDS if s.accelerator.num_processes > 1 else 0.0)
-        self.signals = signals
+        self.signals = SignalStop(s.log, REPEAT_GRACE_SECONDS if s.accelerator.num_processes > 1 else 0.0)
         try:  # the handlers before the run come back however it ends (a notebook goes on with them)
             self.progress = Progress(s.log, s.is_main, s.device, s.cfg.max_steps, s.budget.global_step)
             stop_reason = self.start_run()
@@ -196,10 +195,10 @@ class Trainer:
                 self.log_step(0)  # the run, and a run shorter than --log_every has none
             self.progress.close()
             self.say_no_plan(stop_reason)
-            signals.ending = True
+            self.signals.ending = True
             return self.end_run(stop_reason)
         finally:
-            signals.restore()
+            self.signals.restore()
             if s.run_lock is not None:  # released by end_run; here too when the run raised (a notebook's
                 s.run_lock.release()  # next run in this process would be refused its own folder)
 
