@@ -300,14 +300,14 @@ def test_a_round_from_another_model_than_the_current_one_is_warned_and_not_promo
     lines: list[str] = []
     run = FeedbackRun(feedback_cfg(out, light_base, feedback_dir), time.time(), lines.append)
     run.inputs = SimpleNamespace(base_model=Path(light_base["model"]))
-    assert run.base_is_not_current() == f"v1 ({out / 'v1' / 'model'})"
+    assert run.base_is_not_current(read_latest(out)) == f"v1 ({out / 'v1' / 'model'})"
     run.warn_base_not_current()
     assert len(lines) == 1 and lines[0].startswith("warning: --base_model"), lines
     assert "will not be promoted" in lines[0] and f"--base_model {out / 'latest'}" in lines[0]
     # the documented next round: from latest (or the version's model folder), nothing said
     for base in (out / "v1" / "model", *([out / "latest"] if (out / "latest").exists() else [])):
         run.inputs = SimpleNamespace(base_model=base)
-        assert run.base_is_not_current() is None
+        assert run.base_is_not_current(read_latest(out)) is None
     # the decision: a clear improvement on its own base is not promoted over v1 (the round's figures are
     # made up: the rule under test is the base's, not the evaluation's) ...
     shutil.copytree(light_base["model"], out / "v2" / "model")
@@ -336,7 +336,7 @@ def test_a_round_from_another_model_than_the_current_one_is_warned_and_not_promo
     # no current model yet (the first round): nothing to compare with
     (out / "latest.json").unlink()
     run.inputs = SimpleNamespace(base_model=Path(light_base["model"]))
-    assert run.base_is_not_current() is None
+    assert run.base_is_not_current(read_latest(out)) is None
 
 
 def test_unknown_characters_are_reported_before_training(tmp_path, tiny_model_dir, tone_corpus):

@@ -213,11 +213,11 @@ class FeedbackRun(FeedbackData):
             shutil.rmtree(self.version / "checkpoints", ignore_errors=True)
             shutil.rmtree(self.version / "samples", ignore_errors=True)
 
-    def base_is_not_current(self) -> str | None:
+    def base_is_not_current(self, previous: dict | None) -> str | None:
         """The current model (`latest`) as a folder when this version's base is another one: a round
         from an older base is judged against that base alone, so it could replace a better current model
-        (round 1's command run again promoted v3, worse than v1 on both scores, over v1)."""
-        previous = read_latest(self.root)
+        (round 1's command run again promoted v3, worse than v1 on both scores, over v1). `previous` is
+        the root's latest.json as read_latest gives it (None: no current model yet)."""
         if not previous or not previous.get("relative_path"):
             return None
         current = (self.root / previous["relative_path"]).resolve()
@@ -229,7 +229,7 @@ class FeedbackRun(FeedbackData):
         )
 
     def warn_base_not_current(self) -> None:
-        current = None if self.resuming else self.base_is_not_current()
+        current = None if self.resuming else self.base_is_not_current(read_latest(self.root))
         if current:
             self.log(
                 f"warning: --base_model {self.inputs.base_model} is not the current model {current}: this "
@@ -393,14 +393,14 @@ class FeedbackRun(FeedbackData):
             )
         if not summary.get("final_model"):
             promoted, reason = False, "the model could not be exported (see the error above)"
-        current = self.base_is_not_current()
+        previous = read_latest(self.root)  # read once: the check below and the message name the same model
+        current = self.base_is_not_current(previous)
         if promoted and current:
             promoted, reason = (
                 False,
                 f"{reason}; but it was trained from another model than the current one, {current}, and not "
                 f"compared with it (start a round from {self.root / 'latest'})",
             )
-        previous = read_latest(self.root)
         if promoted:
             latest = write_latest(self.root, self.version, self.log)
             message = f"promoted {self.version.name}: {reason}; latest -> {self.version / 'model'}"
