@@ -592,6 +592,30 @@ def test_a_project_moved_or_copied_whole_keeps_its_own_exports(tmp_path):
         check_output_dir(str(copy), str(copy.parent / "checkpoints"), False, "none")
 
 
+def test_only_a_checkpoint_folder_makes_a_resume_of_the_runs_own_export(tmp_path):
+    """What counts as a checkpoint is what a resume can find (list_checkpoints): a half-written
+    `step_NNNNNNNN` (no manifest yet) does, as before; a `step_*` name of something else (`step_notes/`,
+    a file) does not, so a fresh run there may not replace the run's earlier export unasked (the glob
+    `step_*` took it for a checkpoint to continue)."""
+    from vits_trainer.safety import write_marker
+    from vits_trainer.training.config import TrainConfig
+
+    checkpoints, final = tmp_path / "checkpoints", tmp_path / "final_model"
+    final.mkdir()
+    (final / "config.json").write_text("{}", encoding="utf-8")
+    write_marker(final, "final", checkpoints, 5)
+    (checkpoints / "step_notes").mkdir(parents=True)
+    (checkpoints / "step_list.txt").write_text("mine", encoding="utf-8")
+    (checkpoints / ".step_00000009.tmp-1").mkdir()  # a writer's temp folder
+    cfg = TrainConfig(checkpoint_dir=str(checkpoints), output_dir=str(final))
+    assert not cfg.may_restore()
+    with pytest.raises(UserError, match="holds a model exported by an earlier run"):
+        check_output_dir(str(final), str(checkpoints), False, "auto")
+    (checkpoints / "step_00000005").mkdir()  # half-written: a resume finds it (and says it is damaged)
+    assert cfg.may_restore()
+    check_output_dir(str(final), str(checkpoints), False, "auto")
+
+
 def test_a_failed_set_up_leaves_another_runs_folders_that_appeared_meanwhile(tmp_path):
     """Two runs started under one new folder (runs/exp1 and runs/exp2, runs/ not there yet): the first
     fails its input checks after the second locked its folder and saved a checkpoint there. Removing

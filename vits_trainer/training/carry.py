@@ -19,7 +19,7 @@ import shutil
 from pathlib import Path
 
 from .best_model import existing_best_model, install_best_model
-from .checkpoint import list_checkpoints, step_of
+from .checkpoint_names import list_checkpoints, step_of
 from .report import REFERENCE_FOLDER, read_metrics
 
 

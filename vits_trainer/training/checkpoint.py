@@ -12,7 +12,6 @@ from __future__ import annotations
 import io
 import json
 import os
-import re
 import shutil
 import time
 from pathlib import Path
@@ -23,6 +22,7 @@ from safetensors.torch import save as save_safetensors_bytes
 
 from ..errors import UserError
 from ..safety import remove_dead_writers_temp
+from .checkpoint_names import checkpoint_name, list_checkpoints
 
 try:  # xxhash comes with `datasets`; much faster than sha256 on a GB-sized checkpoint
     import xxhash
@@ -37,16 +37,11 @@ except ImportError:  # pragma: no cover
 
 
 MANIFEST = "manifest.json"
-_NAME = re.compile(r"^step_(\d{8,})$")
 
 
 class CheckpointError(UserError):
     """A checkpoint that is incomplete or damaged. A UserError: one that escapes (e.g. a damaged
     --resume PATH found while loading) ends the run with one `error:` line, never a traceback."""
-
-
-def checkpoint_name(step: int) -> str:
-    return f"step_{step:08d}"
 
 
 def tensors_to_bytes(state: dict[str, torch.Tensor]) -> bytes:
@@ -124,22 +119,6 @@ def write_checkpoint(
         shutil.rmtree(tmp, ignore_errors=True)
         raise
     return final
-
-
-def step_of(name: str) -> int | None:
-    """The step a `step_NNNNNNNN` folder (a checkpoint, or its samples) is named for; None for other names."""
-    match = _NAME.match(name)
-    return int(match.group(1)) if match else None
-
-
-def list_checkpoints(checkpoint_dir: Path) -> list[Path]:
-    """Checkpoint folders, newest (highest step) first. Temp folders are never listed."""
-    if not checkpoint_dir.is_dir():
-        return []
-    found = [
-        (step_of(p.name), p) for p in checkpoint_dir.iterdir() if p.is_dir() and step_of(p.name) is not None
-    ]
-    return [p for _, p in sorted(found, reverse=True)]
 
 
 def read_manifest(path: Path) -> dict:

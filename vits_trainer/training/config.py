@@ -19,6 +19,7 @@ from ..errors import UserError
 from ..hub import looks_like_path, resolve_model_dir
 from ..runlock import refuse_if_being_written
 from ..safety import check_disjoint, check_output_vs_data, check_replaceable, made_by, read_marker
+from .checkpoint_names import list_checkpoints
 
 # one flag per losses.LossWeights field (`--mel_weight` -> LossWeights.mel); kept here, not imported:
 # this module is read before torch
@@ -290,7 +291,7 @@ class TrainConfig:
         """Whether a checkpoint's settings may replace these (--resume, or a checkpoint folder with one)."""
         if self.resume == "none":
             return False
-        return self.resume != "auto" or any(Path(self.checkpoint_dir).glob("step_*"))
+        return self.resume != "auto" or bool(list_checkpoints(Path(self.checkpoint_dir).expanduser()))
 
     def buckets_on(self, device_type: str) -> bool:
         """--length_buckets resolved for a device ("cuda", "cpu", ...)."""
@@ -457,10 +458,12 @@ def check_train_paths(cfg: TrainConfig, settings_known: bool = False) -> None:
     Called before torch loads, and again by the session once a resumed run's own folders are known
     (`settings_known`): before, a resume that takes its --output_dir from its checkpoint is not checked
     (the default folder may hold another run's model; the run's own is what matters)."""
-    resuming = cfg.resume != "none" and (
-        cfg.resume != "auto" or any(Path(cfg.checkpoint_dir).expanduser().glob("step_*"))
-    )
-    if not settings_known and resuming and cfg.explicit is not None and "output_dir" not in cfg.explicit:
+    if (
+        not settings_known
+        and cfg.may_restore()
+        and cfg.explicit is not None
+        and "output_dir" not in cfg.explicit
+    ):
         return
     check_output_vs_data("--checkpoint_dir", cfg.checkpoint_dir, "--data_dir", cfg.data_dir)
     check_output_vs_data("--output_dir", cfg.output_dir, "--data_dir", cfg.data_dir)
@@ -488,7 +491,7 @@ def check_output_dir(output_dir, checkpoint_dir, overwrite: bool, resume: str) -
         return
     marker = read_marker(out) or {}
     same_run = made_by(marker, out, checkpoint_dir)
-    resuming = resume != "none" and any(Path(checkpoint_dir).expanduser().glob("step_*"))
+    resuming = resume != "none" and bool(list_checkpoints(Path(checkpoint_dir).expanduser()))
     if same_run and resuming:
         return
     by = (
