@@ -370,7 +370,7 @@ def test_parallel_run_matches_in_process_run(tmp_path, pairs_corpus):
 
 
 def test_a_second_prepare_on_the_same_folder_is_refused_and_touches_nothing(tmp_path, pairs_corpus):
-    from vits_trainer.runlock import RunLock
+    from vits_trainer.runlock import LOCK_NAME, RunLock
 
     out = tmp_path / "out"
     run_prepare(pairs_corpus, out)
@@ -383,7 +383,7 @@ def test_a_second_prepare_on_the_same_folder_is_refused_and_touches_nothing(tmp_
         other.release()
     assert {p: p.read_bytes() for p in out.rglob("*") if p.is_file()} == before
     run_prepare(pairs_corpus, out)  # released: the folder is free again, and no lock file is left behind
-    assert not (out / ".lock").exists()
+    assert not (out / LOCK_NAME).exists()
 
 
 def test_other_sources_files_are_kept_and_never_replaced(tmp_path, pairs_corpus):

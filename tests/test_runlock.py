@@ -89,6 +89,61 @@ def test_lock_of_a_killed_run_is_taken_over_with_a_warning(tmp_path):
     assert not (folder / LOCK_NAME).exists()
 
 
+# a run of an older version of this tool: its lock file was `.lock`, with the same record
+OLD_HOLDER = (
+    "import fcntl, json, os, socket, sys; fd = os.open(os.path.join(sys.argv[1], '.lock'), os.O_RDWR | os.O_CREAT); "
+    "fcntl.flock(fd, fcntl.LOCK_EX); "
+    "os.write(fd, json.dumps({'pid': os.getpid(), 'host': socket.gethostname()}).encode()); "
+    "print('locked', flush=True); sys.stdin.read()"
+)
+
+
+def test_the_lock_file_is_named_for_the_tool(tmp_path):
+    """A `.lock` found in a checkpoint folder said nothing of whose it was."""
+    folder = tmp_path / "checkpoints"
+    lock = RunLock.acquire(folder, "--checkpoint_dir")
+    try:
+        assert [p.name for p in folder.iterdir()] == [".vits_trainer.lock"] == [LOCK_NAME]
+    finally:
+        lock.release()
+
+
+def test_a_run_of_an_older_version_is_still_detected(tmp_path):
+    """An older version locked `<folder>/.lock`: while a run of it holds the folder, a new run is refused
+    (and leaves nothing), and a reader is told it is being written; the `.lock` a killed one left is
+    taken over with the usual warning and removed; a `.lock` that is no record of ours is left alone."""
+    from vits_trainer.runlock import lock_holder
+
+    folder = tmp_path / "checkpoints"
+    folder.mkdir()
+    old = subprocess.Popen(
+        [PYTHON, "-c", OLD_HOLDER, str(folder)], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True
+    )
+    try:
+        assert old.stdout.readline().strip() == "locked"
+        before = snapshot(folder)
+        with pytest.raises(UserError, match=f"is in use by another run \\(pid {old.pid} "):
+            RunLock.acquire(folder, "--checkpoint_dir")
+        assert snapshot(folder) == before
+        assert lock_holder(folder)["pid"] == old.pid
+    finally:
+        old.kill()  # killed: its .lock stays, the kernel drops the lock
+        old.wait(timeout=60)
+    assert lock_holder(folder) is None
+    lines = []
+    lock = RunLock.acquire(folder, "--checkpoint_dir", log=lines.append)
+    try:
+        assert len(lines) == 1 and f"pid {old.pid}" in lines[0] and "taking it over" in lines[0], lines
+        assert not (folder / ".lock").exists()
+    finally:
+        lock.release()
+    (folder / ".lock").write_text("my own notes", encoding="utf-8")  # not a lock of this tool
+    lines.clear()
+    lock = RunLock.acquire(folder, "--checkpoint_dir", log=lines.append)
+    lock.release()
+    assert lines == [] and (folder / ".lock").read_text(encoding="utf-8") == "my own notes"
+
+
 def test_a_holder_that_releases_between_our_open_and_our_lock_is_not_mistaken_for_us(tmp_path, monkeypatch):
     # The race the inode check closes: the holder ends (unlinking the lock file) after the second run
     # opened that file and before it locked it. A lock on the unlinked file would leave the folder
@@ -284,7 +339,7 @@ def test_a_signal_while_the_lock_is_taken_leaves_no_lock_file(tmp_path, monkeypa
     monkeypatch.setattr(runlock.os, "fsync", interrupted)
     with pytest.raises(KeyboardInterrupt):
         RunLock.acquire(tmp_path / "ckpt", "--checkpoint_dir", log=print)
-    assert not (tmp_path / "ckpt" / ".lock").exists()
+    assert not (tmp_path / "ckpt" / LOCK_NAME).exists()
     monkeypatch.undo()
     lock = RunLock.acquire(tmp_path / "ckpt", "--checkpoint_dir", log=print)  # free, and no warning
     lock.release()

@@ -17,6 +17,7 @@ import pytest
 from transformers import VitsModel
 
 from tests.helpers import PYTHON, ROOT, TINY_SETTINGS, cli_args, cli_settings, ended_near_the_budget
+from vits_trainer.runlock import LOCK_NAME
 
 pytestmark = pytest.mark.slow
 
@@ -109,7 +110,7 @@ def test_sigterm_during_set_up_stops_as_ctrl_c_does(tmp_path, tiny_model_dir, to
     no word (exit -15), its run lock left behind; it now says "interrupted" and releases the lock."""
     cmd = train_cmd(tmp_path, tone_corpus, tiny_model_dir, target_hours=120 / 3600)
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    lock = tmp_path / "checkpoints" / ".lock"
+    lock = tmp_path / "checkpoints" / LOCK_NAME
     deadline = time.monotonic() + 120
     # the lock taken and its record written: set-up has begun (a signal while it is taken is the runlock
     # test's)

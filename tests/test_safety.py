@@ -621,6 +621,7 @@ def test_a_failed_set_up_leaves_another_runs_folders_that_appeared_meanwhile(tmp
     fails its input checks after the second locked its folder and saved a checkpoint there. Removing
     "what did not exist when the block began" took all of runs/, the other run's work and lock too."""
     from vits_trainer.errors import UserError
+    from vits_trainer.runlock import LOCK_NAME
     from vits_trainer.safety import remove_created_on_error
 
     runs = tmp_path / "runs"
@@ -629,9 +630,9 @@ def test_a_failed_set_up_leaves_another_runs_folders_that_appeared_meanwhile(tmp
         other = runs / "exp2" / "ckpt"
         (other / "step_00000100").mkdir(parents=True)  # the other run, meanwhile
         (other / "step_00000100" / "manifest.json").write_text("{}")
-        (other / ".lock").write_text("{}")
+        (other / LOCK_NAME).write_text("{}")
         raise UserError("bad input")
-    assert (other / "step_00000100" / "manifest.json").is_file() and (other / ".lock").is_file()
+    assert (other / "step_00000100" / "manifest.json").is_file() and (other / LOCK_NAME).is_file()
     assert not (runs / "exp1").exists()  # this run's empty folders still go
 
     alone = tmp_path / "alone"

@@ -1,10 +1,13 @@
-"""One run per folder: an OS-level lock (flock) on `<folder>/.lock`, held for the whole run.
+"""One run per folder: an OS-level lock (flock) on `<folder>/.vits_trainer.lock`, held for the whole run.
 
 A second process on the same folder is refused with one line naming the first one's pid and host.
 The kernel drops a flock when its process dies, so a lock file left by a killed run is simply taken
 over (with a warning naming the dead run). The lock file is removed at release; a waiting process
 re-checks after locking that the file it locked is still the one at the path, so removing it is safe.
 Multi-process runs (accelerate launch) take it in the main process only (RANK 0).
+
+Older versions of this tool locked `<folder>/.lock`: a run of one that still holds it is refused like
+any other, and one left by a killed run of one (a record of ours: pid, host) is removed when taken over.
 """
 
 from __future__ import annotations
@@ -29,7 +32,8 @@ try:
 except ImportError:  # pragma: no cover - not POSIX: no OS lock, said once
     fcntl = None
 
-LOCK_NAME = ".lock"
+LOCK_NAME = ".vits_trainer.lock"
+OLD_LOCK_NAME = ".lock"  # the name older versions of this tool used; a run of one may still hold it
 
 
 def pid_alive(pid: int) -> bool:
@@ -124,10 +128,7 @@ class RunLock:
                 # held by a live process: refuse, touching nothing
                 holder = _read(fd)
                 os.close(fd)
-                raise UserError(
-                    f"{flag} {folder} is in use by another run ({describe_holder(holder)}); wait for it to end, "
-                    f"or choose another {flag}"
-                ) from None
+                raise _in_use(flag, folder, holder) from None
             try:
                 same = os.stat(path).st_ino == os.fstat(fd).st_ino
             except FileNotFoundError:
@@ -138,8 +139,12 @@ class RunLock:
         else:  # pragma: no cover
             raise UserError(f"{flag} {folder}: could not take its lock (it keeps changing)")
         try:
+            if locks:
+                _take_over_old_lock(folder, flag, log)
             return cls._hold(folder, path, fd, created, locks, log)
-        except BaseException:  # a signal (Ctrl-C, SIGTERM) while taking it: the lock file goes too
+        except (
+            BaseException
+        ):  # refused, or a signal (Ctrl-C, SIGTERM) while taking it: the lock file goes too
             if locks:
                 with contextlib.suppress(OSError):
                     os.unlink(path)  # ours: locked by this fd, checked above to be the file at `path`
@@ -152,15 +157,7 @@ class RunLock:
         written into the file."""
         previous = _read(fd)
         if locks and previous.get("pid") and previous.get("pid") != os.getpid():
-            gone = (
-                "which is no longer running"
-                if previous.get("host") == socket.gethostname() and not pid_alive(int(previous["pid"]))
-                else "which no longer holds it"
-            )
-            log(
-                f"warning: {folder} was locked by a run that ended without releasing it "
-                f"({describe_holder(previous)}), {gone}; taking it over"
-            )
+            _say_taken_over(folder, previous, log)
         record = {
             "pid": os.getpid(),
             "host": socket.gethostname(),
@@ -199,14 +196,64 @@ class RunLock:
         self.release()
 
 
+def _in_use(flag: str, folder: Path, holder: dict) -> UserError:
+    return UserError(
+        f"{flag} {folder} is in use by another run ({describe_holder(holder)}); wait for it to end, "
+        f"or choose another {flag}"
+    )
+
+
+def _say_taken_over(folder: Path, previous: dict, log) -> None:
+    gone = (
+        "which is no longer running"
+        if previous.get("host") == socket.gethostname() and not pid_alive(int(previous["pid"]))
+        else "which no longer holds it"
+    )
+    log(
+        f"warning: {folder} was locked by a run that ended without releasing it "
+        f"({describe_holder(previous)}), {gone}; taking it over"
+    )
+
+
+def _take_over_old_lock(folder: Path, flag: str, log) -> None:
+    """`<folder>/.lock`, an older version's lock file: UserError while a run of it holds the folder; left
+    by a killed one (a record of ours), removed under our lock as its release would have; anything else
+    of that name (not ours) is left as it is."""
+    path = folder / OLD_LOCK_NAME
+    try:
+        fd = os.open(path, os.O_RDONLY)
+    except OSError:
+        return  # none: nothing to honour
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError as err:
+            if err.errno in (errno.EWOULDBLOCK, errno.EAGAIN):
+                raise _in_use(flag, folder, _read(fd)) from None
+            return
+        previous = _read(fd)
+        if previous.get("pid") and os.stat(path).st_ino == os.fstat(fd).st_ino:
+            _say_taken_over(folder, previous, log)
+            os.unlink(path)  # while locked: an older run that opened it meanwhile is refused its lock
+    except FileNotFoundError:
+        pass  # its run ended and removed it meanwhile
+    finally:
+        os.close(fd)
+
+
 def lock_holder(folder: Path) -> dict | None:
-    """The record of the live process that holds `folder`'s lock (pid, host, started, command), or None
-    when nobody does; takes no lock and creates nothing. A reader asks before reading a folder that
-    another tool may be writing (prepare_data.py on a training folder)."""
+    """The record of the live process that holds `folder`'s lock (pid, host, started, command; an older
+    version's `.lock` too), or None when nobody does; takes no lock and creates nothing. A reader asks
+    before reading a folder that another tool may be writing (prepare_data.py on a training folder)."""
     if fcntl is None:  # pragma: no cover
         return None
+    holder = _holder_of(Path(folder) / LOCK_NAME)
+    return holder if holder is not None else _holder_of(Path(folder) / OLD_LOCK_NAME)
+
+
+def _holder_of(path: Path) -> dict | None:
     try:
-        fd = os.open(Path(folder) / LOCK_NAME, os.O_RDONLY)
+        fd = os.open(path, os.O_RDONLY)
     except OSError:
         return None  # no lock file: nobody holds it
     try:

@@ -305,7 +305,7 @@ def _first_missing(path: Path) -> Path | None:
 
 # what only another run puts in a folder while this one sets up (a failed set-up writes neither: its
 # own lock is released before the error gets here, and it saves no checkpoint)
-_OTHER_RUNS = re.compile(r"^(\.lock|step_\d{8})$")
+_OTHER_RUNS = re.compile(r"^(\.vits_trainer\.lock|\.lock|step_\d{8})$")  # .lock: an older version's lock
 
 
 @contextlib.contextmanager
