@@ -413,14 +413,30 @@ def test_a_mid_epoch_resume_with_another_process_count_trains_each_batch_once(be
     old = TrainState(batch_in_epoch=6)
     rescale_epoch_position(old, 1, lines.append)
     assert (same.batch_in_epoch, old.batch_in_epoch, old.processes, len(lines)) == (6, 6, 1, 1)
-    # another --batch_size groups the epoch anew: no batch position maps, the epoch starts again (batch
-    # 4 -> 8 at batch 6 skipped clips of the epoch and trained others twice)
-    regrouped = TrainState(epoch=5, batch_in_epoch=6, processes=1)
-    rescale_epoch_position(regrouped, 1, lines.append, batch_size=8, saved_batch_size=4)
+
+
+def test_a_mid_epoch_resume_with_another_batch_size_starts_the_epoch_again():
+    """Another --batch_size groups the epoch anew: no batch position maps, the epoch starts again (batch
+    4 -> 8 at batch 6 skipped clips of the epoch and trained others twice). With another process count
+    too, the position is not converted first: one line, the epoch from its beginning."""
+    from vits_trainer.training.session import rescale_epoch_position, restart_epoch_if_regrouped
+    from vits_trainer.training.trainstate import TrainState
+
+    lines = []
+    regrouped = TrainState(epoch=5, batch_in_epoch=6, processes=1, epoch_clips="k")
+    restart_epoch_if_regrouped(regrouped, "k", lines.append, batch_size=8, saved_batch_size=4)
     assert regrouped.batch_in_epoch == 0 and "starts again from its beginning" in lines[-1]
-    kept = TrainState(epoch=5, batch_in_epoch=6, processes=1)
-    rescale_epoch_position(kept, 1, lines.append, batch_size=4, saved_batch_size=4)
-    assert kept.batch_in_epoch == 6
+    assert "--batch_size 8 (the checkpoint's run used 4)" in lines[-1]
+    kept = TrainState(epoch=5, batch_in_epoch=6, processes=1, epoch_clips="k")
+    restart_epoch_if_regrouped(kept, "k", lines.append, batch_size=4, saved_batch_size=4)
+    assert kept.batch_in_epoch == 6 and len(lines) == 1
+    for changed in ({"batch_size": 8, "saved_batch_size": 4}, {"batch_size": 4, "saved_batch_size": 4}):
+        state, lines = TrainState(epoch=5, batch_in_epoch=6, processes=2, epoch_clips="k"), []
+        key = "k" if changed["batch_size"] != changed["saved_batch_size"] else "other clips"
+        restart_epoch_if_regrouped(state, key, lines.append, **changed)
+        rescale_epoch_position(state, 1, lines.append)
+        assert (state.batch_in_epoch, state.processes, len(lines)) == (0, 1, 1), lines
+        assert "starts again from its beginning" in lines[0]
 
 
 def test_a_mid_epoch_resume_on_other_training_clips_starts_the_epoch_again():
@@ -431,7 +447,7 @@ def test_a_mid_epoch_resume_on_other_training_clips_starts_the_epoch_again():
     from vits_trainer.data.clipstore import ClipStore
     from vits_trainer.data.items import TrainingItems
     from vits_trainer.data.sampler import BucketBatchSampler
-    from vits_trainer.training.session import epoch_clips_key, restart_epoch_if_clips_changed
+    from vits_trainer.training.session import epoch_clips_key, restart_epoch_if_regrouped
     from vits_trainer.training.trainstate import TrainState
 
     def items(n: int) -> TrainingItems:
@@ -450,16 +466,16 @@ def test_a_mid_epoch_resume_on_other_training_clips_starts_the_epoch_again():
 
     before, after = items(96), items(97)
     state, lines = TrainState(epoch=2, batch_in_epoch=6), []
-    restart_epoch_if_clips_changed(state, epoch_clips_key(before), lines.append)  # the first session
+    restart_epoch_if_regrouped(state, epoch_clips_key(before), lines.append)  # the first session
     done = epoch(before)[: 6 * 4]
-    restart_epoch_if_clips_changed(state, epoch_clips_key(after), lines.append)  # resumed on 97 clips
+    restart_epoch_if_regrouped(state, epoch_clips_key(after), lines.append)  # resumed on 97 clips
     rest = epoch(after, state.batch_in_epoch)
     assert {f"c{k}" for k in range(97)} <= set(done + rest)
     assert state.batch_in_epoch == 0 and "starts again from its beginning" in lines[-1]
     same = TrainState(epoch=2, batch_in_epoch=6, epoch_clips=epoch_clips_key(items(96)))
-    restart_epoch_if_clips_changed(same, epoch_clips_key(before), lines.append)
+    restart_epoch_if_regrouped(same, epoch_clips_key(before), lines.append)
     old = TrainState(epoch=2, batch_in_epoch=6)  # a checkpoint from before: as saved
-    restart_epoch_if_clips_changed(old, epoch_clips_key(after), lines.append)
+    restart_epoch_if_regrouped(old, epoch_clips_key(after), lines.append)
     assert (same.batch_in_epoch, old.batch_in_epoch, len(lines)) == (6, 6, 1)
 
 
@@ -471,7 +487,7 @@ def test_a_mid_epoch_resume_with_another_epoch_size_starts_the_epoch_again():
 
     from vits_trainer.data.clipstore import ClipStore
     from vits_trainer.data.items import TrainingItems
-    from vits_trainer.training.session import epoch_clips_key, restart_epoch_if_clips_changed
+    from vits_trainer.training.session import epoch_clips_key, restart_epoch_if_regrouped
     from vits_trainer.training.trainstate import TrainState
 
     n = 30
@@ -482,12 +498,10 @@ def test_a_mid_epoch_resume_with_another_epoch_size_starts_the_epoch_again():
     )
     train = TrainingItems(store, np.arange(n), [np.ones(1, np.int64)] * n, np.zeros(n, np.int64))
     state, lines = TrainState(epoch=1, batch_in_epoch=3), []
-    restart_epoch_if_clips_changed(
-        state, epoch_clips_key(train, 20), lines.append
-    )  # 10 fed back + 10 replayed
-    restart_epoch_if_clips_changed(state, epoch_clips_key(train, 20), lines.append)  # the same round again
+    restart_epoch_if_regrouped(state, epoch_clips_key(train, 20), lines.append)  # 10 fed back + 10 replayed
+    restart_epoch_if_regrouped(state, epoch_clips_key(train, 20), lines.append)  # the same round again
     assert state.batch_in_epoch == 3 and not lines
-    restart_epoch_if_clips_changed(state, epoch_clips_key(train, 15), lines.append)  # --replay_ratio 0.5
+    restart_epoch_if_regrouped(state, epoch_clips_key(train, 15), lines.append)  # --replay_ratio 0.5
     assert state.batch_in_epoch == 0 and "starts again from its beginning" in lines[-1]
     # a run whose epoch is its training clips keeps the key it had before epoch sizes were counted
     assert epoch_clips_key(train) == epoch_clips_key(train, None)

@@ -355,8 +355,6 @@ def _build_session(
     accelerator = make_accelerator(precision, cfg.cpu, cfg.report_to, Path(cfg.checkpoint_dir))
     log = Logger(accelerator.is_main_process)
     _describe_start(accelerator, precision, model, model_source, ckpt, log)
-    saved_batch = (trainer_state.get("config") or {}).get("batch_size") if ckpt is not None else None
-    rescale_epoch_position(state, accelerator.num_processes, log, cfg.batch_size, saved_batch)
     store, report = load_store(cfg, Path(cfg.data_dir), model.config.sampling_rate, accelerator, log)
     loaded = (_parameters(model), model.config.vocab_size, model.config.num_speakers)
     if ckpt is None:
@@ -372,7 +370,10 @@ def _build_session(
         cfg, store, text, speakers, generator.hop_length, trainer_state.get("val_ids"), log
     )
     describe_data(data, report, log)
-    restart_epoch_if_clips_changed(state, epoch_clips_key(data.train, data.epoch_samples), log)
+    saved_batch = (trainer_state.get("config") or {}).get("batch_size") if ckpt is not None else None
+    key = epoch_clips_key(data.train, data.epoch_samples)
+    restart_epoch_if_regrouped(state, key, log, cfg.batch_size, saved_batch)
+    rescale_epoch_position(state, accelerator.num_processes, log)  # a position kept: in this process count
     pad = PadLengths(generator.hop_length) if cfg.buckets_on(accelerator.device.type) else None
     sampler, loader, val_loaders = make_loaders(cfg, data, accelerator, pad)
     g_opt, d_opt = _make_optimizers(cfg, generator, discriminator, ckpt)
@@ -422,21 +423,12 @@ def _build_session(
 # ---- the steps of _build_session ------------------------------------------------------------------
 
 
-def rescale_epoch_position(
-    state: TrainState, processes: int, log, batch_size: int | None = None, saved_batch_size: int | None = None
-) -> None:
+def rescale_epoch_position(state: TrainState, processes: int, log) -> None:
     """A run resumed mid-epoch with another process count: each rank counts its own batches, dealt out
     in turn from the epoch's order (sampler.py), so the position is converted, rounded down (a batch
     or two again rather than some never; the first step may be short). Without it 2 -> 1 processes
-    trained the epoch's first batches twice, and 1 -> 2 never trained half of those after them.
-    With another --batch_size the epoch's batches are grouped anew, so no position in them maps: the
-    epoch starts again (some clips twice in it, none never; before, batch 4 -> 8 skipped 20 of 36)."""
-    if saved_batch_size not in (None, batch_size) and state.batch_in_epoch:
-        log(
-            f"resume: --batch_size {batch_size} (the checkpoint's run used {saved_batch_size}) groups epoch "
-            f"{state.epoch + 1}'s clips anew: it starts again from its beginning"
-        )
-        state.batch_in_epoch = 0
+    trained the epoch's first batches twice, and 1 -> 2 never trained half of those after them. The
+    epoch's order is the same on every process count: a position restart_epoch_if_regrouped kept maps."""
     old, state.processes = state.processes, processes
     if old is None or old == processes or state.batch_in_epoch == 0:
         return
@@ -461,12 +453,24 @@ def epoch_clips_key(train, epoch_samples: int | None = None) -> str:
     return h.hexdigest()
 
 
-def restart_epoch_if_clips_changed(state: TrainState, key: str, log) -> None:
-    """A run resumed mid-epoch on other training clips (data added or removed, --max_samples, a WAV
-    replaced, a feedback round's --replay_ratio changed): the epoch's batch order is drawn anew, so its
-    position maps to other batches, and some clips would be skipped in it and others trained twice. The
-    epoch starts again instead."""
-    if state.batch_in_epoch and state.epoch_clips not in (None, key):
+def restart_epoch_if_regrouped(
+    state: TrainState, key: str, log, batch_size: int | None = None, saved_batch_size: int | None = None
+) -> None:
+    """The one rule for where a resumed epoch goes on. Its saved position counts batches of the epoch's
+    order, which the sampler draws from the training clips (`key`, epoch_clips_key: their ids and
+    lengths, how many an epoch draws) and cuts by --batch_size. When either differs from the
+    checkpoint's run (data added or removed, --max_samples, a WAV replaced, a feedback round's
+    --replay_ratio; another --batch_size), the position maps to other batches, and some clips would be
+    skipped in the epoch and others trained twice (batch 4 -> 8 skipped 20 of 36): the epoch starts
+    again instead. A checkpoint from before keys were kept (epoch_clips None) is taken as the same
+    clips; the line says which of the two changed."""
+    if state.batch_in_epoch and saved_batch_size not in (None, batch_size):
+        log(
+            f"resume: --batch_size {batch_size} (the checkpoint's run used {saved_batch_size}) groups epoch "
+            f"{state.epoch + 1}'s clips anew: it starts again from its beginning"
+        )
+        state.batch_in_epoch = 0
+    elif state.batch_in_epoch and state.epoch_clips not in (None, key):
         log(
             "resume: the training clips (or how many an epoch draws) differ from the checkpoint's run; "
             f"epoch {state.epoch + 1} is ordered anew and starts again from its beginning"

@@ -38,7 +38,7 @@ class TrainState:
 
     One object, shared by the session and the Trainer's parts; each field has one writer:
     - session.py, at set-up only: `sessions` (a resume), `processes`, `epoch_clips` and a resumed
-      `batch_in_epoch` (rescale_epoch_position, restart_epoch_if_clips_changed);
+      `batch_in_epoch` (restart_epoch_if_regrouped, rescale_epoch_position);
     - loop.Trainer: `epoch`, `batch_in_epoch`, `samples_seen`;
     - recovery.Recovery: `skipped_steps`, `consecutive_skips`, `recoveries`, `lr_scale`, `precision`;
     - microbatch_choice.MicroBatchPolicy: `split`, `micro_batch_size`, `micro_batch_hardware`,
