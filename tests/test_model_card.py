@@ -197,6 +197,36 @@ def test_a_resumed_runs_card_counts_every_session(tmp_path, tone_corpus, tiny_mo
     assert session.resumed_from is not None and summary["steps"] == 2
     text = (Path(summary["final_model"]) / "README.md").read_text(encoding="utf-8")
     assert "- Budget: --target_hours 9.5 in the last of 2 sessions; " in text and " spent in all when" in text
+    assert "training clips from 1 speaker, the same clips in each of its 2 sessions; " in text
+
+
+@pytest.mark.slow
+def test_a_resumed_runs_card_says_its_data_is_the_last_sessions(tmp_path, tone_corpus, tiny_model_dir):
+    """The data line counts the session that exported: after a first session on 30 of the clips and a
+    second on all 40, it read "in 40 training clips" as if the run had trained on those alone."""
+    train_tiny(tmp_path, tone_corpus, tiny_model_dir, max_steps=1, max_samples=30)
+    session, summary = train_tiny(tmp_path, tone_corpus, tiny_model_dir, max_steps=2)
+    assert session.resumed_from is not None and summary["steps"] == 2
+    text = (Path(summary["final_model"]) / "README.md").read_text(encoding="utf-8")
+    line = next(x for x in text.splitlines() if x.startswith("- Data: "))
+    clips = len(session.data.train)
+    assert f" in {clips} training clips from 1 speaker in the last of its 2 sessions " in line, line
+    assert "(earlier ones trained on other clips)" in line, line
+
+
+def test_the_data_line_says_whose_data_it_counts():
+    base = base_model_facts(MMS)
+    facts = dict(hours=1.5, clips=400, speakers=1, val_clips=20)
+    assert "- Data: 1.50 h of audio in 400 training clips from 1 speaker; 20 more" in card(base, **facts)
+    same = card(base, sessions=3, other_clips_before=False, **facts)
+    assert "in 400 training clips from 1 speaker, the same clips in each of its 3 sessions; 20 more" in same
+    other = card(base, sessions=3, other_clips_before=True, **facts)
+    assert (
+        "in 400 training clips from 1 speaker in the last of its 3 sessions (earlier ones trained on other "
+        "clips); 20 more clips held out" in other
+    )
+    unknown = card(base, sessions=2, other_clips_before=None, **facts)
+    assert "in the last of its 2 sessions (the clips of earlier ones are not recorded);" in unknown
 
 
 @pytest.mark.slow

@@ -507,6 +507,35 @@ def test_a_mid_epoch_resume_with_another_epoch_size_starts_the_epoch_again():
     assert epoch_clips_key(train) == epoch_clips_key(train, None)
 
 
+def test_a_run_knows_whether_an_earlier_session_trained_on_other_clips():
+    """What the model card needs to say whose data its figures are: sticky once another session's clips
+    differed; not known after a checkpoint from before this was kept, unless its key says so."""
+    from vits_trainer.training.session import note_earlier_clips
+    from vits_trainer.training.trainstate import TrainState
+
+    state = TrainState()
+    note_earlier_clips(state, "a", resumed=False)  # the first session
+    assert state.other_clips_before is False
+    state = TrainState.from_dict({**state.to_dict(), "epoch_clips": "a", "sessions": 1})
+    note_earlier_clips(state, "a", resumed=True)
+    assert state.other_clips_before is False
+    note_earlier_clips(state, "b", resumed=True)  # other clips in this session
+    assert state.other_clips_before is True
+    state.epoch_clips = "b"
+    note_earlier_clips(state, "b", resumed=True)  # the same again later: an earlier session's differed
+    assert state.other_clips_before is True
+    older = {"epoch_clips": "a", "sessions": 1}  # a checkpoint from before: the first session's
+    for saved, key, known in [
+        (older, "a", False),
+        (older, "b", True),
+        ({"epoch_clips": "a", "sessions": 2}, "a", None),  # sessions before it unknown
+        ({"epoch_clips": None, "sessions": 1}, "a", None),
+    ]:
+        state = TrainState.from_dict(saved)
+        note_earlier_clips(state, key, resumed=True)
+        assert state.other_clips_before is known, (saved, key)
+
+
 def test_a_resumed_runs_settings_are_checked_again(tmp_path, tone_corpus):
     """A flag given on resume that the run's restored settings cannot go with (refused at a fresh
     start) was accepted: --freerun_samples 0 on a run of --best_metric val_mel_dtw computed no

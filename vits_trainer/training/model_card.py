@@ -85,6 +85,9 @@ class CardFacts:
     total_seconds: float | None = None  # --total_hours, when the run spans several sessions
     spent_seconds: float | None = None  # time spent when these weights were exported (all sessions)
     sessions: int = 1  # sessions the run has had (resumes), this one included
+    # the data figures are the last session's: whether earlier sessions trained on other clips (None: not
+    # known, a run resumed from a checkpoint that did not record it)
+    other_clips_before: bool | None = False
     hardware: str | None = None
     precision: str | None = None
     eval_set: str = "validation clips"
@@ -419,6 +422,16 @@ def _training_lines(facts: CardFacts) -> list[str]:
             data += f" from {facts.speakers} speaker{'s' if facts.speakers != 1 else ''}"
             if facts.speakers > 1 and facts.voices == 1:
                 data += " (trained as one voice)"
+        if facts.sessions > 1:  # the figures are this session's data: said so unless every session's
+            if facts.other_clips_before is False:
+                data += f", the same clips in each of its {facts.sessions} sessions"
+            else:
+                earlier = (
+                    "earlier ones trained on other clips"
+                    if facts.other_clips_before
+                    else "the clips of earlier ones are not recorded"
+                )
+                data += f" in the last of its {facts.sessions} sessions ({earlier})"
         if facts.val_clips:
             data += f"; {facts.val_clips} more clips held out for evaluation"
         lines.append(data + ".")
@@ -536,6 +549,7 @@ def run_facts(s, kind: str, samples: tuple[Sample, ...] = ()) -> CardFacts:
         total_seconds=budget.total_seconds,
         spent_seconds=budget.spent_seconds(),
         sessions=s.state.sessions + 1,  # state.sessions counts the resumes
+        other_clips_before=s.state.other_clips_before,
         hardware=hardware,
         precision="fp32" if precision == "no" else precision,
         eval_set=eval_set,

@@ -372,6 +372,7 @@ def _build_session(
     describe_data(data, report, log)
     saved_batch = (trainer_state.get("config") or {}).get("batch_size") if ckpt is not None else None
     key = epoch_clips_key(data.train, data.epoch_samples)
+    note_earlier_clips(state, key, resumed=ckpt is not None)
     restart_epoch_if_regrouped(state, key, log, cfg.batch_size, saved_batch)
     rescale_epoch_position(state, accelerator.num_processes, log)  # a position kept: in this process count
     pad = PadLengths(generator.hop_length) if cfg.buckets_on(accelerator.device.type) else None
@@ -451,6 +452,20 @@ def epoch_clips_key(train, epoch_samples: int | None = None) -> str:
     if epoch_samples is not None:
         h.update(f"epoch:{int(epoch_samples)}".encode())
     return h.hexdigest()
+
+
+def note_earlier_clips(state: TrainState, key: str, resumed: bool) -> None:
+    """`state.other_clips_before`, before `key` (this session's epoch_clips_key) replaces the saved one:
+    whether any session before this one trained on other clips (or another replay share), so that the
+    model card, which counts this session's data, does not pass it off as all the run trained on. It
+    stays True once set. Unknown (None) after a checkpoint from before it was kept, unless that
+    checkpoint's key says its clips differ, or it was the first session's (its key says all)."""
+    if not resumed:
+        state.other_clips_before = False
+    elif state.epoch_clips is not None and state.epoch_clips != key:
+        state.other_clips_before = True
+    elif state.other_clips_before is None and state.epoch_clips is not None and state.sessions == 1:
+        state.other_clips_before = False
 
 
 def restart_epoch_if_regrouped(

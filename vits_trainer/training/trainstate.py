@@ -37,8 +37,9 @@ class TrainState:
     """Where the run is. Saved as JSON in every checkpoint.
 
     One object, shared by the session and the Trainer's parts; each field has one writer:
-    - session.py, at set-up only: `sessions` (a resume), `processes`, `epoch_clips` and a resumed
-      `batch_in_epoch` (restart_epoch_if_regrouped, rescale_epoch_position);
+    - session.py, at set-up only: `sessions` (a resume), `processes`, `epoch_clips`,
+      `other_clips_before` and a resumed `batch_in_epoch` (note_earlier_clips, restart_epoch_if_regrouped,
+      rescale_epoch_position);
     - loop.Trainer: `epoch`, `batch_in_epoch`, `samples_seen`;
     - recovery.Recovery: `skipped_steps`, `consecutive_skips`, `recoveries`, `lr_scale`, `precision`;
     - microbatch_choice.MicroBatchPolicy: `split`, `micro_batch_size`, `micro_batch_hardware`,
@@ -55,6 +56,9 @@ class TrainState:
     processes: int | None = None  # the processes it counts per rank (None: a checkpoint from before)
     # what the epoch's batch order is drawn from (session.epoch_clips_key); None: a checkpoint from before
     epoch_clips: str | None = None
+    # whether an earlier session trained on other clips than this one (session.note_earlier_clips; the
+    # model card says so); None: not known (resumed from a checkpoint from before it was kept)
+    other_clips_before: bool | None = None
     samples_seen: int = 0
     best_val: float | None = None  # lowest --best_metric value (on the first validation set) so far
     best_step: int | None = None
