@@ -16,7 +16,7 @@ import torch
 from vits_trainer.data.clipstore import AUDIO_NAME, INDEX_NAME, ClipStore, load_clip_store
 from vits_trainer.data.items import build_items, speaker_map, split_train_val
 from vits_trainer.data.loader import ClipDataset, collate_batch, make_loader
-from vits_trainer.data.sampler import BucketBatchSampler
+from vits_trainer.data.sampler import BucketBatchSampler, ReplayBatchSampler
 from vits_trainer.data.synthetic import ALPHABET, make_corpus
 from vits_trainer.errors import UserError
 
@@ -408,6 +408,44 @@ def test_sampler_shards_are_disjoint_and_equal() -> None:
         # disjoint apart from padding: the first shard-length-minus-one batches never overlap
         firsts = [set(i for b in s[:-1] for i in b) for s in shards]
         assert not (firsts[0] & firsts[1]) and not (firsts[1] & firsts[2]) and not (firsts[0] & firsts[2])
+
+
+def test_a_steps_samples_count_each_of_the_epochs_clips_once_on_any_number_of_ranks() -> None:
+    """With several processes a step's samples were one rank's clips times the ranks: at an epoch's end a
+    rank's repeat of an earlier batch (equal shares) and a short last batch counted as full, so 36 clips
+    in batches of 8 on 2 ranks counted 40 or 48 an epoch. samples_in counts what the ranks trained of
+    the epoch, each clip once, the same number on every rank."""
+    lengths = np.random.default_rng(2).integers(1000, 5000, size=36)
+    for replicas in (1, 2, 3):
+        for drop_last in (False, True):
+            ranks = [
+                BucketBatchSampler(lengths, 8, seed=4, num_replicas=replicas, rank=r, drop_last=drop_last)
+                for r in range(replicas)
+            ]
+            for epoch in range(3):
+                for s in ranks:
+                    s.set_epoch(epoch)
+                shards = [list(s) for s in ranks]
+                for i in range(len(ranks[0])):  # per step, the same count on every rank
+                    assert len({s.samples_in(i, i + 1) for s in ranks}) == 1
+                distinct = len({c for shard in shards for b in shard for c in b})
+                trained = sum(len(b) for shard in shards for b in shard)
+                counted = sum(ranks[0].samples_in(i, i + 1) for i in range(len(ranks[0])))
+                assert counted == ranks[0].samples_in(0, len(ranks[0])) == distinct
+                assert distinct == (
+                    8 * (4 // replicas) * replicas if drop_last else 36
+                )  # drop_last: equal whole shares
+                if replicas == 1:  # one process: every clip it trained
+                    assert counted == trained
+    # the replay sampler counts its epoch's draw the same way
+    replay = [
+        ReplayBatchSampler(lengths, range(10), range(10, 36), 17, 4, seed=1, num_replicas=2, rank=r)
+        for r in range(2)
+    ]
+    for s in replay:
+        s.set_epoch(1)
+    assert sum(replay[0].samples_in(i, i + 1) for i in range(len(replay[0]))) == 27
+    assert replay[1].samples_in(0, len(replay[1])) == 27
 
 
 def test_the_batch_order_is_random_not_by_length() -> None:

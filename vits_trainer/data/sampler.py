@@ -49,6 +49,7 @@ class BucketBatchSampler(Sampler[list[int]]):
         self.rank = rank
         self.epoch = 0
         self._start = 0
+        self._sizes: tuple[int, np.ndarray] | None = None  # (epoch, its batches' sizes): samples_in
 
     def set_epoch(self, epoch: int) -> None:
         self.epoch = epoch
@@ -56,6 +57,17 @@ class BucketBatchSampler(Sampler[list[int]]):
     def set_start(self, batch_index: int) -> None:
         """Resume mid-epoch: the next iteration skips its first `batch_index` batches (once)."""
         self._start = max(0, int(batch_index))
+
+    def samples_in(self, first: int, end: int) -> int:
+        """The epoch's samples in every rank's batches `first`..`end` - 1 together, each counted once: the
+        same on every rank, with no communication. A rank's copy of an earlier batch, which gives every
+        rank as many batches at the epoch's end, is not counted, and a short last batch counts its own
+        clips (one rank's clips times the ranks counted both as full ones)."""
+        if self._sizes is None or self._sizes[0] != self.epoch:
+            self._sizes = (self.epoch, np.array([len(b) for b in self._all_batches()], dtype=np.int64))
+        sizes = self._sizes[1]
+        kept = min(len(sizes), self._rank_count(len(sizes)) * self.num_replicas)  # trained by some rank
+        return int(sizes[first * self.num_replicas : min(end * self.num_replicas, kept)].sum())
 
     def _all_batches(self) -> list[np.ndarray]:
         n = len(self.lengths)
@@ -182,6 +194,10 @@ class ReplayBatchSampler(Sampler[list[int]]):
 
     def __len__(self) -> int:
         return len(self._template)
+
+    def samples_in(self, first: int, end: int) -> int:
+        """As BucketBatchSampler.samples_in, for this epoch's clips."""
+        return self._epoch_sampler()[0].samples_in(first, end)
 
     def __iter__(self) -> Iterator[list[int]]:
         start, self._start = self._start, 0

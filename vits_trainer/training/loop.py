@@ -245,8 +245,12 @@ class Trainer:
         trial_size = self.micro.trial.current() if self.micro.trial is not None else None
         result, micro, clean = self.run_step(pending)
         seconds = time.perf_counter() - t_step
-        samples = sum(x["indices"].numel() for x in pending) * s.accelerator.num_processes
-        self.measure_step(seconds, samples, trial_size, micro, clean)
+        # the step's size, every rank's clips through the networks (whole, or an epoch's short last step)
+        clips = sum(x["indices"].numel() for x in pending) * s.accelerator.num_processes
+        # the epoch's samples it trained, every rank's, each once (with several processes, fewer than
+        # `clips` at an epoch's end: some ranks repeat an earlier batch, or one's last batch is short)
+        samples = s.sampler.samples_in(position - len(pending), position)
+        self.measure_step(seconds, samples, clips, trial_size, micro, clean)
         stop_reason, save_now = self.stop_decision(self.outputs.interval_save_due())
         s.g_scheduler.step()  # after the decision: every rank now has the same LR progress
         s.d_scheduler.step()
@@ -262,21 +266,23 @@ class Trainer:
         return stop_reason
 
     def measure_step(
-        self, seconds: float, samples: int, trial_size: int | None, micro: int, clean: bool
+        self, seconds: float, samples: int, clips: int, trial_size: int | None, micro: int, clean: bool
     ) -> None:
         """A step's time to the budget (which counts the step: `budget.global_step`), to the micro-batch
-        trial while it runs, or to the compile decision; that decision begins once the size is known."""
+        trial while it runs, or to the compile decision; that decision begins once the size is known.
+        `samples`: the epoch's samples it trained (the budget's throughput and epochs); `clips`: what went
+        through the networks, the step's size (the trial's and the compile decision's time per clip)."""
         budget = self.s.budget
         self.micro.ran_at(micro)
         # a trial's steps count, but measure the run only once its size is chosen; compiling steps count,
         # but are not a step's time either
         measured = trial_size is None
         if measured and self.compiler.begun:
-            measured = self.compiler.observe(seconds, samples, clean and self.micro.is_full(samples))
+            measured = self.compiler.observe(seconds, clips, clean and self.micro.is_full(clips))
         budget.observe_step(seconds, samples, measured=measured)  # counts the step: global_step += 1
         # after observe_step: a trial that ends here hands the budget the steps it observed unmeasured
         if trial_size is not None and self.micro.trial is not None:
-            self.micro.observe_trial_step(trial_size, seconds, samples, clean)
+            self.micro.observe_trial_step(trial_size, seconds, clips, clean)
         if self.micro.trial is None and not self.compiler.begun:
             self.begin_compile()
 
