@@ -147,6 +147,7 @@ class ReplayBatchSampler(Sampler[list[int]]):
         self.seed = seed
         self.epoch = 0
         self._start = 0
+        self._counting: BucketBatchSampler | None = None  # this epoch's, for samples_in
         # a template for the counting and sharding rules: the per-epoch sampler has the same size
         self._template = BucketBatchSampler(
             np.zeros(self.epoch_size, dtype=np.int64),
@@ -196,8 +197,10 @@ class ReplayBatchSampler(Sampler[list[int]]):
         return len(self._template)
 
     def samples_in(self, first: int, end: int) -> int:
-        """As BucketBatchSampler.samples_in, for this epoch's clips."""
-        return self._epoch_sampler()[0].samples_in(first, end)
+        """As BucketBatchSampler.samples_in, for this epoch's clips (its sampler kept for the epoch's steps)."""
+        if self._counting is None or self._counting.epoch != self.epoch:
+            self._counting = self._epoch_sampler()[0]
+        return self._counting.samples_in(first, end)
 
     def __iter__(self) -> Iterator[list[int]]:
         start, self._start = self._start, 0
