@@ -679,6 +679,33 @@ def test_a_clip_cache_of_ours_is_recognised_also_one_written_before_caches_were_
     assert report.cache_hit
 
 
+def test_an_unmarked_cache_left_by_a_killed_build_is_still_the_tools(tmp_path: Path) -> None:
+    # an older version wrote no mark: killed while building (its first cache, or a rebuild that had
+    # dropped the old index), it left only files of the cache's own names, and the folder was then taken
+    # for the user's: never written again, a note blamed files "this tool did not write", and a corpus
+    # above the RAM share was refused where its cache would have been memory-mapped
+    corpus = tmp_path / "data"
+    make_corpus(corpus, num_clips=6, sample_rate=SR, seed=1)
+    cache = corpus / "cache"
+    for left in ([AUDIO_NAME + ".tmp-99999"], [AUDIO_NAME, INDEX_NAME + ".tmp-99999", ".probe-99999"]):
+        shutil.rmtree(cache, ignore_errors=True)
+        cache.mkdir()
+        for name in left:
+            (cache / name).write_bytes(b"\0" * 64)
+        lines = Logs()
+        store, report = load(corpus, max_ram_gb=1e-6, log=lines)
+        assert len(store) == 6 and not store.in_ram and report.cache_path == str(cache), lines
+        assert not any("untouched" in line for line in lines), lines
+        assert load(corpus)[1].cache_hit
+    # a cache/ holding only an index.json that is not the tool's stays the user's
+    shutil.rmtree(cache)
+    cache.mkdir()
+    (cache / INDEX_NAME).write_text('{"pages": [1, 2]}', encoding="utf-8")
+    store, report = load(corpus)
+    assert store.in_ram and not report.cache_path
+    assert [p.name for p in cache.iterdir()] == [INDEX_NAME]
+
+
 def test_a_folder_prepare_data_did_not_make_and_larger_than_the_ram_share_is_refused(tmp_path: Path) -> None:
     # such a folder gets no cache, so nothing can be memory-mapped: read whole into RAM by every process,
     # a corpus above --max_ram_gb's share would run the machine out of memory instead

@@ -282,16 +282,25 @@ def _ram_limit_bytes(max_ram_gb: float) -> int:
         return 2**62
 
 
+def _is_cache_file_name(name: str) -> bool:
+    """A name only the cache's writing gives a file: its audio, its temp files, `_cache_writable`'s probe."""
+    base, _, pid = name.rpartition("-")
+    return name == AUDIO_NAME or (
+        pid.isdigit() and base in (f"{AUDIO_NAME}.tmp", f"{INDEX_NAME}.tmp", ".probe")
+    )
+
+
 def _cache_owner(cache_dir: Path) -> str:
     """Whose `cache_dir` is: "ours" (the tool's clip cache: its mark, or the index of a cache written
-    before caches were marked), "none" (no such folder, or an empty one) or "theirs" (anything else)."""
+    before caches were marked, or only files of the cache's own names: such a cache's build killed
+    before its index was written), "none" (no such folder, or an empty one) or "theirs" (anything else)."""
     if not cache_dir.exists():
         return "none"
     try:
         names = {p.name for p in cache_dir.iterdir()}
         if not names:
             return "none"
-        if CACHE_MARK in names:
+        if CACHE_MARK in names or all(_is_cache_file_name(name) for name in names):
             return "ours"
         index = json.loads((cache_dir / INDEX_NAME).read_text(encoding="utf-8"))
         return "ours" if isinstance(index, dict) and {"fingerprint", "offsets"} <= index.keys() else "theirs"
