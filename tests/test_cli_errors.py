@@ -309,6 +309,8 @@ def test_a_stray_world_size_is_one_error_line_before_accelerate_reads_it(
     [
         ("prepare_data.py", ["--source", "no/corpus", "--data_dir", "out"], "no such file or folder"),
         ("speak.py", ["--model", "no/model", "--text", "hi", "--out", "hi.wav"], "--model no/model"),
+        # the discriminator converter (python -m vits_trainer.model.discriminator) is no launch's either
+        ("vits_trainer.model.discriminator", ["convert", "no/D.pth", "out"], "no/D.pth: no such file"),
     ],
 )
 def test_a_one_process_tool_says_its_error_whatever_rank_the_environment_gives(
@@ -318,8 +320,10 @@ def test_a_one_process_tool_says_its_error_whatever_rank_the_environment_gives(
     # speak.py, never one of a launch's processes, took themselves for its second one and exited 2
     # without a word
     env = dict(os.environ, HF_HUB_OFFLINE="1", RANK="1", WORLD_SIZE="2", LOCAL_WORLD_SIZE="2")
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT), env.get("PYTHONPATH")]))
+    command = [str(ROOT / script)] if script.endswith(".py") else ["-m", script]
     proc = subprocess.run(
-        [PYTHON, str(ROOT / script), *args],
+        [PYTHON, *command, *args],
         capture_output=True,
         text=True,
         env=env,

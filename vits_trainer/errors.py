@@ -23,8 +23,9 @@ def run_cli(
     main: Callable[[list[str] | None], int | None], argv: list[str] | None = None, one_process: bool = False
 ) -> int:
     """Run a CLI entry point; a UserError becomes `error: <message>` on stderr and exit code 2.
-    `one_process`: a tool never started by a multi-process launch (prepare_data.py, speak.py) is the
-    main process whatever RANK a launch left in the environment says, so its errors are always said."""
+    `one_process`: a tool never started by a multi-process launch (prepare_data.py, speak.py, the
+    discriminator converter) is the main process whatever RANK a launch left in the environment says,
+    so its errors are always said."""
     runtime = sys.modules.get("vits_trainer.training.runtime")
     if runtime is not None:  # a command run in the same process before (tests): its log is closed
         runtime.Logger.copy.reset()

@@ -376,4 +376,4 @@ if __name__ == "__main__":
 
     from ..errors import run_cli
 
-    sys.exit(run_cli(_main))
+    sys.exit(run_cli(_main, one_process=True))  # never one of a launch's processes
