@@ -115,6 +115,16 @@ def test_multi_speaker_fine_tune_exports_each_voice_and_resume_keeps_the_map(
     assert f"model: {trained:.1f} M parameters trained (" in first_lines and "for 2 speakers" in first_lines
 
 
+def test_a_resumed_single_voice_run_trains_its_voice_on_speakers_it_has_not_seen(single):
+    # its map is {"0": 0} when its data named no speaker; prepare_data.py now reads a table's speaker
+    # column, so the same table prepared again names them: every clip was dropped as an unknown speaker
+    # and the resume ended in "no usable training clips"
+    _, mapping = resolve_speakers(None, single, ["ben", "anna", "ben"], {"0": 0}, print)
+    assert mapping == {"0": 0, "anna": 0, "ben": 0}
+    wide = add_speakers(single, 2)  # a multi-speaker run's map stays as it is: its voices are its own
+    assert resolve_speakers(None, wide, ["anna"], {"0": 0, "1": 1}, print)[1] == {"0": 0, "1": 1}
+
+
 def test_the_start_line_says_which_id_each_speaker_got(single):
     # the ids are what speak.py --speaker_id and the pipeline's forward_params take: the log names them
     lines = []

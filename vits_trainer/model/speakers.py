@@ -68,7 +68,10 @@ def add_speakers(model: VitsModel, num_speakers: int) -> VitsModel:
 def resolve_speakers(wanted: int | str | None, model: VitsModel, names: list[str], stored: dict | None, log):
     """(model, speaker name -> id) for this run. A resumed run keeps the checkpoint's map (its model is
     already built with that many speakers); `wanted` (--num_speakers: None = the model's own, "auto" or
-    a count) widens a single-speaker model."""
+    a count) widens a single-speaker model. A resumed single-voice model trains that voice on every
+    speaker of the data, those its map has not seen too (a table's speaker column read since)."""
+    if stored and model.config.num_speakers <= 1:
+        return model, {**stored, **dict.fromkeys(sorted(set(names) - set(stored)), 0)}
     if stored:
         return model, stored
     distinct = len(set(names))
