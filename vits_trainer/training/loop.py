@@ -2,7 +2,10 @@
 
 One optimiser step = `gradient_accumulation_steps` loader batches (fewer at the end of an epoch), run as
 micro-batches of the size the micro-batch trial chose (microbatch.py): the same clips per step whatever
-the size.
+the size. Those loader batches are the step's *cycle* (`pending` while it is gathered). One step, from
+the top down: `train_step` (the step and its bookkeeping) -> `step_with_retries` (the cycle redone after
+an out-of-memory error or a failed compiled step) -> `run_micro_batches` (one attempt: the cycle cut into
+micro-batches) -> `GanStep.micro_step` (step.py: forward, backward, and after the last the optimisers).
 After each step the budget is told how long it took; once the benchmark samples are measured the
 run is planned, and from then on it re-plans each epoch and stops at the last step boundary after
 which the final evaluation, checkpoint and export still fit before the deadline. Evaluations and
@@ -101,8 +104,8 @@ class SignalStop:
 @dataclass
 class StepWindow:
     """What the steps since the last metric line added up to. Written by `run_epoch` (the loader's
-    wait), `run_cycle` (a completed cycle's metrics) and `train_step` (the step's time and clips); read
-    and replaced by a new one in `log_step`."""
+    wait), `run_micro_batches` (a completed cycle's metrics) and `train_step` (the step's time and
+    clips); read and replaced by a new one in `log_step`."""
 
     samples: int = 0
     seconds: float = 0.0
@@ -243,7 +246,7 @@ class Trainer:
         s, state = self.s, self.s.state
         # the size being tried, read before the step: an out-of-memory error inside it can end the trial
         trial_size = self.micro.trial.current() if self.micro.trial is not None else None
-        result, micro, clean = self.run_step(pending)
+        result, micro, clean = self.step_with_retries(pending)
         seconds = time.perf_counter() - t_step
         # the step's size, every rank's clips through the networks (whole, or an epoch's short last step)
         clips = sum(x["indices"].numel() for x in pending) * s.accelerator.num_processes
@@ -300,14 +303,14 @@ class Trainer:
         ):
             self.log_step(batches_left)
 
-    def run_step(self, pending: list[dict]):
+    def step_with_retries(self, pending: list[dict]):
         """The cycle's forward/backward passes and optimiser step, redone after an out-of-memory error
         (smaller micro-batches) or a failed compiled step (a narrower compile scope, or eager), as often
         as a redo fails that way. (result, micro-batch size, clean: it ran once)."""
         micro, clean = self.micro.size(), True
         while True:
             try:
-                return self.run_cycle(pending, micro), micro, clean
+                return self.run_micro_batches(pending, micro), micro, clean
             except Exception as err:
                 out_of_memory = is_out_of_memory(err)
                 if not out_of_memory and not self.compiler.failed(err):  # an error of the eager step
@@ -318,8 +321,9 @@ class Trainer:
             if out_of_memory:  # the same cycle in smaller micro-batches; else a narrower scope, or eager
                 micro = self.micro.smaller_after_oom(micro)
 
-    def run_cycle(self, pending: list[dict], micro: int):
-        """One optimiser step: this cycle's loader batches as micro-batches of at most `micro` clips."""
+    def run_micro_batches(self, pending: list[dict], micro: int):
+        """One attempt at the optimiser step: this cycle's loader batches as micro-batches of at most
+        `micro` clips, the optimisers stepped after the last one."""
         s = self.s
         parts = micro_batches(pending, micro, s.pad)
         result, metrics = None, []

@@ -5,8 +5,8 @@ of them in a row the run is stuck in a bad region: `Recovery` reloads the last g
 checkpoint, else the weights the run started from), halves the learning rate and moves one rung down
 the precisions fp16 -> bf16 (where supported) -> fp32, and says so in one line.
 
-An out-of-memory error inside a step is not handled here: `Trainer.run_step` redoes the cycle with the
-smaller micro-batch that `MicroBatchPolicy.smaller_after_oom` (microbatch_choice.py) chooses.
+An out-of-memory error inside a step is not handled here: `Trainer.step_with_retries` redoes the cycle
+with the smaller micro-batch that `MicroBatchPolicy.smaller_after_oom` (microbatch_choice.py) chooses.
 `is_out_of_memory` tells it such an error from others.
 """
 
