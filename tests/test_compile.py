@@ -513,7 +513,7 @@ def test_a_failing_scope_is_dropped_for_the_narrower_one():
     choice, calls, lines = _choice("auto")
     choice.begin(2 * HOUR, 1.0 / 8)
     _steps(choice, [30.0])
-    assert choice.failed(RuntimeError("inductor: something\ndetails")) is True
+    assert choice.backed_off_after(RuntimeError("inductor: something\ndetails")) is True
     assert calls == ["graphs", "segments"] and choice.active
     assert lines[-1] == (
         "compile: the compiled step failed (RuntimeError: inductor: something); now compiling only "
@@ -522,7 +522,11 @@ def test_a_failing_scope_is_dropped_for_the_narrower_one():
     _steps(choice, [2.0, 0.5, 0.5, 0.5])
     assert choice.phase == "on" and choice.summary()["scope"] == "segments"
     assert set(choice.summary()["seconds_per_sample_by_scope"]) == {"segments"}
-    assert choice.failed(RuntimeError("again")) is True and choice.phase == "off" and calls[-1] is False
+    assert (
+        choice.backed_off_after(RuntimeError("again")) is True
+        and choice.phase == "off"
+        and calls[-1] is False
+    )
 
 
 def test_a_narrow_scope_failing_after_a_wide_one_measured_well_keeps_the_wide_one():
@@ -532,7 +536,7 @@ def test_a_narrow_scope_failing_after_a_wide_one_measured_well_keeps_the_wide_on
     choice.begin(2 * HOUR, 1.0 / 8)
     _steps(choice, [30.0, 2.0, 0.3, 0.3, 0.3])  # compiled, then measured
     assert calls == ["graphs", "segments"]
-    assert choice.failed(RuntimeError("segments broke")) is True
+    assert choice.backed_off_after(RuntimeError("segments broke")) is True
     assert calls[-1] == "graphs" and choice.phase == "on" and choice.summary()["scope"] == "graphs"
     assert "judging the scopes measured before it" in lines[-2] and "compile: on, " in lines[-1]
     assert choice.summary()["speedup"] == pytest.approx(1.0 / 0.3)

@@ -184,9 +184,10 @@ class CompileChoice:
             return True
         return True
 
-    def failed(self, err: BaseException) -> bool:
-        """A step raised `err`: True when it ran compiled (the run now compiles a narrower scope, or is
-        eager; redo the step)."""
+    def backed_off_after(self, err: BaseException) -> bool:
+        """A step raised `err`: when it ran compiled, back off (a narrower scope, the scopes measured
+        before it judged, or eager) and return True: redo the step. False: the step was eager, so the
+        error is not the compiler's and the caller raises it."""
         if not self.active:
             return False
         self.failures += 1

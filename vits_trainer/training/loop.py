@@ -313,7 +313,7 @@ class Trainer:
                 return self.run_micro_batches(pending, micro), micro, clean
             except Exception as err:
                 out_of_memory = is_out_of_memory(err)
-                if not out_of_memory and not self.compiler.failed(err):  # an error of the eager step
+                if not out_of_memory and not self.compiler.backed_off_after(err):  # an eager step's error
                     raise
             # outside the except block, so that the failed cycle's frames and activations are freed
             self.step_fn.abandon_cycle()
