@@ -30,9 +30,9 @@ from .budget import hhmm
 from .compile_choice import CompileChoice
 from .cpushare import cpu_share
 from .microbatch import micro_batches
-from .microbatch_choice import MicroBatchPolicy
+from .microbatch_choice import MicroBatchPolicy, is_out_of_memory
 from .outputs import RunOutputs
-from .recovery import Recovery, is_out_of_memory
+from .recovery import Recovery
 from .reporting import MetricsLog, Progress
 from .run_end import RunEnd
 from .runtime import describe_threads, thread_report

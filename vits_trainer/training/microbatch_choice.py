@@ -1,11 +1,14 @@
 """How many clips a run's micro-batches hold (`MicroBatchPolicy`, one part of loop.Trainer): a forced
 size, a resumed run's choice, or the trial (microbatch.py) run over the first steps, and the retry with
-smaller micro-batches after running out of memory.
+smaller micro-batches after running out of memory (`is_out_of_memory` tells such an error from others).
 """
 
 from __future__ import annotations
 
+import gc
 import math
+
+import torch
 
 from ..errors import UserError
 from .microbatch import (
@@ -17,7 +20,16 @@ from .microbatch import (
     candidates,
     hardware_id,
 )
-from .recovery import free_memory
+
+
+def is_out_of_memory(err: BaseException) -> bool:
+    return isinstance(err, torch.OutOfMemoryError) or "out of memory" in str(err).lower()
+
+
+def free_memory() -> None:
+    gc.collect()
+    if torch.cuda.is_available():
+        torch.cuda.empty_cache()
 
 
 class MicroBatchPolicy:

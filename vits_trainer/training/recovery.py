@@ -7,12 +7,10 @@ the precisions fp16 -> bf16 (where supported) -> fp32, and says so in one line.
 
 An out-of-memory error inside a step is not handled here: `Trainer.step_with_retries` redoes the cycle
 with the smaller micro-batch that `MicroBatchPolicy.smaller_after_oom` (microbatch_choice.py) chooses.
-`is_out_of_memory` tells it such an error from others.
 """
 
 from __future__ import annotations
 
-import gc
 from collections.abc import Callable
 from pathlib import Path
 
@@ -22,16 +20,6 @@ from ..model.discriminator import VitsDiscriminator
 from .checkpoint import CheckpointError, verify_checkpoint
 from .runtime import native_bf16
 from .trainstate import LoadedCheckpoint
-
-
-def is_out_of_memory(err: BaseException) -> bool:
-    return isinstance(err, torch.OutOfMemoryError) or "out of memory" in str(err).lower()
-
-
-def free_memory() -> None:
-    gc.collect()
-    if torch.cuda.is_available():
-        torch.cuda.empty_cache()
 
 
 def switch_precision(accelerator, modules: list[torch.nn.Module], target: str) -> None:
