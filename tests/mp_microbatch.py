@@ -26,7 +26,9 @@ def observe(self, size, seconds, samples, clean=True):
 
 def end_run(self, stop_reason):
     out = Path(os.environ["MICRO_OUT"]) / f"rank{RANK}.json"
-    out.write_text(json.dumps({"chosen": self.s.state.micro_batch_size, "last": self.micro.last_micro}))
+    out.write_text(
+        json.dumps({"chosen": self.s.state.micro_batch_size, "last": self.micro_batching.last_micro})
+    )
     return real_end_run(self, stop_reason)
 
 

@@ -137,7 +137,8 @@ class StepWindow:
 
 class Trainer:
     """One run of the loop over a built session, composed of parts that own their state:
-    - `micro` (microbatch_choice.MicroBatchPolicy): how many clips go through the networks at once;
+    - `micro_batching` (microbatch_choice.MicroBatchPolicy): how many clips go through the networks at
+      once (a local `micro` is that number);
     - `compiler` (compile_choice.CompileChoice): whether the step runs compiled;
     - `outputs` (outputs.RunOutputs): evaluations, checkpoints and exports along the way;
     - `recovery` (recovery.Recovery): skipped steps, and the way back from a run of them;
@@ -155,7 +156,7 @@ class Trainer:
         pinned = "OMP_NUM_THREADS" in (self.threads.get("set_by_user") or "")
         self.cpu_share = cpu_share(self.threads["torch_threads"], pinned)  # follows the machine's load
         self.threads["adaptive"] = self.cpu_share is not None
-        self.micro = MicroBatchPolicy(session, self.metrics, self.agreement)
+        self.micro_batching = MicroBatchPolicy(session, self.metrics, self.agreement)
         self.compiler = CompileChoice(
             cfg.compile,
             session.device.type,
@@ -165,7 +166,9 @@ class Trainer:
             session.log,
             checkpoint_dir=session.checkpoint_dir,
         )
-        self.outputs = RunOutputs(session, self.metrics, self.agreement, self.threads, self.micro.used)
+        self.outputs = RunOutputs(
+            session, self.metrics, self.agreement, self.threads, self.micro_batching.used
+        )
         if session.resumed_from is not None:
             self.outputs.take_over_resumed()
         self.recovery = Recovery(session, self.metrics, lambda: self.outputs.last_checkpoint)
@@ -245,7 +248,7 @@ class Trainer:
         after it), and the LR schedules step after the stop decision, which brings rank 0's LR progress."""
         s, state = self.s, self.s.state
         # the size being tried, read before the step: an out-of-memory error inside it can end the trial
-        trial_size = self.micro.trial.current() if self.micro.trial is not None else None
+        trial_size = self.micro_batching.trial.current() if self.micro_batching.trial is not None else None
         result, micro, clean = self.step_with_retries(pending)
         seconds = time.perf_counter() - t_step
         # the step's size, every rank's clips through the networks (whole, or an epoch's short last step)
@@ -276,17 +279,17 @@ class Trainer:
         `samples`: the epoch's samples it trained (the budget's throughput and epochs); `clips`: what went
         through the networks, the step's size (the trial's and the compile decision's time per clip)."""
         budget = self.s.budget
-        self.micro.ran_at(micro)
+        self.micro_batching.ran_at(micro)
         # a trial's steps count, but measure the run only once its size is chosen; compiling steps count,
         # but are not a step's time either
         measured = trial_size is None
         if measured and self.compiler.begun:
-            measured = self.compiler.observe(seconds, clips, clean and self.micro.is_full(clips))
+            measured = self.compiler.observe(seconds, clips, clean and self.micro_batching.is_full(clips))
         budget.observe_step(seconds, samples, measured=measured)  # counts the step: global_step += 1
         # after observe_step: a trial that ends here hands the budget the steps it observed unmeasured
-        if trial_size is not None and self.micro.trial is not None:
-            self.micro.observe_trial_step(trial_size, seconds, clips, clean)
-        if self.micro.trial is None and not self.compiler.begun:
+        if trial_size is not None and self.micro_batching.trial is not None:
+            self.micro_batching.observe_trial_step(trial_size, seconds, clips, clean)
+        if self.micro_batching.trial is None and not self.compiler.begun:
             self.begin_compile()
 
     def plan_and_report(self, batches_left: int) -> None:
@@ -307,7 +310,7 @@ class Trainer:
         """The cycle's forward/backward passes and optimiser step, redone after an out-of-memory error
         (smaller micro-batches) or a failed compiled step (a narrower compile scope, or eager), as often
         as a redo fails that way. (result, micro-batch size, clean: it ran once)."""
-        micro, clean = self.micro.size(), True
+        micro, clean = self.micro_batching.size(), True
         while True:
             try:
                 return self.run_micro_batches(pending, micro), micro, clean
@@ -319,7 +322,7 @@ class Trainer:
             self.step_fn.abandon_cycle()
             clean = False
             if out_of_memory:  # the same cycle in smaller micro-batches; else a narrower scope, or eager
-                micro = self.micro.smaller_after_oom(micro)
+                micro = self.micro_batching.smaller_after_oom(micro)
 
     def run_micro_batches(self, pending: list[dict], micro: int):
         """One attempt at the optimiser step: this cycle's loader batches as micro-batches of at most
@@ -348,14 +351,14 @@ class Trainer:
         if s.resumed_from is None and s.val_loaders:
             self.outputs.warm_up_first_calls()
             self.outputs.run_eval("start", export_best=False)  # baseline, and an eval time for the plan
-            self.outputs.estimate_step_from_eval(self.micro.clips_trained_per_step())
+            self.outputs.estimate_step_from_eval(self.micro_batching.clips_trained_per_step())
         warning = s.budget_lr.horizon_warning()
         if warning:
             s.log(f"warning: {warning}")
         budget.start_training()
         self.write_session_record(started)
-        self.micro.start()
-        if self.micro.trial is None:  # the micro-batch is known: compile now, or after the trial
+        self.micro_batching.start()
+        if self.micro_batching.trial is None:  # the micro-batch is known: compile now, or after the trial
             self.begin_compile()
         # asked before the first step too: a step that cannot finish before the deadline is not started
         stop_reason, _ = self.stop_decision()
@@ -397,7 +400,7 @@ class Trainer:
         """The micro-batch size is fixed: the compile decision, with the eager figure the trial of this
         session measured for that size (if it ran one)."""
         left, until = self.s.budget.training_left(self.s.cfg.max_steps)
-        self.compiler.begin(left, self.micro.trial_seconds_per_sample(), until)
+        self.compiler.begin(left, self.micro_batching.trial_seconds_per_sample(), until)
 
     def end_epoch(self) -> str | None:
         """An epoch ended: count it, re-plan, evaluate/save if due; the stop reason after that."""
@@ -452,7 +455,7 @@ class Trainer:
             "budget_stop": self.budget_stop,
             "resumed_from_step": self.resumed_from_step,
             "data_wait_fraction": self.data_wait / max(self.train_seconds, 1e-9),
-            **self.micro.used(),
+            **self.micro_batching.used(),
             "compile": self.compiler.summary(),
         }
 
@@ -517,7 +520,7 @@ class Trainer:
         s = self.s
         rate = s.budget.samples_per_second()
         evals, saves = self.outputs.expected_per_epoch(s.data.samples_per_epoch / rate if rate > 0 else 0.0)
-        plan = s.budget.plan(s.data.samples_per_epoch, self.micro.effective_step_clips, evals, saves)
+        plan = s.budget.plan(s.data.samples_per_epoch, self.micro_batching.effective_step_clips, evals, saves)
         s.log(plan.describe())
         self.report_warmup_cap()
         self.publish_plan(plan, "plan")
