@@ -606,7 +606,8 @@ def _make_budget(cfg: TrainConfig, process_start: float, ckpt_bytes: int, saved:
 
 
 def _prepare(cfg: TrainConfig, accelerator, generator, discriminator, ckpt: LoadedCheckpoint | None):
-    """The networks prepared by accelerate; a resumed run's scaler and RNG restored; per-rank seeds."""
+    """The networks prepared by accelerate (not the optimisers: step.py steps both through one scaler);
+    a resumed run's scaler and RNG restored; per-rank seeds."""
     generator_prepared, discriminator_prepared = accelerator.prepare(generator, discriminator)
     if ckpt is not None:
         if ckpt.has("scaler.pt") and accelerator.scaler is not None:

@@ -16,9 +16,10 @@ Order and bookkeeping, and why:
   first micro-batch (clear the gradients), its last (step the optimisers) and its share of the cycle,
   so a cycle can end early at an epoch boundary and the micro-batch can shrink after an out-of-memory
   error; DDP gradient sync is suppressed with `accelerator.no_sync` on all but a cycle's last one.
-- One GradScaler serves both optimisers (fp16): unscale both, check, step both, update once.
-  `AcceleratedOptimizer.step` would call `update()` after each optimiser, so the raw optimisers are
-  stepped here instead.
+- One GradScaler (`accelerator.scaler`, fp16) serves both optimisers: unscale both, check, step both,
+  update once. `AcceleratedOptimizer.step` would call `update()` after each optimiser, so accelerate
+  never wraps the optimisers (session.py's `_prepare` gives it the networks alone): they are plain
+  torch optimisers, stepped here through the scaler.
 - Losses and spectrograms are float32 (autocast covers only the networks).
 - `use_compiled(True, scope=...)` runs the parts of a compile scope compiled (model/compiled.py; by
   default the decoder on segments and both discriminator passes); whether that pays, and which scope,
