@@ -152,6 +152,8 @@ class Trainer:
         self.metrics = MetricsLog(session.checkpoint_dir / "metrics.jsonl", session.is_main)
         self.agreement = Agreement(session.accelerator)
         self.step_fn = gan_step(session)
+        # one dict, also RunOutputs.threads (stored in every checkpoint): what end_run adds to it reaches
+        # the final checkpoint and the summary
         self.threads = thread_report()
         pinned = "OMP_NUM_THREADS" in (self.threads.get("set_by_user") or "")
         self.cpu_share = cpu_share(self.threads["torch_threads"], pinned)  # follows the machine's load

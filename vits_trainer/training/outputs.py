@@ -52,7 +52,7 @@ class RunOutputs:
         self.s = session
         self.metrics = metrics
         self.agreement = agreement
-        self.threads = threads  # the thread settings, stored in every checkpoint
+        self.threads = threads  # the thread settings, stored in every checkpoint (the Trainer's own dict)
         self.micro_used = micro_used  # the micro-batch size and accumulation in use, likewise
         self.last_eval = self.last_save = time.time()
         self.last_checkpoint: Path | None = session.resumed_from
