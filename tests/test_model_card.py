@@ -154,6 +154,36 @@ def test_samples_are_played_on_the_hub_and_listed_in_the_card():
     )
 
 
+def test_a_multi_speaker_card_scores_each_voice():
+    """The score table is a mean over every voice: a card shared with others says how each one did."""
+
+    def voices(ali: float, zin: float) -> dict:
+        return {
+            "ali": {"speaker_id": 0, "clips": 3, "val_mel": ali},
+            "zin_b": {"speaker_id": 1, "clips": 1, "val_mel": zin},
+            "rojda": {"speaker_id": 2, "clips": 0},
+        }
+
+    evaluations = (
+        Evaluation("start (before training)", 0, {"val_mel": 4.0}, voices(4.1, 3.8)),
+        Evaluation("best, final", 120, {"val_mel": 1.4}, voices(1.25, 1.85)),
+    )
+    names = {"ali": 0, "zin_b": 1, "rojda": 2}
+    body = card(base_model_facts(MMS), evaluations=evaluations, voices=3, speaker_names=names)
+    body = body.split("## Evaluation")[1]
+    assert "rojda: no validation clip, so not measured" in body
+    table = [line for line in body.splitlines() if line.startswith("| ")]
+    assert table[-5:] == [
+        "| speaker | speaker_id | validation clips | val_mel, start (before training) | val_mel, best, final |",
+        "| --- | --- | --- | --- | --- |",
+        "| ali | 0 | 3 | 4.1 | 1.25 |",
+        "| zin\\_b | 1 | 1 | 3.8 | 1.85 |",
+        "| rojda | 2 | 0 | – | – |",
+    ]
+    one_voice = card(base_model_facts(MMS), evaluations=evaluations)  # no voices to tell apart
+    assert "By voice" not in one_voice
+
+
 @pytest.mark.slow
 def test_a_real_runs_exports_carry_the_card(tmp_path, tone_corpus, tiny_model_dir):
     session, summary = train_tiny(

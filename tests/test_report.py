@@ -878,3 +878,51 @@ def test_the_final_model_is_a_link_and_the_wait_policy_is_in_words(tmp_path, mon
     page = write_report(run, "python train_vits.py").read_text(encoding="utf-8")
     assert '<th>final model</th><td><a href="../final_model/">run/final_model</a>' in page
     assert "<th>omp_wait_policy</th><td>unset: spin 10000 then sleep</td>" in page
+
+
+def test_a_multi_speaker_runs_report_scores_each_voice_and_says_which_are_heard(tmp_path):
+    """A mean over every voice hides one that lags: the page gives each voice's val_mel at the start,
+    best and newest evaluations, and says which voices the samples let you hear."""
+
+    def voices(ali: float, zin: float) -> dict:
+        return {
+            "ali": {"speaker_id": 0, "clips": 2, "val_mel": ali},
+            "zin": {"speaker_id": 1, "clips": 1, "val_mel": zin},
+            "rojda": {"speaker_id": 2, "clips": 0},
+        }
+
+    records = [
+        {"event": "eval", "tag": "start", "step": 0, "val_mel": 4.0, "by_speaker": voices(4.1, 3.8)},
+        {"event": "eval", "tag": "epoch 1", "step": 10, "val_mel": 1.5, "by_speaker": voices(1.25, 2.0)},
+        {"event": "eval", "tag": "final", "step": 20, "val_mel": 1.6, "by_speaker": voices(1.3, 2.2)},
+    ]
+    (tmp_path / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
+    reference = tmp_path / "samples" / REFERENCE_FOLDER
+    reference.mkdir(parents=True)
+    sentences = {"a1": {"text": "silav", "speaker": 0, "speaker_name": "ali"}}
+    (reference / SENTENCES_FILE).write_text(json.dumps(sentences))
+    page = write_report(tmp_path, None, "val_mel").read_text(encoding="utf-8")
+    section = page[page.index('<section id="speakers">') :]
+    section = section[: section.index("</section>")]
+    header = re.findall(r"<th>(.*?)</th>", section)
+    assert header == [
+        "speaker",
+        "speaker_id",
+        "validation clips",
+        "val_mel, start (step 0)",
+        "val_mel, best (step 10)",
+        "val_mel, newest (step 20)",
+        "in the samples",
+    ]
+    rows = [re.findall(r"<td>(.*?)</td>", row) for row in re.findall(r"<tr>(.*?)</tr>", section)[1:]]
+    assert rows == [
+        ["ali", "0", "2", "4.1", "1.25", "1.3", "a1"],
+        ["zin", "1", "1", "3.8", "2", "2.2", "none"],
+        ["rojda", "2", "0", "–", "–", "–", "none"],
+    ]
+    # a single-voice run's evaluations have no scores by voice, and its page no such section
+    single = tmp_path / "single"
+    single.mkdir()
+    plain = [{k: v for k, v in r.items() if k != "by_speaker"} for r in records]
+    (single / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in plain))
+    assert 'id="speakers"' not in write_report(single, None, "val_mel").read_text(encoding="utf-8")

@@ -161,3 +161,38 @@ def test_speaker_names_are_read_without_loading_torch():
     )
     out = subprocess.run([PYTHON, "-c", code], capture_output=True, text=True, cwd=ROOT, timeout=300)
     assert out.stdout.split() == ["True", "False", "False"], out.stderr
+
+
+def test_a_multi_speaker_run_scores_every_voice(tmp_path, tiny_model_dir, capsys):
+    """The scores averaged over every voice hid one that lags: each evaluation scores each voice, in the
+    log, metrics.jsonl, report.html and the model card."""
+    corpus = tmp_path / "corpus"
+    make_corpus(corpus, num_clips=24, num_speakers=1, seed=3)
+    meta = corpus / "metadata.csv"
+    rows = [row.rsplit("|", 1)[0] for row in meta.read_text(encoding="utf-8").splitlines()]
+    # clips 0-15 are speaker 0's, 16-23 speaker 1's: the first validation clips (seed 0) are 7 and 13
+    meta.write_text("".join(f"{row}|{int(k >= 16)}\n" for k, row in enumerate(rows)), encoding="utf-8")
+    session, _ = train_tiny(
+        tmp_path, corpus, tiny_model_dir, max_steps=2, num_speakers="auto", val_fraction=0.2, eval_samples=2
+    )
+    out = capsys.readouterr().out
+    val = session.data.val_sets["val"]
+    assert set(val.speaker_ids.tolist()) == {0, 1}
+    folder = tmp_path / "checkpoints"
+    evals = [
+        json.loads(line)
+        for line in (folder / "metrics.jsonl").read_text().splitlines()
+        if json.loads(line).get("event") == "eval"
+    ]
+    assert [e["tag"] for e in evals] == ["start", "final"]
+    for record in evals:
+        voices = record["by_speaker"]
+        assert sorted(voices) == ["0", "1"] and [voices[n]["speaker_id"] for n in ("0", "1")] == [0, 1]
+        assert sum(v["clips"] for v in voices.values()) == len(val)
+        mean = sum(v["val_mel"] * v["clips"] for v in voices.values()) / len(val)
+        assert mean == pytest.approx(record["val_mel"], rel=1e-5)  # the same clips, split by voice
+        line = f"eval ({record['tag']}) step {record['step']}, val_mel by speaker: 0 {voices['0']['val_mel']:.4f}"
+        assert line in out, out
+    assert '<section id="speakers">' in (folder / "report.html").read_text(encoding="utf-8")
+    card = (tmp_path / "final_model" / "README.md").read_text(encoding="utf-8")
+    assert "By voice" in card and f"| 1 | 1 | {evals[-1]['by_speaker']['1']['clips']} |" in card

@@ -39,15 +39,28 @@ def _teacher_forced(generator, batch: dict[str, torch.Tensor], autocast=None):
 
 
 @torch.no_grad()
-def evaluate(generator, loader, device: torch.device, autocast=None, seed: int = 1234, weights=None) -> dict:
+def evaluate(
+    generator,
+    loader,
+    device: torch.device,
+    autocast=None,
+    seed: int = 1234,
+    weights=None,
+    by_speaker: dict[int, tuple[float, int]] | None = None,
+) -> dict:
     """Mean validation losses over `loader`'s clips: val_mel (full-length L1 of log-mels), val_kl,
     val_duration, and val_loss (their weighted sum, with the training weights). The run's loaders give
-    one clip at a time (datasplit.make_loaders): each clip's losses, averaged over clips."""
+    one clip at a time (datasplit.make_loaders): each clip's losses, averaged over clips.
+
+    `by_speaker`, when given, is filled with {speaker id: (mean val_mel, clips)}: the same numbers split
+    by voice, so a multi-speaker run sees which voice lags. A batch of several speakers' clips has one
+    mean for all of them and is left out of it (the run's loaders never make one)."""
     weights = weights or LossWeights()
     was_training = generator.training
     generator.eval()
     sums = {"mel": 0.0, "kl": 0.0, "duration": 0.0}
     count = 0
+    speaker_sums: dict[int, list] = {}  # speaker id -> [val_mel sum, clips]
     devices = [device] if device.type == "cuda" else []
     with torch.random.fork_rng(devices=devices):
         torch.manual_seed(seed)
@@ -58,7 +71,16 @@ def evaluate(generator, loader, device: torch.device, autocast=None, seed: int =
             for key in sums:
                 sums[key] += float(getattr(out, key)) * n
             count += n
+            voices = set(batch["speaker_ids"].tolist()) if "speaker_ids" in batch else {0}
+            if len(voices) == 1:
+                entry = speaker_sums.setdefault(voices.pop(), [0.0, 0])
+                entry[0] += float(out.mel) * n
+                entry[1] += n
     generator.train(was_training)
+    if by_speaker is not None:
+        by_speaker.update(
+            {sid: (total / clips, clips) for sid, (total, clips) in sorted(speaker_sums.items())}
+        )
     if count == 0:
         return {}
     result = {f"val_{k}": v / count for k, v in sums.items()}

@@ -25,6 +25,7 @@ from pathlib import Path
 from ..hub import is_repo_id
 from ..model.speakers import is_bare_id
 from .demo import made_by_demo
+from .report import BY_SPEAKER
 
 CARD_FILE = "README.md"
 MMS_PREFIX = "facebook/mms-tts-"
@@ -53,6 +54,8 @@ class Evaluation:
     label: str  # "start (before training)", "best", "final", or several joined when they coincide
     step: int
     scores: dict[str, float]  # the SCORES that were measured
+    # a multi-speaker model's val_mel of each voice: {name: {"speaker_id", "clips", "val_mel"}}
+    by_speaker: dict[str, dict] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -482,7 +485,38 @@ def _evaluation(facts: CardFacts) -> str:
         for e in facts.evaluations
     ]
     table = [header, ["---"] * len(header), *rows]
-    return intro + "\n\n" + "\n".join("| " + " | ".join(row) + " |" for row in table)
+    text = intro + "\n\n" + "\n".join("| " + " | ".join(row) + " |" for row in table)
+    if facts.voices > 1:
+        text += _speaker_scores(facts)
+    return text
+
+
+def _speaker_scores(facts: CardFacts) -> str:
+    """The table of each voice's val_mel at the evaluations above that measured it ("" when none did):
+    the scores above are a mean over every voice, which can hide one that lags."""
+    evaluations = [e for e in facts.evaluations if e.by_speaker]
+    if not evaluations:
+        return ""
+    voices = evaluations[-1].by_speaker
+    header = ["speaker", "speaker_id", "validation clips", *(f"val_mel, {e.label}" for e in evaluations)]
+    rows = []
+    for name, entry in sorted(voices.items(), key=lambda kv: (kv[1].get("speaker_id", 0), kv[0])):
+        cells = [_markdown_text(name), str(entry.get("speaker_id", "")), str(entry.get("clips", 0))]
+        for e in evaluations:
+            mel = (e.by_speaker.get(name) or {}).get("val_mel")
+            cells.append("–" if mel is None else f"{mel:.4g}")
+        rows.append(cells)
+    table = [header, ["---"] * len(header), *rows]
+    unmeasured = [name for name, entry in voices.items() if not entry.get("clips")]
+    note = (
+        f" {', '.join(_markdown_text(n) for n in unmeasured)}: no validation clip, so not measured."
+        if unmeasured
+        else ""
+    )
+    return (
+        "\n\nBy voice: the teacher-forced `val_mel` of each speaker's validation clips; the table above "
+        f"averages over every voice.{note}\n\n" + "\n".join("| " + " | ".join(row) + " |" for row in table)
+    )
 
 
 # ---- the facts of a run, at export time ----------------------------------------------------------
@@ -508,7 +542,8 @@ def evaluations_known(
     rows = []
     for record, labels in sorted(chosen.values(), key=lambda pair: pair[0].get("step", 0)):
         scores = {k: float(record[prefix + k]) for k in SCORES if prefix + k in record}
-        rows.append(Evaluation(", ".join(labels), int(record.get("step", 0)), scores))
+        voices = record.get(BY_SPEAKER) if isinstance(record.get(BY_SPEAKER), dict) else {}
+        rows.append(Evaluation(", ".join(labels), int(record.get("step", 0)), scores, dict(voices)))
     return tuple(rows)
 
 

@@ -27,7 +27,7 @@ from .evaluate import evaluate, set_prefix, synthesize
 from .freerun import dtw_scores, free_running_eval, write_wavs
 from .model_card import CARD_FILE, Sample, model_card, run_facts
 from .pictures import alignment_paths, log_images_to_trackers, warm_up_pictures, write_pictures
-from .report import sample_folder, write_references, write_report
+from .report import BY_SPEAKER, sample_folder, write_references, write_report
 from .reporting import log_audio_to_trackers
 from .resume_settings import resume_command
 from .runtime import git_revision
@@ -75,7 +75,7 @@ class RunOutputs:
         step = self.s.budget.global_step
         known = next((r for r in reversed(self.s.state.val_history) if r.get("step") == step), None)
         if known is not None:
-            meta = ("tag", "step", "epoch", "time", "seconds", "best_key")
+            meta = ("tag", "step", "epoch", "time", "seconds", "best_key", BY_SPEAKER)
             self.last_val = {k: v for k, v in known.items() if k not in meta}
             self.last_val_step, self.last_val_tag = step, known.get("tag")
 
@@ -128,7 +128,7 @@ class RunOutputs:
         `export_best`), report.html rewritten; the scores."""
         s = self.s
         t0 = time.perf_counter()
-        results, spoken = self.score()
+        results, spoken, voices = self.score()
         step = s.budget.global_step
         best_key = self.best_key()
         score = results.get(best_key)
@@ -145,6 +145,8 @@ class RunOutputs:
             "best_key": best_key,  # which result picks the best model (a feedback round: its set's)
             **results,
         }
+        if voices:  # a multi-speaker model: the first validation set's val_mel of each voice
+            record[BY_SPEAKER] = voices
         s.state.val_history.append({k: v for k, v in record.items() if k != "event"})
         self.metrics.write(record)
         if s.is_main and s.cfg.eval_samples:
@@ -156,6 +158,8 @@ class RunOutputs:
             + ", ".join(f"{k} {v:.4f}" for k, v in results.items())
             + (" (best so far)" if improved else "")
         )
+        if voices:
+            s.log(f"eval ({tag}) step {step}, val_mel by speaker: {describe_speaker_scores(voices)}")
         if s.accelerator.trackers:
             s.accelerator.log(results, step=step)
         s.budget.observe_eval(time.perf_counter() - t0)
@@ -169,19 +173,28 @@ class RunOutputs:
             self.write_report()
         return results
 
-    def score(self) -> tuple[dict, list]:
+    def score(self) -> tuple[dict, list, dict]:
         """Every validation set scored teacher-forced (its prefix on each key), then the free-running
-        scores; (scores, the sentences spoken from text alone, for the samples)."""
+        scores; (scores, the sentences spoken from text alone, for the samples, and a multi-speaker
+        model's val_mel of each voice on the first set: `speaker_scores`, empty for one voice)."""
         s = self.s
         results = {}
+        by_speaker: dict[int, tuple[float, int]] = {}
         for name, loader in s.val_loaders.items():
+            first = not results
             values = evaluate(
-                s.generator_raw, loader, s.device, s.accelerator.autocast, weights=s.cfg.loss_weights()
+                s.generator_raw,
+                loader,
+                s.device,
+                s.accelerator.autocast,
+                weights=s.cfg.loss_weights(),
+                by_speaker=by_speaker if first else None,
             )
             results.update({set_prefix(name) + k: v for k, v in values.items()})
         freerun, spoken = free_running_eval(s)  # spoken from text alone, scored against the recordings
         results.update(freerun)
-        return results, spoken
+        voices = speaker_scores(by_speaker, s.speakers) if s.model.config.num_speakers > 1 else {}
+        return results, spoken, voices
 
     def export_best(self, step: int) -> None:
         """The weights that just scored best exported to best_model/ (and queued for the hub with
@@ -453,6 +466,37 @@ class RunOutputs:
             return
         per_clip = s.budget.eval_seconds() / clips
         s.budget.set_estimates(step_seconds=STEP_SECONDS_PER_EVAL_CLIP_SECONDS * per_clip * clips_trained)
+
+
+def speaker_scores(by_speaker: dict[int, tuple[float, int]], speakers: dict[str, int]) -> dict[str, dict]:
+    """An evaluation record's BY_SPEAKER entry: {speaker name: {"speaker_id", "val_mel", "clips"}} for
+    every voice of the speaker map (by id), from `evaluate`'s {speaker id: (val_mel, clips)}; a voice
+    with no validation clip has "clips": 0 and no val_mel (nothing measured it)."""
+    names: dict[int, list[str]] = {}
+    for name, sid in sorted(speakers.items(), key=lambda kv: (kv[1], kv[0])):
+        names.setdefault(sid, []).append(name)
+    found = {}
+    for sid, named in names.items():
+        entry: dict = {"speaker_id": sid, "clips": 0}
+        if sid in by_speaker:
+            mel, clips = by_speaker[sid]
+            entry.update(val_mel=mel, clips=clips)
+        found[", ".join(named)] = entry
+    return found
+
+
+def describe_speaker_scores(voices: dict[str, dict], limit: int = 8) -> str:
+    """`ali 1.3012 (2 clips), zin 1.4471 (2 clips)`, by speaker id as every evaluation prints it; a voice
+    without a validation clip says so; a long list is cut short (report.html has it all)."""
+    parts = []
+    for name, entry in sorted(voices.items(), key=lambda kv: (kv[1]["speaker_id"], kv[0])):
+        clips = entry["clips"]
+        if "val_mel" in entry:
+            parts.append(f"{name} {entry['val_mel']:.4f} ({clips} clip{'s' if clips != 1 else ''})")
+        else:
+            parts.append(f"{name} – (no validation clip)")
+    more = f" and {len(parts) - limit} more in report.html" if len(parts) > limit else ""
+    return ", ".join(parts[:limit]) + more
 
 
 def _version(package: str) -> str | None:

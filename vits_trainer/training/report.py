@@ -10,7 +10,7 @@ zipped and moved. Charts are inline SVG (report_svg.py). Every text from the run
 paths, reasons) is escaped.
 
 The sections, in order: status, resume command, the budget's timeline per session (plan against what
-happened), curves, evaluations (best marked), samples of the newest evaluations and the best one (the
+happened), curves, evaluations (best marked), a multi-speaker run's val_mel of each voice, samples of the newest evaluations and the best one (the
 model beside the recording, alignment and mel pictures), micro-batch trial, precision / skipped steps /
 recoveries, threads, every other event.
 """
@@ -35,6 +35,9 @@ from .runtime import LOG_FILE, wait_policy_words
 REPORT_FILE = "report.html"
 REFERENCE_FOLDER = "reference"  # samples/reference/: the validation recordings, written once per run
 SENTENCES_FILE = "sentences.json"  # samples/reference/sentences.json: clip id -> text, speaker
+# an evaluation record's val_mel of each voice of a multi-speaker model (outputs.speaker_scores):
+# {speaker name: {"speaker_id": ..., "val_mel": ..., "clips": ...}}, no val_mel for a voice with no clip
+BY_SPEAKER = "by_speaker"
 RECENT_WITH_PLAYERS = 5  # evaluations whose samples get players (plus the best one)
 STOP_WORDS = {  # loop.STOP_REASONS in words, and "end"
     "budget": "the time budget: the next step and the final reserve no longer fitted before the deadline",
@@ -204,6 +207,7 @@ def render(run: RunFiles, resume_command: str | None, best_metric: str, now: flo
         timeline_section(run),
         curves_section(run),
         evals_section(run, evals, best, best_metric),
+        speakers_section(run, evals, best),
         samples_section(run, evals, best),
         microbatch_section(run),
         stability_section(run),
@@ -667,6 +671,63 @@ def evals_section(run: RunFiles, evals: list[dict], best: dict | None, best_metr
         "from text alone, as at inference.</p>"
     )
     return f'<section id="evaluations"><h2>Evaluations</h2>{note}{_table(header, rows, css)}</section>'
+
+
+def speaker_columns(evals: list[dict], best: dict | None) -> list[tuple[str, dict]]:
+    """(label, record) of the start, best and newest evaluations that scored each voice, one column per
+    record (labels joined where they coincide, "best, newest"), in step order."""
+    scored = [e for e in evals if isinstance(e.get(BY_SPEAKER), dict)]
+    chosen: list[tuple[list[str], dict]] = []
+
+    def add(record: dict | None, label: str) -> None:
+        if record is None or not isinstance(record.get(BY_SPEAKER), dict):
+            return
+        for labels, known in chosen:
+            if known is record:
+                labels.append(label)
+                return
+        chosen.append(([label], record))
+
+    add(next((e for e in scored if e.get("tag") == "start"), None), "start")
+    add(best, "best")
+    add(scored[-1] if scored else None, "newest")
+    chosen.sort(key=lambda pair: pair[1].get("step", 0))
+    return [(", ".join(labels), record) for labels, record in chosen]
+
+
+def speakers_section(run: RunFiles, evals: list[dict], best: dict | None) -> str:
+    """A multi-speaker run's val_mel of each voice at the start, best and newest evaluations: a mean over
+    every voice hides one that lags. Which voices the samples below let you hear."""
+    columns = speaker_columns(evals, best)
+    if not columns:
+        return ""
+    newest = columns[-1][1][BY_SPEAKER]
+    heard: dict[int, list[str]] = {}
+    for clip, sentence in run.sentences.items():
+        heard.setdefault(sentence.get("speaker"), []).append(clip)
+    rows = []
+    for name, entry in sorted(newest.items(), key=lambda kv: (kv[1].get("speaker_id", 0), kv[0])):
+        sid = entry.get("speaker_id")
+        cells = [escape(name), _fmt(sid), _fmt(entry.get("clips"))]
+        for _, record in columns:
+            cells.append(_fmt((record[BY_SPEAKER].get(name) or {}).get("val_mel")))
+        clips = heard.get(sid) or []
+        cells.append(", ".join(escape(c) for c in clips) if clips else "none")
+        rows.append(cells)
+    header = [
+        "speaker",
+        "speaker_id",
+        "validation clips",
+        *[f"val_mel, {escape(label)} (step {_fmt(r.get('step'))})" for label, r in columns],
+        "in the samples",
+    ]
+    note = (
+        "<p>The teacher-forced <code>val_mel</code> of the first validation set, by voice (lower is "
+        "better): the evaluations above average over every voice, which can hide one that lags. A voice "
+        "with no validation clip is not measured; one not in the samples is not heard here "
+        "(<code>speak.py --speaker</code> speaks it).</p>"
+    )
+    return f'<section id="speakers"><h2>Speakers</h2>{note}{_table(header, rows)}</section>'
 
 
 # ---- samples --------------------------------------------------------------------------------------
