@@ -166,6 +166,13 @@ def test_speaker_names_are_read_without_loading_torch():
 def test_a_multi_speaker_run_scores_every_voice(tmp_path, tiny_model_dir, capsys):
     """The scores averaged over every voice hid one that lags: each evaluation scores each voice, in the
     log, metrics.jsonl, report.html and the model card."""
+
+
+def test_a_multi_speaker_run_scores_and_samples_every_voice(tmp_path, tiny_model_dir, capsys):
+    """Clip ids that go speaker by speaker (p225_001 ... p226_001, as many corpora's do): the samples and
+    the free-running sentences take the first validation clips, which were all one voice's; and the
+    scores averaged over every voice hid one that lags. Each evaluation now scores each voice, in the
+    log, metrics.jsonl, report.html and the model card, and the samples take each voice in turn."""
     corpus = tmp_path / "corpus"
     make_corpus(corpus, num_clips=24, num_speakers=1, seed=3)
     meta = corpus / "metadata.csv"
@@ -193,6 +200,18 @@ def test_a_multi_speaker_run_scores_every_voice(tmp_path, tiny_model_dir, capsys
         assert mean == pytest.approx(record["val_mel"], rel=1e-5)  # the same clips, split by voice
         line = f"eval ({record['tag']}) step {record['step']}, val_mel by speaker: 0 {voices['0']['val_mel']:.4f}"
         assert line in out, out
+    sentences = json.loads((folder / "samples" / "reference" / "sentences.json").read_text())
+    assert sorted(s["speaker"] for s in sentences.values()) == [0, 1]  # both voices heard
     assert '<section id="speakers">' in (folder / "report.html").read_text(encoding="utf-8")
     card = (tmp_path / "final_model" / "README.md").read_text(encoding="utf-8")
     assert "By voice" in card and f"| 1 | 1 | {evals[-1]['by_speaker']['1']['clips']} |" in card
+
+
+def test_validation_clips_take_each_voice_in_turn_and_one_voice_keeps_its_order():
+    from vits_trainer.training.datasplit import interleave_voices
+
+    names = ["b", "b", "b", "a", "c", "a"]  # the store's speaker of each position
+    speakers = {"a": 0, "b": 1, "c": 2}
+    assert interleave_voices([0, 1, 2, 3, 4, 5], names, speakers) == [3, 0, 4, 5, 1, 2]
+    assert interleave_voices([2, 0, 1], names, speakers) == [2, 0, 1]  # one voice: as it was
+    assert interleave_voices([2, 0, 5], names, {"a": 0, "b": 0, "c": 0}) == [2, 0, 5]  # trained as one voice

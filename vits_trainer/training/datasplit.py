@@ -101,12 +101,28 @@ def split_data(
     if missing:
         log(f"warning: {missing} validation clip(s) of the earlier run are no longer in the data")
     train, dropped = build_items(store, train_idx, text.encode, speakers, hop, log=log)
+    val_idx = interleave_voices(val_idx, store.speakers, speakers)
     val, dropped_val = build_items(store, val_idx, text.encode, speakers, hop, log=log)
     if len(train) == 0:
         raise UserError(f"no usable training clips in {cfg.data_dir} (see the warnings above)")
     if len(val) == 0 and cfg.val_fraction > 0:
         log("warning: no usable validation clips: no validation, no best_model")
     return DataSplit(store, train, {"val": val} if len(val) else {}, val_ids, dropped + dropped_val)
+
+
+def interleave_voices(positions: list[int], names: list[str], speakers: dict[str, int]) -> list[int]:
+    """Validation `positions` (into the store, whose speaker names are `names`) reordered so that each
+    voice of `speakers` comes once before any comes again, voices in id order, each voice's clips in
+    their own order. The samples (--eval_samples) and the free-running scores (--freerun_samples) take
+    the first clips: in store order a multi-speaker run could hear one voice only. A single voice keeps
+    the order it has."""
+    groups: dict[int, list[int]] = {}
+    for position in positions:
+        groups.setdefault(speakers.get(names[position], -1), []).append(position)
+    if len(groups) < 2:
+        return list(positions)
+    ordered = [groups[voice] for voice in sorted(groups)]
+    return [group[k] for k in range(max(map(len, ordered))) for group in ordered if k < len(group)]
 
 
 def _cache_word(report) -> str:
