@@ -182,6 +182,25 @@ def test_a_multi_speaker_card_scores_each_voice():
     ]
     one_voice = card(base_model_facts(MMS), evaluations=evaluations)  # no voices to tell apart
     assert "By voice" not in one_voice
+    # a feedback round's card: the voices as scored on its own set (the same prefix as its scores)
+    history = [
+        {
+            "tag": "start",
+            "step": 0,
+            "val_mel": 1.2,
+            "feedback_val_mel": 1.3,
+            "feedback_by_speaker": voices(1.4, 1.1),
+        },
+        {
+            "tag": "final",
+            "step": 8,
+            "val_mel": 1.2,
+            "feedback_val_mel": 1.1,
+            "feedback_by_speaker": voices(1.2, 0.9),
+        },
+    ]
+    known = evaluations_known(history, 8, 8, "feedback_")
+    assert [e.by_speaker["ali"]["val_mel"] for e in known] == [1.4, 1.2]
 
 
 @pytest.mark.slow

@@ -920,6 +920,13 @@ def test_a_multi_speaker_runs_report_scores_each_voice_and_says_which_are_heard(
         ["zin", "1", "1", "3.8", "2", "2.2", "none"],
         ["rojda", "2", "0", "–", "–", "–", "none"],
     ]
+    # a feedback round scores the voices on its feedback clips: named so, not as the original validation's
+    fb = tmp_path / "feedback"
+    fb.mkdir()
+    renamed = [{("feedback_" + k if k == "by_speaker" else k): v for k, v in r.items()} for r in records]
+    (fb / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in renamed))
+    page = write_report(fb, None, "val_mel").read_text(encoding="utf-8")
+    assert "<th>feedback_val_mel, start (step 0)</th>" in page and "<th>val_mel, start" not in page
     # a single-voice run's evaluations have no scores by voice, and its page no such section
     single = tmp_path / "single"
     single.mkdir()

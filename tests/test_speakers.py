@@ -215,3 +215,25 @@ def test_validation_clips_take_each_voice_in_turn_and_one_voice_keeps_its_order(
     assert interleave_voices([0, 1, 2, 3, 4, 5], names, speakers) == [3, 0, 4, 5, 1, 2]
     assert interleave_voices([2, 0, 1], names, speakers) == [2, 0, 1]  # one voice: as it was
     assert interleave_voices([2, 0, 5], names, {"a": 0, "b": 0, "c": 0}) == [2, 0, 5]  # trained as one voice
+
+
+def test_the_voices_line_names_the_set_it_scored():
+    """A feedback round scores the voices on its feedback clips, whose val_mel is feedback_val_mel: its
+    line read `val_mel by speaker`, the original validation's name, beside a different val_mel."""
+    from vits_trainer.training.outputs import describe_speaker_scores
+
+    voices = {
+        "zin": {"speaker_id": 1, "clips": 1, "val_mel": 1.5},
+        "ali": {"speaker_id": 0, "clips": 2, "val_mel": 1.25},
+        "rojda": {"speaker_id": 2, "clips": 0},
+    }
+    assert describe_speaker_scores("by_speaker", voices) == (
+        "val_mel by speaker: ali 1.2500 (2 clips), zin 1.5000 (1 clip), rojda – (no validation clip)"
+    )
+    assert describe_speaker_scores("feedback_by_speaker", voices).startswith(
+        "feedback_val_mel by speaker: ali"
+    )
+    many = {f"s{i}": {"speaker_id": i, "clips": 1, "val_mel": 1.0} for i in range(10)}
+    assert describe_speaker_scores("by_speaker", many, limit=3).endswith(
+        "s2 1.0000 (1 clip) and 7 more in report.html"
+    )

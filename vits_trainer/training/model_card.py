@@ -542,7 +542,8 @@ def evaluations_known(
     rows = []
     for record, labels in sorted(chosen.values(), key=lambda pair: pair[0].get("step", 0)):
         scores = {k: float(record[prefix + k]) for k in SCORES if prefix + k in record}
-        voices = record.get(BY_SPEAKER) if isinstance(record.get(BY_SPEAKER), dict) else {}
+        voices = record.get(prefix + BY_SPEAKER)
+        voices = voices if isinstance(voices, dict) else {}
         rows.append(Evaluation(", ".join(labels), int(record.get("step", 0)), scores, dict(voices)))
     return tuple(rows)
 

@@ -75,8 +75,8 @@ class RunOutputs:
         step = self.s.budget.global_step
         known = next((r for r in reversed(self.s.state.val_history) if r.get("step") == step), None)
         if known is not None:
-            meta = ("tag", "step", "epoch", "time", "seconds", "best_key", BY_SPEAKER)
-            self.last_val = {k: v for k, v in known.items() if k not in meta}
+            meta = ("tag", "step", "epoch", "time", "seconds", "best_key")
+            self.last_val = {k: v for k, v in known.items() if k not in meta and not k.endswith(BY_SPEAKER)}
             self.last_val_step, self.last_val_tag = step, known.get("tag")
 
     def best_key(self) -> str:
@@ -145,8 +145,7 @@ class RunOutputs:
             "best_key": best_key,  # which result picks the best model (a feedback round: its set's)
             **results,
         }
-        if voices:  # a multi-speaker model: the first validation set's val_mel of each voice
-            record[BY_SPEAKER] = voices
+        record.update(voices)  # a multi-speaker model's val_mel of each voice, on the first validation set
         s.state.val_history.append({k: v for k, v in record.items() if k != "event"})
         self.metrics.write(record)
         if s.is_main and s.cfg.eval_samples:
@@ -158,8 +157,8 @@ class RunOutputs:
             + ", ".join(f"{k} {v:.4f}" for k, v in results.items())
             + (" (best so far)" if improved else "")
         )
-        if voices:
-            s.log(f"eval ({tag}) step {step}, val_mel by speaker: {describe_speaker_scores(voices)}")
+        for key, scores in voices.items():
+            s.log(f"eval ({tag}) step {step}, {describe_speaker_scores(key, scores)}")
         if s.accelerator.trackers:
             s.accelerator.log(results, step=step)
         s.budget.observe_eval(time.perf_counter() - t0)
@@ -176,10 +175,12 @@ class RunOutputs:
     def score(self) -> tuple[dict, list, dict]:
         """Every validation set scored teacher-forced (its prefix on each key), then the free-running
         scores; (scores, the sentences spoken from text alone, for the samples, and a multi-speaker
-        model's val_mel of each voice on the first set: `speaker_scores`, empty for one voice)."""
+        model's val_mel of each voice on the first set: {"<prefix>by_speaker": `speaker_scores`}, the
+        prefix the set's, as on its other keys; empty for one voice)."""
         s = self.s
         results = {}
         by_speaker: dict[int, tuple[float, int]] = {}
+        scored_by_speaker = next(iter(s.val_loaders), "val")
         for name, loader in s.val_loaders.items():
             first = not results
             values = evaluate(
@@ -193,7 +194,9 @@ class RunOutputs:
             results.update({set_prefix(name) + k: v for k, v in values.items()})
         freerun, spoken = free_running_eval(s)  # spoken from text alone, scored against the recordings
         results.update(freerun)
-        voices = speaker_scores(by_speaker, s.speakers) if s.model.config.num_speakers > 1 else {}
+        voices = {}
+        if s.model.config.num_speakers > 1 and by_speaker:
+            voices[set_prefix(scored_by_speaker) + BY_SPEAKER] = speaker_scores(by_speaker, s.speakers)
         return results, spoken, voices
 
     def export_best(self, step: int) -> None:
@@ -485,9 +488,11 @@ def speaker_scores(by_speaker: dict[int, tuple[float, int]], speakers: dict[str,
     return found
 
 
-def describe_speaker_scores(voices: dict[str, dict], limit: int = 8) -> str:
-    """`ali 1.3012 (2 clips), zin 1.4471 (2 clips)`, by speaker id as every evaluation prints it; a voice
-    without a validation clip says so; a long list is cut short (report.html has it all)."""
+def describe_speaker_scores(key: str, voices: dict[str, dict], limit: int = 8) -> str:
+    """`val_mel by speaker: ali 1.3012 (2 clips), zin 1.4471 (2 clips)` of the record's `key`
+    ("feedback_by_speaker": `feedback_val_mel by speaker: ...`, the set it scored), by speaker id as
+    every evaluation prints it; a voice without a validation clip says so; a long list is cut short
+    (report.html has it all)."""
     parts = []
     for name, entry in sorted(voices.items(), key=lambda kv: (kv[1]["speaker_id"], kv[0])):
         clips = entry["clips"]
@@ -496,7 +501,8 @@ def describe_speaker_scores(voices: dict[str, dict], limit: int = 8) -> str:
         else:
             parts.append(f"{name} – (no validation clip)")
     more = f" and {len(parts) - limit} more in report.html" if len(parts) > limit else ""
-    return ", ".join(parts[:limit]) + more
+    metric = key.removesuffix(BY_SPEAKER) + "val_mel"
+    return f"{metric} by speaker: " + ", ".join(parts[:limit]) + more
 
 
 def _version(package: str) -> str | None:

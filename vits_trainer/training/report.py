@@ -35,7 +35,8 @@ from .runtime import LOG_FILE, wait_policy_words
 REPORT_FILE = "report.html"
 REFERENCE_FOLDER = "reference"  # samples/reference/: the validation recordings, written once per run
 SENTENCES_FILE = "sentences.json"  # samples/reference/sentences.json: clip id -> text, speaker
-# an evaluation record's val_mel of each voice of a multi-speaker model (outputs.speaker_scores):
+# an evaluation record's val_mel of each voice of a multi-speaker model (outputs.speaker_scores), on its
+# first validation set, whose prefix it has like the set's other keys ("feedback_by_speaker"):
 # {speaker name: {"speaker_id": ..., "val_mel": ..., "clips": ...}}, no val_mel for a voice with no clip
 BY_SPEAKER = "by_speaker"
 RECENT_WITH_PLAYERS = 5  # evaluations whose samples get players (plus the best one)
@@ -673,14 +674,23 @@ def evals_section(run: RunFiles, evals: list[dict], best: dict | None, best_metr
     return f'<section id="evaluations"><h2>Evaluations</h2>{note}{_table(header, rows, css)}</section>'
 
 
+def scores_by_speaker(record: dict) -> tuple[str, dict] | None:
+    """(the metric, {speaker name: entry}) of an evaluation record that scored each voice: "val_mel",
+    or "feedback_val_mel" for a feedback round's first set; None for a record without."""
+    for key, value in record.items():
+        if key.endswith(BY_SPEAKER) and isinstance(value, dict):
+            return key.removesuffix(BY_SPEAKER) + "val_mel", value
+    return None
+
+
 def speaker_columns(evals: list[dict], best: dict | None) -> list[tuple[str, dict]]:
     """(label, record) of the start, best and newest evaluations that scored each voice, one column per
     record (labels joined where they coincide, "best, newest"), in step order."""
-    scored = [e for e in evals if isinstance(e.get(BY_SPEAKER), dict)]
+    scored = [e for e in evals if scores_by_speaker(e)]
     chosen: list[tuple[list[str], dict]] = []
 
     def add(record: dict | None, label: str) -> None:
-        if record is None or not isinstance(record.get(BY_SPEAKER), dict):
+        if record is None or not scores_by_speaker(record):
             return
         for labels, known in chosen:
             if known is record:
@@ -701,7 +711,7 @@ def speakers_section(run: RunFiles, evals: list[dict], best: dict | None) -> str
     columns = speaker_columns(evals, best)
     if not columns:
         return ""
-    newest = columns[-1][1][BY_SPEAKER]
+    metric, newest = scores_by_speaker(columns[-1][1])
     heard: dict[int, list[str]] = {}
     for clip, sentence in run.sentences.items():
         heard.setdefault(sentence.get("speaker"), []).append(clip)
@@ -710,7 +720,7 @@ def speakers_section(run: RunFiles, evals: list[dict], best: dict | None) -> str
         sid = entry.get("speaker_id")
         cells = [escape(name), _fmt(sid), _fmt(entry.get("clips"))]
         for _, record in columns:
-            cells.append(_fmt((record[BY_SPEAKER].get(name) or {}).get("val_mel")))
+            cells.append(_fmt((scores_by_speaker(record)[1].get(name) or {}).get("val_mel")))
         clips = heard.get(sid) or []
         cells.append(", ".join(escape(c) for c in clips) if clips else "none")
         rows.append(cells)
@@ -718,11 +728,11 @@ def speakers_section(run: RunFiles, evals: list[dict], best: dict | None) -> str
         "speaker",
         "speaker_id",
         "validation clips",
-        *[f"val_mel, {escape(label)} (step {_fmt(r.get('step'))})" for label, r in columns],
+        *[f"{escape(metric)}, {escape(label)} (step {_fmt(r.get('step'))})" for label, r in columns],
         "in the samples",
     ]
     note = (
-        "<p>The teacher-forced <code>val_mel</code> of the first validation set, by voice (lower is "
+        f"<p>The teacher-forced <code>{escape(metric)}</code> of the first validation set, by voice (lower is "
         "better): the evaluations above average over every voice, which can hide one that lags. A voice "
         "with no validation clip is not measured; one not in the samples is not heard here "
         "(<code>speak.py --speaker</code> speaks it).</p>"
