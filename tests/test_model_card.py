@@ -171,10 +171,11 @@ def test_a_multi_speaker_card_scores_each_voice():
     names = {"ali": 0, "zin_b": 1, "rojda": 2}
     body = card(base_model_facts(MMS), evaluations=evaluations, voices=3, speaker_names=names)
     body = body.split("## Evaluation")[1]
-    assert "rojda: no validation clip, so not measured" in body
+    assert "each speaker's clips among the validation clips" in body
+    assert "rojda: none of these clips, so not measured" in body
     table = [line for line in body.splitlines() if line.startswith("| ")]
     assert table[-5:] == [
-        "| speaker | speaker_id | validation clips | val_mel, start (before training) | val_mel, best, final |",
+        "| speaker | speaker_id | clips | val_mel, start (before training) | val_mel, best, final |",
         "| --- | --- | --- | --- | --- |",
         "| ali | 0 | 3 | 4.1 | 1.25 |",
         "| zin\\_b | 1 | 1 | 3.8 | 1.85 |",
@@ -201,6 +202,8 @@ def test_a_multi_speaker_card_scores_each_voice():
     ]
     known = evaluations_known(history, 8, 8, "feedback_")
     assert [e.by_speaker["ali"]["val_mel"] for e in known] == [1.4, 1.2]
+    fb = card(base_model_facts(MMS), evaluations=known, voices=3, eval_set="held-out feedback clips")
+    assert "each speaker's clips among the held-out feedback clips" in fb  # not "validation clips"
 
 
 @pytest.mark.slow

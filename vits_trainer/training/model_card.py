@@ -498,7 +498,7 @@ def _speaker_scores(facts: CardFacts) -> str:
     if not evaluations:
         return ""
     voices = evaluations[-1].by_speaker
-    header = ["speaker", "speaker_id", "validation clips", *(f"val_mel, {e.label}" for e in evaluations)]
+    header = ["speaker", "speaker_id", "clips", *(f"val_mel, {e.label}" for e in evaluations)]
     rows = []
     for name, entry in sorted(voices.items(), key=lambda kv: (kv[1].get("speaker_id", 0), kv[0])):
         cells = [_markdown_text(name), str(entry.get("speaker_id", "")), str(entry.get("clips", 0))]
@@ -509,12 +509,13 @@ def _speaker_scores(facts: CardFacts) -> str:
     table = [header, ["---"] * len(header), *rows]
     unmeasured = [name for name, entry in voices.items() if not entry.get("clips")]
     note = (
-        f" {', '.join(_markdown_text(n) for n in unmeasured)}: no validation clip, so not measured."
+        f" {', '.join(_markdown_text(n) for n in unmeasured)}: none of these clips, so not measured."
         if unmeasured
         else ""
     )
     return (
-        "\n\nBy voice: the teacher-forced `val_mel` of each speaker's validation clips; the table above "
+        f"\n\nBy voice: the teacher-forced `val_mel` of each speaker's clips among the {facts.eval_set}; "
+        "the table above "
         f"averages over every voice.{note}\n\n" + "\n".join("| " + " | ".join(row) + " |" for row in table)
     )
 
