@@ -237,3 +237,17 @@ def test_the_voices_line_names_the_set_it_scored():
     assert describe_speaker_scores("by_speaker", many, limit=3).endswith(
         "s2 1.0000 (1 clip) and 7 more in report.html"
     )
+
+
+def test_voices_without_a_validation_clip_are_named_before_training():
+    """A random split of a few clips leaves voices out: every evaluation then leaves them unscored and
+    unheard, which the start of the run now says, with what to do."""
+    from vits_trainer.training.datasplit import unscored_voices_note
+
+    speakers = {"ali": 0, "zin": 1, "rojda": 2}
+    note = unscored_voices_note(speakers, [0, 0, 2])
+    assert note.startswith("note: 1 of 3 voices have no validation clip (zin): ") and "--val_fraction" in note
+    assert unscored_voices_note(speakers, [2, 1, 0]) is None
+    assert unscored_voices_note({"ali": 0, "zin": 0}, [0]) is None  # trained as one voice
+    many = {f"s{i:02d}": i for i in range(12)}
+    assert "(s01, s02, s03, s04, s05, s06, s07, s08 and 3 more)" in unscored_voices_note(many, [0])

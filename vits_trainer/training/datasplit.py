@@ -92,6 +92,7 @@ def split_data(
     if cfg.max_samples:
         positions = positions[: cfg.max_samples]
     ids = [store.ids[i] for i in positions]
+    fresh_split = val_ids is None  # a resume keeps its split, whatever --val_fraction says now
     if val_ids is None:
         val_ids = [ids[i] for i in held_out_positions(ids, cfg.val_fraction, cfg.seed)]
     wanted = set(val_ids)
@@ -107,7 +108,30 @@ def split_data(
         raise UserError(f"no usable training clips in {cfg.data_dir} (see the warnings above)")
     if len(val) == 0 and cfg.val_fraction > 0:
         log("warning: no usable validation clips: no validation, no best_model")
+    elif fresh_split:
+        note = unscored_voices_note(speakers, val.speaker_ids.tolist())
+        if note:
+            log(note)
     return DataSplit(store, train, {"val": val} if len(val) else {}, val_ids, dropped + dropped_val)
+
+
+def unscored_voices_note(speakers: dict[str, int], val_speaker_ids: list[int], limit: int = 8) -> str | None:
+    """A `note:` naming the voices of a multi-speaker model that no validation clip speaks: every
+    evaluation leaves them unscored and no sample speaks them (the split is random, not per voice);
+    None when each voice has one, or there is one voice."""
+    voices = sorted(set(speakers.values()))
+    if len(voices) < 2:
+        return None
+    missing = [sid for sid in voices if sid not in set(val_speaker_ids)]
+    if not missing:
+        return None
+    names = {sid: sorted(n for n, v in speakers.items() if v == sid) for sid in missing}
+    shown = ", ".join(" / ".join(names[sid]) for sid in missing[:limit])
+    more = f" and {len(missing) - limit} more" if len(missing) > limit else ""
+    return (
+        f"note: {len(missing)} of {len(voices)} voices have no validation clip ({shown}{more}): no "
+        "evaluation scores them and no sample speaks them; a larger --val_fraction holds out more clips"
+    )
 
 
 def interleave_voices(positions: list[int], names: list[str], speakers: dict[str, int]) -> list[int]:
