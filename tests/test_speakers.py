@@ -200,6 +200,8 @@ def test_a_multi_speaker_run_scores_and_samples_every_voice(tmp_path, tiny_model
         assert mean == pytest.approx(record["val_mel"], rel=1e-5)  # the same clips, split by voice
         line = f"eval ({record['tag']}) step {record['step']}, val_mel by speaker: 0 {voices['0']['val_mel']:.4f}"
         assert line in out, out
+    summary = json.loads((folder / "train_summary.json").read_text())
+    assert summary["final_by_speaker"] == evals[-1]["by_speaker"]  # the final weights' scores by voice
     sentences = json.loads((folder / "samples" / "reference" / "sentences.json").read_text())
     assert sorted(s["speaker"] for s in sentences.values()) == [0, 1]  # both voices heard
     assert '<section id="speakers">' in (folder / "report.html").read_text(encoding="utf-8")

@@ -59,6 +59,7 @@ class RunOutputs:
         self.last_val: dict | None = None
         self.last_val_step: int | None = None
         self.last_val_tag: str | None = None
+        self.last_voices: dict = {}  # that evaluation's val_mel of each voice ({"by_speaker": ...}), if any
         self.best_model_refused: str | None = None  # why the latest best weights have no best_model/
         self.report: Path | None = None  # report.html, once written
         self.hub = self._hub_push() if session.cfg.push_to_hub and session.is_main else None
@@ -77,6 +78,7 @@ class RunOutputs:
         if known is not None:
             meta = ("tag", "step", "epoch", "time", "seconds", "best_key")
             self.last_val = {k: v for k, v in known.items() if k not in meta and not k.endswith(BY_SPEAKER)}
+            self.last_voices = {k: v for k, v in known.items() if k.endswith(BY_SPEAKER)}
             self.last_val_step, self.last_val_tag = step, known.get("tag")
 
     def best_key(self) -> str:
@@ -166,6 +168,7 @@ class RunOutputs:
         if improved and export_best:
             self.export_best(step)
         self.last_val = results
+        self.last_voices = voices
         self.last_val_step = step
         self.last_val_tag = tag
         if s.is_main:

@@ -197,6 +197,8 @@ class RunEnd:
             # the evaluation of the final weights only (the final one, or an earlier one of these very
             # weights), never one of earlier weights
             "final_val": outputs.last_val if final_scored else None,
+            # a multi-speaker model's: the same evaluation's val_mel of each voice ("final_by_speaker")
+            **{f"final_{k}": v for k, v in (outputs.last_voices if final_scored else {}).items()},
             "final_eval_skipped": None if final_scored else self.final_eval_skipped or "not run",
             # which evaluation scored the final weights: "final", or an earlier one at the same step
             "final_eval_tag": outputs.last_val_tag if final_scored else None,
