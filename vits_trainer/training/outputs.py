@@ -185,14 +185,13 @@ class RunOutputs:
         by_speaker: dict[int, tuple[float, int]] = {}
         scored_by_speaker = next(iter(s.val_loaders), "val")
         for name, loader in s.val_loaders.items():
-            first = not results
             values = evaluate(
                 s.generator_raw,
                 loader,
                 s.device,
                 s.accelerator.autocast,
                 weights=s.cfg.loss_weights(),
-                by_speaker=by_speaker if first else None,
+                by_speaker=by_speaker if name == scored_by_speaker else None,
             )
             results.update({set_prefix(name) + k: v for k, v in values.items()})
         freerun, spoken = free_running_eval(s)  # spoken from text alone, scored against the recordings
