@@ -84,7 +84,7 @@ def test_text_file_gives_one_file_per_sentence_and_speakers_by_name(tmp_path, ca
     for path in by_name.iterdir():
         check_wav(path)
     assert len(FILE_LINE.findall(stdout)) == 3 and TOTAL_LINE.search(stdout).group(1) == "3", stdout
-    assert "speaker bob = 1" in stdout
+    assert "speaker 1 = bob," in stdout  # as --speaker_id 1 names it below: "bob = 1" read backwards
 
     # the name is the id speakers.json gives it; the same seed gives the same takes
     by_id = tmp_path / "by_id"

@@ -168,7 +168,8 @@ def choose_speaker(
         if not isinstance(names, dict) or args.speaker not in names:
             known = ", ".join(sorted(map(str, names))[:10]) if isinstance(names, dict) else ""
             raise UserError(f"--speaker {args.speaker}: not in {where} (it has: {known or 'no names'})")
-        speaker_id, label = names[args.speaker], f"{args.speaker} = {names[args.speaker]}"
+        # "1 = bob", as an id given alone is named below: one voice reads the same either way
+        speaker_id, label = names[args.speaker], f"{names[args.speaker]} = {args.speaker}"
         if isinstance(speaker_id, bool) or not isinstance(speaker_id, int):
             raise UserError(f"{where}: speaker {args.speaker!r} maps to {speaker_id!r}, not an id")
     else:
