@@ -574,6 +574,60 @@ def test_pairs_folder_all_formats(tmp_path):
     }
 
 
+def _corpus_with_table(folder, name: str, header: list[str], sep: str, clips: str = "wavs") -> list[dict]:
+    """make_corpus's clips under `folder/clips`, listed in `folder/name` below a header row instead of
+    its own metadata.csv (column order: audio path, text, speaker)."""
+    rows = make_corpus(folder, num_clips=3)
+    (folder / "metadata.csv").unlink()
+    if clips != "wavs":
+        (folder / "wavs").rename(folder / clips)
+    lines = [sep.join(header)]
+    lines += [sep.join([f"{clips}/{r['id']}.wav", r["text"], r["speaker"]][: len(header)]) for r in rows]
+    (folder / name).write_text("\n".join(lines) + "\n", encoding="utf-8")
+    return rows
+
+
+@pytest.mark.parametrize(
+    ("name", "header", "sep", "clips"),
+    [
+        ("metadata.csv", ["file", "text", "speaker"], ",", "wavs"),
+        ("transcripts.tsv", ["path", "sentence"], "\t", "audio"),
+        ("list.csv", ["File", "Transcript"], ";", "recordings"),
+    ],
+)
+def test_a_folder_with_one_table_is_read_through_that_table(tmp_path, name, header, sep, clips):
+    src = tmp_path / "corpus"
+    rows = _corpus_with_table(src, name, header, sep, clips)
+    assert detect_format(str(src)) == ("csv", src / name)
+    _, lines = run_prepare(src, tmp_path / "out")
+    assert output_rows(tmp_path / "out") == {f"{clips}_{r['id']}": (r["text"], r["speaker"]) for r in rows}
+    notes = [line for line in lines if name in line and line.startswith("note:")]
+    assert len(notes) == 1 and "--source" in notes[0] and "--format" in notes[0], lines
+
+
+def test_a_folder_with_several_tables_names_them_and_reads_none(tmp_path):
+    src = tmp_path / "corpus"
+    _corpus_with_table(src, "metadata.csv", ["file", "text"], ",")
+    (src / "speakers.tsv").write_text("speaker\tname\n0\tAna\n", encoding="utf-8")
+    with pytest.raises(UserError, match=r"metadata\.csv, speakers\.tsv.*--source") as err:
+        run_prepare(src, tmp_path / "out")
+    assert "\n" not in str(err.value)
+    assert not (tmp_path / "out").exists()
+    run_prepare(src / "metadata.csv", tmp_path / "out")  # the one named is read
+    assert len(output_rows(tmp_path / "out")) == 3
+
+
+def test_a_table_beside_transcribed_clips_leaves_the_folder_read_as_pairs(tmp_path):
+    src = tmp_path / "pairs"
+    write_audio(src / "a.wav", speech("abc", 16000), 16000)
+    (src / "a.txt").write_text("from the pair", encoding="utf-8")
+    (src / "notes.csv").write_text("file,text\na.wav,from the table\n", encoding="utf-8")
+    assert detect_format(str(src))[0] == "pairs"
+    make_corpus(tmp_path / "lj", num_clips=2)  # LJSpeech's own headerless id|text|text stays LJSpeech
+    (tmp_path / "lj" / "extra.csv").write_text("file,text\n", encoding="utf-8")
+    assert detect_format(str(tmp_path / "lj"))[0] == "ljspeech"
+
+
 def test_wavs_folder_given_instead_of_the_corpus_names_the_table(tmp_path):
     src = tmp_path / "lj"
     write_audio(src / "wavs" / "a.wav", speech("abc", 16000), 16000)

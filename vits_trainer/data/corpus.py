@@ -63,8 +63,15 @@ def open_source(
     if fmt not in FORMATS:
         raise UserError(f"--format {fmt}: unknown format (choose from {', '.join(FORMATS)})")
     path = Path(source).expanduser()
+    table_note = None
     if fmt == "auto":
         fmt, path = detect_format(source)
+        if fmt == "csv" and Path(source).expanduser().is_dir():
+            table_note = (
+                f"{source} has no x.txt/x.lab transcripts beside its audio, so it is read through its only "
+                f"table, {path.name}; pass another table as --source to read that one, or --format to read "
+                "the folder as another layout"
+            )
     columns = dict(audio_column=audio_column, text_column=text_column, speaker_column=speaker_column)
     given = {
         f"--{name}": value for name, value in {**columns, "id_column": id_column, "split": split}.items()
@@ -87,7 +94,9 @@ def open_source(
     if fmt == "commonvoice":
         return read_commonvoice(path, split)
     if fmt == "csv":
-        return read_table(path, id_column=id_column, **columns)
+        table = read_table(path, id_column=id_column, **columns)
+        table.notes[:0] = [table_note] if table_note else []
+        return table
     if fmt == "audiofolder":
         return read_audiofolder(path, split, id_column=id_column, **columns)
     return read_pairs(path, exclude)
@@ -122,9 +131,23 @@ def detect_format(source: str) -> tuple[str, Path]:
         return "commonvoice", path
     if _audiofolder_metadata(path):
         return "audiofolder", path
-    if any(p.suffix in HF_DATA_SUFFIXES for p in _walk(path, None)):
+    files = set(_walk(path, None))
+    if any(p.suffix in HF_DATA_SUFFIXES for p in files):
         return "hf", path
-    if any(p.suffix.lower() in AUDIO_EXTENSIONS for p in _walk(path, None)):
+    audio = [p for p in files if p.suffix.lower() in AUDIO_EXTENSIONS]
+    if not any(_transcript_of(p, files) for p in audio):  # clips listed in a table, not x.wav + x.txt
+        tables = folder_tables(path)
+        listing = [t for t in tables if _lists_audio(t)]
+        if len(tables) == 1 and listing:
+            return "csv", tables[0]
+        if len(tables) > 1 and listing:  # which one lists the clips is the user's to say
+            names = ", ".join(t.name for t in tables)
+            raise UserError(
+                f"--source {source}: several tables ({names}) and no x.txt/x.lab transcripts beside the "
+                f"audio; pass the table listing the clips as --source (e.g. --source {listing[0]})"
+            )
+        # else none names an audio column or file (an id|text list whose ids have no clip): pairs, as before
+    if audio:
         return "pairs", path
     raise UserError(
         f"--source {source}: could not detect the format (looked for metadata.csv + wavs/, "
@@ -550,8 +573,7 @@ def read_pairs(root: Path, exclude: Path | None = None) -> Source:
     for wav in audio:
         # x.wav and x.flac both give id "x": the duplicate check reports the second one.
         clip_id = _path_id(str(wav.relative_to(root)))
-        suffixes = [x for suffix in TRANSCRIPT_SUFFIXES for x in (suffix, suffix.upper())]  # A.WAV + A.TXT
-        txt = next((t for t in map(wav.with_suffix, suffixes) if t.is_file()), None)
+        txt = _transcript_of(wav)
         if txt is None:
             rows.append(Problem(str(wav), "missing_text", "audio has no .txt or .lab transcript", clip_id))
             continue
@@ -578,6 +600,30 @@ def read_pairs(root: Path, exclude: Path | None = None) -> Source:
                 continue
             rows.append(Problem(str(txt), "missing_audio", "transcript has no audio file", clip_id))
     return Source("pairs", str(root), rows, folder=root)
+
+
+def _transcript_of(wav: Path, files: set[Path] | None = None) -> Path | None:
+    """x.txt or x.lab beside audio x.wav (A.TXT beside A.WAV too): among `files`, else on disk."""
+    suffixes = [x for suffix in TRANSCRIPT_SUFFIXES for x in (suffix, suffix.upper())]
+    found = (t for t in map(wav.with_suffix, suffixes) if (t in files if files is not None else t.is_file()))
+    return next(found, None)
+
+
+def folder_tables(folder: Path) -> list[Path]:
+    """The .csv/.tsv files at the top of `folder` (a folder of clips may list them in one)."""
+    return sorted(
+        p
+        for p in folder.iterdir()
+        if p.suffix.lower() in (".csv", ".tsv") and not p.name.startswith(".") and p.is_file()
+    )
+
+
+def _lists_audio(table: Path) -> bool:
+    """Whether the table's first row names an audio column (file, path, ...) or, without a header row, an
+    audio file."""
+    delimiter = sniff_delimiter(table)
+    cells = [cell.strip().strip("\"'") for cell in _first_line(table).rstrip("\r\n").split(delimiter)]
+    return any(c.casefold() in AUDIO_COLUMNS for c in cells) or _headerless_columns(cells) is not None
 
 
 def transcript_tables_hint(source: Source) -> str:
