@@ -144,6 +144,40 @@ def test_a_run_of_an_older_version_is_still_detected(tmp_path):
     assert lines == [] and (folder / ".lock").read_text(encoding="utf-8") == "my own notes"
 
 
+def test_a_run_of_an_older_version_is_detected_where_flock_is_a_byte_range_lock(tmp_path, monkeypatch):
+    """On NFS, Linux emulates flock with fcntl byte-range locks, and an exclusive one needs a descriptor
+    open for writing (else EBADF): the older version's .lock, opened read-only, was never found held, so
+    a run of it still going was not refused and both trained into the folder."""
+    import fcntl
+
+    from vits_trainer import runlock
+
+    real = fcntl.flock
+
+    def nfs_flock(fd, operation):
+        if operation & fcntl.LOCK_EX and fcntl.fcntl(fd, fcntl.F_GETFL) & os.O_ACCMODE == os.O_RDONLY:
+            raise OSError(errno.EBADF, os.strerror(errno.EBADF))
+        return real(fd, operation)
+
+    monkeypatch.setattr(runlock.fcntl, "flock", nfs_flock)
+    folder = tmp_path / "checkpoints"
+    folder.mkdir()
+    old = subprocess.Popen(
+        [PYTHON, "-c", OLD_HOLDER, str(folder)], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True
+    )
+    try:
+        assert old.stdout.readline().strip() == "locked"
+        with pytest.raises(UserError, match=f"is in use by another run \\(pid {old.pid} "):
+            RunLock.acquire(folder, "--checkpoint_dir")
+    finally:
+        old.kill()
+        old.wait(timeout=60)
+    lines = []
+    lock = RunLock.acquire(folder, "--checkpoint_dir", log=lines.append)  # its .lock left: taken over
+    lock.release()
+    assert len(lines) == 1 and "taking it over" in lines[0] and not (folder / ".lock").exists()
+
+
 def test_a_holder_that_releases_between_our_open_and_our_lock_is_not_mistaken_for_us(tmp_path, monkeypatch):
     # The race the inode check closes: the holder ends (unlinking the lock file) after the second run
     # opened that file and before it locked it. A lock on the unlinked file would leave the folder

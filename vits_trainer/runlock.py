@@ -221,9 +221,14 @@ def _take_over_old_lock(folder: Path, flag: str, log) -> None:
     of that name (not ours) is left as it is."""
     path = folder / OLD_LOCK_NAME
     try:
-        fd = os.open(path, os.O_RDONLY)
+        # for writing, as the older version opened it: where flock is a byte-range lock (NFS), an
+        # exclusive one needs that, and a read-only descriptor never found a live run's lock
+        fd = os.open(path, os.O_RDWR)
     except OSError:
-        return  # none: nothing to honour
+        try:
+            fd = os.open(path, os.O_RDONLY)  # not writable (or a folder): a local flock still tells
+        except OSError:
+            return  # none: nothing to honour
     try:
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
