@@ -253,3 +253,22 @@ def test_voices_without_a_validation_clip_are_named_before_training():
     assert unscored_voices_note({"ali": 0, "zin": 0}, [0]) is None  # trained as one voice
     many = {f"s{i:02d}": i for i in range(12)}
     assert "(s01, s02, s03, s04, s05, s06, s07, s08 and 3 more)" in unscored_voices_note(many, [0])
+
+
+def test_a_run_without_validation_is_not_told_its_voices_lack_a_validation_clip(tmp_path, tiny_model_dir):
+    """--val_fraction 0 holds out nothing on purpose: no voice was left out by the random split, and the
+    note (with its advice to raise --val_fraction) would only repeat what the run asked for."""
+    from vits_trainer.data.clipstore import load_clip_store
+    from vits_trainer.data.text import TextEncoder
+    from vits_trainer.training.datasplit import split_data
+
+    corpus = tmp_path / "corpus"
+    make_corpus(corpus, num_clips=12, num_speakers=2, seed=3)
+    store, _ = load_clip_store(corpus, 16000, log=lambda line: None, progress=False)
+    speakers = speaker_map(store.speakers, 2)
+    text = TextEncoder.from_pretrained(tiny_model_dir)
+    cfg = tiny_config(tmp_path, corpus, tiny_model_dir, val_fraction=0.0, num_speakers="auto")
+    lines = []
+    data = split_data(cfg, store, text, speakers, 256, None, lines.append)
+    assert data.val_sets == {} and len(set(speakers.values())) == 2
+    assert not any("no validation clip" in line for line in lines), lines

@@ -108,7 +108,7 @@ def split_data(
         raise UserError(f"no usable training clips in {cfg.data_dir} (see the warnings above)")
     if len(val) == 0 and cfg.val_fraction > 0:
         log("warning: no usable validation clips: no validation, no best_model")
-    elif fresh_split:
+    elif fresh_split and len(val):  # --val_fraction 0 holds out nothing on purpose: no voice was left out
         note = unscored_voices_note(speakers, val.speaker_ids.tolist())
         if note:
             log(note)
