@@ -163,11 +163,6 @@ def test_speaker_names_are_read_without_loading_torch():
     assert out.stdout.split() == ["True", "False", "False"], out.stderr
 
 
-def test_a_multi_speaker_run_scores_every_voice(tmp_path, tiny_model_dir, capsys):
-    """The scores averaged over every voice hid one that lags: each evaluation scores each voice, in the
-    log, metrics.jsonl, report.html and the model card."""
-
-
 def test_a_multi_speaker_run_scores_and_samples_every_voice(tmp_path, tiny_model_dir, capsys):
     """Clip ids that go speaker by speaker (p225_001 ... p226_001, as many corpora's do): the samples and
     the free-running sentences take the first validation clips, which were all one voice's; and the
