@@ -65,16 +65,18 @@ def evaluate(
     with torch.random.fork_rng(devices=devices):
         torch.manual_seed(seed)
         for batch in loader:
+            # read on the host, before the batch moves: a device tensor's values would be one more wait
+            voices = set(batch["speaker_ids"].tolist()) if "speaker_ids" in batch else {0}
             batch = move_batch(batch, device)
             out = _teacher_forced(generator, batch, autocast)
             n = batch["input_ids"].size(0)
+            losses = {key: float(getattr(out, key)) for key in sums}
             for key in sums:
-                sums[key] += float(getattr(out, key)) * n
+                sums[key] += losses[key] * n
             count += n
-            voices = set(batch["speaker_ids"].tolist()) if "speaker_ids" in batch else {0}
             if len(voices) == 1:
                 entry = speaker_sums.setdefault(voices.pop(), [0.0, 0])
-                entry[0] += float(out.mel) * n
+                entry[0] += losses["mel"] * n
                 entry[1] += n
     generator.train(was_training)
     if by_speaker is not None:
