@@ -706,6 +706,19 @@ def test_an_unmarked_cache_left_by_a_killed_build_is_still_the_tools(tmp_path: P
     assert [p.name for p in cache.iterdir()] == [INDEX_NAME]
 
 
+def test_an_empty_cache_folder_is_no_ones_and_gets_the_clip_cache(tmp_path: Path) -> None:
+    # a cache/ emptied by hand (rm cache/*) holds nothing of the user's: taken for theirs, it would never
+    # be written again and every start would read the wavs into RAM
+    corpus = tmp_path / "data"
+    make_corpus(corpus, num_clips=6, sample_rate=SR, seed=1)
+    (corpus / "cache").mkdir()
+    lines = Logs()
+    store, report = load(corpus, max_ram_gb=1e-6, log=lines)
+    assert len(store) == 6 and not store.in_ram and report.cache_path == str(corpus / "cache"), lines
+    assert not any("untouched" in line for line in lines), lines
+    assert load(corpus)[1].cache_hit
+
+
 def test_a_folder_prepare_data_did_not_make_and_larger_than_the_ram_share_is_refused(tmp_path: Path) -> None:
     # such a folder gets no cache, so nothing can be memory-mapped: read whole into RAM by every process,
     # a corpus above --max_ram_gb's share would run the machine out of memory instead
