@@ -333,3 +333,19 @@ def test_a_one_process_tool_says_its_error_whatever_rank_the_environment_gives(
     lines = [line for line in proc.stderr.splitlines() if line.strip()]
     assert proc.returncode == 2 and len(lines) == 1, proc.stderr
     assert lines[0].startswith("error:") and expected in lines[0], lines
+
+
+def test_a_one_process_tool_says_interrupted_whatever_rank_the_environment_gives(monkeypatch, capsys):
+    # Ctrl-C in prepare_data.py or speak.py with RANK=1 left over from a launch: taken for a launch's
+    # second process, it exited 130 without a word
+    from vits_trainer.errors import run_cli
+
+    def stopped(argv):
+        raise KeyboardInterrupt
+
+    monkeypatch.setenv("RANK", "1")
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    assert run_cli(stopped, [], one_process=True) == 130
+    assert capsys.readouterr().err.strip() == "interrupted"
+    assert run_cli(stopped, []) == 130  # a trainer's second process: its main one says it
+    assert capsys.readouterr().err.strip() == ""
