@@ -196,3 +196,14 @@ def test_a_checkpoint_folder_given_as_the_model_names_the_model_folders_in_it(tm
     # a folder holding no model folder: the message as before, no list
     with pytest.raises(UserError, match=r"no config.json \(expected a saved VitsModel folder\)$"):
         resolve_model_dir(str(run / "samples"), "--model")
+
+
+def test_a_speaker_named_by_its_own_id_is_not_named_twice(tmp_path):
+    # a speaker column of 0, 1, ...: "speaker 1 = 1" says nothing the id does not
+    from vits_trainer.speak import _name_of
+
+    state = {"speakers": {"0": 0, "1": 1, "bob": 1}}
+    assert _name_of(0, tmp_path, state) == ""
+    assert _name_of(1, tmp_path, state) == " = bob"
+    (tmp_path / "speakers.json").write_text(json.dumps({"0": 0, "1": 1}), encoding="utf-8")
+    assert _name_of(1, tmp_path, None) == ""
