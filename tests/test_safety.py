@@ -641,3 +641,15 @@ def test_a_failed_set_up_leaves_another_runs_folders_that_appeared_meanwhile(tmp
         (alone / "ckpt" / "cache" / "index.json").write_text("{}")  # files of its own: all removed
         raise UserError("bad input")
     assert not alone.exists()
+
+
+def test_a_file_named_as_a_checkpoint_is_none(tmp_path):
+    # only a folder is a checkpoint a resume can read: a file of that name made a fresh run a resume
+    from vits_trainer.training.checkpoint_names import list_checkpoints
+    from vits_trainer.training.config import TrainConfig
+
+    (tmp_path / "step_00000007").write_text("mine", encoding="utf-8")
+    assert list_checkpoints(tmp_path) == []
+    assert not TrainConfig(checkpoint_dir=str(tmp_path)).may_restore()
+    (tmp_path / "step_00000003").mkdir()
+    assert list_checkpoints(tmp_path) == [tmp_path / "step_00000003"]
