@@ -267,3 +267,34 @@ def test_a_run_without_validation_is_not_told_its_voices_lack_a_validation_clip(
     data = split_data(cfg, store, text, speakers, 256, None, lines.append)
     assert data.val_sets == {} and len(set(speakers.values())) == 2
     assert not any("no validation clip" in line for line in lines), lines
+
+
+def test_the_note_on_voices_without_a_validation_clip_comes_when_the_split_is_drawn_only():
+    """A resume keeps its split (a new --val_fraction changes nothing there): the note, whose advice is a
+    larger --val_fraction, is said when the split is drawn, not again at every resume."""
+    from types import SimpleNamespace
+
+    import numpy as np
+
+    from vits_trainer.data.clipstore import ClipStore
+    from vits_trainer.training.config import TrainConfig
+    from vits_trainer.training.datasplit import split_data
+
+    n = 12
+    lengths = np.full(n, 4000, dtype=np.int64)
+    offsets = np.concatenate([[0], np.cumsum(lengths)])
+    names = ["ali"] * (n - 1) + ["zin"]  # one clip of zin's: in training, or the only validation one
+    store = ClipStore(
+        [f"c{k}" for k in range(n)], ["a"] * n, names, offsets, np.zeros(offsets[-1], np.int16), 16000
+    )
+    text = SimpleNamespace(encode=lambda s: [1, 2])
+    cfg = TrainConfig(val_fraction=0.25, seed=0)
+    speakers = {"ali": 0, "zin": 1}
+    lines: list[str] = []
+    data = split_data(cfg, store, text, speakers, 256, None, lines.append)
+    assert "c11" not in data.val_ids  # zin's clip trains: zin is never scored
+    notes = [line for line in lines if "no validation clip" in line]
+    assert len(notes) == 1 and "(zin)" in notes[0], lines
+    lines.clear()
+    split_data(cfg, store, text, speakers, 256, data.val_ids, lines.append)  # the resume
+    assert not [line for line in lines if "no validation clip" in line], lines
