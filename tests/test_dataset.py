@@ -448,6 +448,22 @@ def test_a_steps_samples_count_each_of_the_epochs_clips_once_on_any_number_of_ra
     assert replay[1].samples_in(0, len(replay[1])) == 27
 
 
+def test_a_steps_sample_count_follows_its_own_epochs_batches() -> None:
+    """samples_in keeps the epoch's batch sizes between steps: kept into the next epoch, whose short
+    batch falls elsewhere, a step's count was another epoch's batch's."""
+    lengths = np.random.default_rng(2).integers(1000, 5000, size=36)
+    bucket = BucketBatchSampler(lengths, 8, seed=4)
+    replay = ReplayBatchSampler(lengths, range(10), range(10, 36), 17, 4, seed=1)
+    for sampler in (bucket, replay):
+        orders = set()
+        for epoch in range(6):
+            sampler.set_epoch(epoch)
+            sizes = [len(b) for b in sampler]
+            assert [sampler.samples_in(i, i + 1) for i in range(len(sizes))] == sizes, (epoch, sizes)
+            orders.add(tuple(sizes))
+        assert len(orders) > 1  # the short batch moved: the check above can tell the epochs apart
+
+
 def test_the_batch_order_is_random_not_by_length() -> None:
     # A corpus within one pool (fewer clips than batch_size * bucket_size_multiplier) is one length-sorted
     # run of batches: the epoch must not then go from the shortest batch to the longest every time.
