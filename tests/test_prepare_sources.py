@@ -605,6 +605,21 @@ def test_a_folder_with_one_table_is_read_through_that_table(tmp_path, name, head
     assert len(notes) == 1 and "--source" in notes[0] and "--format" in notes[0], lines
 
 
+def test_a_folder_with_one_headerless_table_and_hidden_files_is_read_through_that_table(tmp_path):
+    # a list without a header row (wavs/a.wav|text) lists the clips too; a hidden ._list.csv (macOS's
+    # AppleDouble file in a zip) is no second table, which made it an error naming both
+    src = tmp_path / "corpus"
+    rows = _corpus_with_table(src, "list.csv", ["file", "text"], "|")
+    table = src / "list.csv"
+    table.write_text(
+        "".join(table.read_text(encoding="utf-8").splitlines(keepends=True)[1:]), encoding="utf-8"
+    )
+    (src / "._list.csv").write_bytes(b"\0\5\26\7 Mac OS X")
+    assert detect_format(str(src)) == ("csv", table)
+    run_prepare(src, tmp_path / "out")
+    assert {text for text, _ in output_rows(tmp_path / "out").values()} == {r["text"] for r in rows}
+
+
 def test_a_folder_with_several_tables_names_them_and_reads_none(tmp_path):
     src = tmp_path / "corpus"
     _corpus_with_table(src, "metadata.csv", ["file", "text"], ",")
