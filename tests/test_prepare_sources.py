@@ -447,6 +447,20 @@ def test_hf_single_data_file_and_its_unused_speaker_column(tmp_path):
         detect_format(str(tmp_path / "notes.json"))
 
 
+def test_a_hub_datasets_column_named_speaker_is_read_as_the_speaker(tmp_path):
+    # as a table's is: without --speaker_column every clip of a parquet file became speaker 0
+    from datasets import Audio, Dataset
+
+    rows = _hf_rows(tmp_path, 3)
+    rows["speaker"] = rows.pop("speaker_id")
+    ds = Dataset.from_dict(rows).cast_column("audio", Audio(decode=False))
+    data_file = tmp_path / "train-00000-of-00001.parquet"
+    ds.to_parquet(str(data_file))
+    _, lines = run_prepare(data_file, tmp_path / "out")
+    assert set(output_rows(tmp_path / "out").values()) == {(f"sentence {i}", f"spk{i % 2}") for i in range(3)}
+    assert any("column 'speaker' is read as each clip's speaker" in line for line in lines), lines
+
+
 def test_a_table_saved_in_windows_1252_gets_one_note_saying_so(tmp_path):
     for i in range(3):
         write_audio(tmp_path / "clips" / f"c{i}.wav", speech("abc", 16000), 16000)
