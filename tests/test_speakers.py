@@ -298,3 +298,31 @@ def test_the_note_on_voices_without_a_validation_clip_comes_when_the_split_is_dr
     lines.clear()
     split_data(cfg, store, text, speakers, 256, data.val_ids, lines.append)  # the resume
     assert not [line for line in lines if "no validation clip" in line], lines
+
+
+def test_voice_scores_weigh_each_clip_and_leave_out_a_batch_of_several_voices():
+    """evaluate's by_speaker is each voice's mean over its clips: a batch of two clips counts twice, and
+    a batch mixing voices (one mean for all of them) is no voice's."""
+    from types import SimpleNamespace
+
+    from vits_trainer.training.evaluate import evaluate
+
+    class Fixed(torch.nn.Module):  # the batch's val_mel is its first token
+        def forward(self, input_ids, *rest, **kwargs):
+            return SimpleNamespace(mel=float(input_ids[0, 0]), kl=0.0, duration=0.0)
+
+    def batch(mel: float, speakers: list[int]) -> dict:
+        n = len(speakers)
+        return {
+            "input_ids": torch.full((n, 1), mel),
+            "attention_mask": torch.ones(n, 1),
+            "audio": torch.zeros(n, 4),
+            "audio_lengths": torch.full((n,), 4),
+            "speaker_ids": torch.tensor(speakers),
+        }
+
+    voices: dict = {}
+    loader = [batch(1.0, [0, 0]), batch(3.0, [1]), batch(2.0, [0]), batch(5.0, [0, 1])]
+    result = evaluate(Fixed(), loader, torch.device("cpu"), by_speaker=voices)
+    assert voices == {0: (pytest.approx(4 / 3), 3), 1: (3.0, 1)}
+    assert result["val_mel"] == pytest.approx((2 * 1.0 + 3.0 + 2.0 + 2 * 5.0) / 6)
