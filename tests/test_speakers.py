@@ -326,3 +326,45 @@ def test_voice_scores_weigh_each_clip_and_leave_out_a_batch_of_several_voices():
     result = evaluate(Fixed(), loader, torch.device("cpu"), by_speaker=voices)
     assert voices == {0: (pytest.approx(4 / 3), 3), 1: (3.0, 1)}
     assert result["val_mel"] == pytest.approx((2 * 1.0 + 3.0 + 2.0 + 2 * 5.0) / 6)
+
+
+def test_the_voices_are_scored_on_the_first_set_alone_under_its_name(monkeypatch):
+    """A feedback round scores its feedback clips first, then the original validation: the voice scores
+    are the first set's alone, under its prefix; a first set that scores no voice gives none, not the
+    next set's under its name."""
+    from types import SimpleNamespace
+
+    from vits_trainer.training import outputs
+    from vits_trainer.training.outputs import RunOutputs
+
+    per_set = {"feedback": {0: (1.0, 2)}, "val": {0: (9.0, 3), 1: (8.0, 3)}}
+
+    def fake_evaluate(generator, loader, device, autocast=None, weights=None, by_speaker=None):
+        if by_speaker is not None:
+            by_speaker.update(per_set[loader])
+        return {"val_mel": 1.0}
+
+    monkeypatch.setattr(outputs, "evaluate", fake_evaluate)
+    monkeypatch.setattr(outputs, "free_running_eval", lambda s: ({}, []))
+    session = SimpleNamespace(
+        val_loaders={"feedback": "feedback", "val": "val"},
+        generator_raw=None,
+        device="cpu",
+        accelerator=SimpleNamespace(autocast=None),
+        cfg=SimpleNamespace(loss_weights=lambda: None),
+        model=SimpleNamespace(config=SimpleNamespace(num_speakers=2)),
+        speakers={"ali": 0, "zin": 1},
+    )
+    results, _, voices = RunOutputs.score(SimpleNamespace(s=session))
+    assert results == {"feedback_val_mel": 1.0, "val_mel": 1.0}
+    assert voices == {
+        "feedback_by_speaker": {
+            "ali": {"speaker_id": 0, "clips": 2, "val_mel": 1.0},
+            "zin": {"speaker_id": 1, "clips": 0},
+        }
+    }
+    session.model.config.num_speakers = 1  # one voice: its score is the mean itself
+    assert RunOutputs.score(SimpleNamespace(s=session))[2] == {}
+    session.model.config.num_speakers = 2
+    per_set["feedback"] = {}  # no voice scored on the first set
+    assert RunOutputs.score(SimpleNamespace(s=session))[2] == {}
