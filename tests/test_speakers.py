@@ -368,3 +368,35 @@ def test_the_voices_are_scored_on_the_first_set_alone_under_its_name(monkeypatch
     session.model.config.num_speakers = 2
     per_set["feedback"] = {}  # no voice scored on the first set
     assert RunOutputs.score(SimpleNamespace(s=session))[2] == {}
+
+
+def test_a_run_whose_final_weights_were_not_scored_gives_no_final_voice_scores(
+    tmp_path, tiny_model_dir, monkeypatch
+):
+    """train_summary.json's final_by_speaker is the final weights' evaluation alone, as final_val is: a
+    run stopped before its final evaluation gave the start evaluation's voice scores as the final ones."""
+    import os
+    import signal
+
+    import vits_trainer.training.loop as loop_module
+
+    corpus = tmp_path / "corpus"
+    make_corpus(corpus, num_clips=24, num_speakers=1, seed=3)
+    meta = corpus / "metadata.csv"
+    rows = [row.rsplit("|", 1)[0] for row in meta.read_text(encoding="utf-8").splitlines()]
+    meta.write_text("".join(f"{row}|{int(k >= 16)}\n" for k, row in enumerate(rows)), encoding="utf-8")
+    calls = {"n": 0}
+    real_move = loop_module.move_batch
+
+    def signal_at_second_batch(batch, device):
+        calls["n"] += 1
+        if calls["n"] == 2:
+            os.kill(os.getpid(), signal.SIGTERM)
+        return real_move(batch, device)
+
+    monkeypatch.setattr(loop_module, "move_batch", signal_at_second_batch)
+    _, summary = train_tiny(
+        tmp_path, corpus, tiny_model_dir, max_steps=50, num_speakers="auto", val_fraction=0.2
+    )
+    assert summary["stopped_reason"] == "signal" and summary["final_val"] is None
+    assert "final_by_speaker" not in summary, summary
