@@ -713,6 +713,13 @@ def test_an_unmarked_cache_left_by_a_killed_build_is_still_the_tools(tmp_path: P
         assert len(store) == 6 and not store.in_ram and report.cache_path == str(cache), lines
         assert not any("untouched" in line for line in lines), lines
         assert load(corpus)[1].cache_hit
+    # a name like the cache's but without a writer's pid (a user's index.json.tmp-old) is not the tool's
+    shutil.rmtree(cache)
+    cache.mkdir()
+    (cache / (INDEX_NAME + ".tmp-old")).write_text("mine", encoding="utf-8")
+    store, report = load(corpus)
+    assert store.in_ram and not report.cache_path
+    assert [p.name for p in cache.iterdir()] == [INDEX_NAME + ".tmp-old"]
     # a cache/ holding only an index.json that is not the tool's stays the user's
     shutil.rmtree(cache)
     cache.mkdir()
