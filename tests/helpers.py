@@ -107,6 +107,27 @@ def make_kl_infinite(monkeypatch, first: int, last: int) -> None:
     monkeypatch.setattr(VitsGenerator, "forward", inf_kl_forward)
 
 
+def sigterm_at_batch(monkeypatch, n: int = 2):
+    """Patch the loop so that a real SIGTERM reaches this process as it moves its `n`th batch (1-based),
+    as a job manager's stop would mid-run; returns the real move_batch, to undo it."""
+    import os
+    import signal
+
+    import vits_trainer.training.loop as loop_module
+
+    calls = {"n": 0}
+    real_move = loop_module.move_batch
+
+    def signal_at_batch(batch, device):
+        calls["n"] += 1
+        if calls["n"] == n:
+            os.kill(os.getpid(), signal.SIGTERM)
+        return real_move(batch, device)
+
+    monkeypatch.setattr(loop_module, "move_batch", signal_at_batch)
+    return real_move
+
+
 def ended_near_the_budget(summary: dict, target: float, fraction: float) -> bool:
     """A budget run used at least `fraction` of its budget, or ended earlier only because its own
     measurements said one more step would not fit: on a loaded machine (CI, other tests) a step can

@@ -15,7 +15,16 @@ from pathlib import Path
 import pytest
 import torch
 
-from tests.helpers import PYTHON, ROOT, TINY_SETTINGS, cli_args, make_kl_infinite, tiny_config, train_tiny
+from tests.helpers import (
+    PYTHON,
+    ROOT,
+    TINY_SETTINGS,
+    cli_args,
+    make_kl_infinite,
+    sigterm_at_batch,
+    tiny_config,
+    train_tiny,
+)
 from vits_trainer.data.synthetic import make_corpus
 from vits_trainer.training.checkpoint import list_checkpoints
 from vits_trainer.training.loop import Trainer
@@ -181,22 +190,10 @@ def test_signal_before_any_improvement_names_no_best_model(
     """A real SIGTERM to this process at the 2nd batch: the run saves and exports, but no evaluation of
     trained weights ever ran, so there is no best_model and nothing may name one."""
     import json
-    import os
-    import signal
 
-    import vits_trainer.training.loop as loop_module
     from train_vits import best_model_words
 
-    calls = {"n": 0}
-    real_move = loop_module.move_batch
-
-    def signal_at_second_batch(batch, device):
-        calls["n"] += 1
-        if calls["n"] == 2:
-            os.kill(os.getpid(), signal.SIGTERM)
-        return real_move(batch, device)
-
-    monkeypatch.setattr(loop_module, "move_batch", signal_at_second_batch)
+    sigterm_at_batch(monkeypatch, 2)
     _, summary = train_tiny(tmp_path, tone_corpus, tiny_model_dir, max_steps=50)
     assert summary["stopped_reason"] == "signal" and summary["final_model"]
     assert summary["best_step"] == 0  # the start evaluation measured the model the run started from

@@ -356,32 +356,24 @@ def test_report_loads_in_a_headless_browser_from_disk(tmp_path):
 def stopped_and_resumed(tmp_path_factory, tiny_model_dir, tone_corpus):
     """Session 1 gets SIGTERM at its 2nd batch; session 2 resumes it for 1 more step. Keeps the page
     as the start evaluation wrote it (mid-run) and as each session's end wrote it."""
-    import os
 
     import vits_trainer.training.loop as loop_module
     import vits_trainer.training.outputs as outputs_module
-    from tests.helpers import train_tiny
+    from tests.helpers import sigterm_at_batch, train_tiny
 
     tmp = tmp_path_factory.mktemp("report_run")
     pages = []
-    real_write, real_move = outputs_module.write_report, loop_module.move_batch
-    calls = {"n": 0}
+    real_write = outputs_module.write_report
 
     def keep_page(*args, **kwargs):
         path = real_write(*args, **kwargs)
         pages.append(path.read_text(encoding="utf-8"))
         return path
 
-    def signal_at_second_batch(batch, device):
-        calls["n"] += 1
-        if calls["n"] == 2:
-            os.kill(os.getpid(), signal.SIGTERM)
-        return real_move(batch, device)
-
     settings = dict(eval_samples=2, log_every=1, save_minutes=60)
     with pytest.MonkeyPatch.context() as mp:
         mp.setattr(outputs_module, "write_report", keep_page)
-        mp.setattr(loop_module, "move_batch", signal_at_second_batch)
+        real_move = sigterm_at_batch(mp, 2)
         _, first = train_tiny(tmp, tone_corpus, tiny_model_dir, max_steps=50, **settings)
         stopped_page = (tmp / "checkpoints" / "report.html").read_text(encoding="utf-8")
         mp.setattr(loop_module, "move_batch", real_move)

@@ -8,7 +8,7 @@ import subprocess
 
 import pytest
 import torch
-from helpers import PYTHON, ROOT, tiny_config, train_tiny
+from helpers import PYTHON, ROOT, sigterm_at_batch, tiny_config, train_tiny
 from transformers import VitsModel
 
 from vits_trainer.data.items import speaker_map
@@ -375,26 +375,13 @@ def test_a_run_whose_final_weights_were_not_scored_gives_no_final_voice_scores(
 ):
     """train_summary.json's final_by_speaker is the final weights' evaluation alone, as final_val is: a
     run stopped before its final evaluation gave the start evaluation's voice scores as the final ones."""
-    import os
-    import signal
-
-    import vits_trainer.training.loop as loop_module
 
     corpus = tmp_path / "corpus"
     make_corpus(corpus, num_clips=24, num_speakers=1, seed=3)
     meta = corpus / "metadata.csv"
     rows = [row.rsplit("|", 1)[0] for row in meta.read_text(encoding="utf-8").splitlines()]
     meta.write_text("".join(f"{row}|{int(k >= 16)}\n" for k, row in enumerate(rows)), encoding="utf-8")
-    calls = {"n": 0}
-    real_move = loop_module.move_batch
-
-    def signal_at_second_batch(batch, device):
-        calls["n"] += 1
-        if calls["n"] == 2:
-            os.kill(os.getpid(), signal.SIGTERM)
-        return real_move(batch, device)
-
-    monkeypatch.setattr(loop_module, "move_batch", signal_at_second_batch)
+    sigterm_at_batch(monkeypatch, 2)
     _, summary = train_tiny(
         tmp_path, corpus, tiny_model_dir, max_steps=50, num_speakers="auto", val_fraction=0.2
     )
