@@ -3,6 +3,7 @@ lock released at exit; pruning that never drops the newest verified checkpoint."
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import hashlib
 import json
@@ -98,6 +99,21 @@ OLD_HOLDER = (
 )
 
 
+@contextlib.contextmanager
+def old_version_holding(folder: Path):
+    """A run of the older version holding `folder` (its process) until the block ends; then killed, which
+    leaves its `.lock` behind as a killed run's would be."""
+    old = subprocess.Popen(
+        [PYTHON, "-c", OLD_HOLDER, str(folder)], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True
+    )
+    try:
+        assert old.stdout.readline().strip() == "locked"
+        yield old
+    finally:
+        old.kill()  # killed: its .lock stays, the kernel drops the lock
+        old.wait(timeout=60)
+
+
 def test_the_lock_file_is_named_for_the_tool(tmp_path):
     """A `.lock` found in a checkpoint folder said nothing of whose it was."""
     folder = tmp_path / "checkpoints"
@@ -116,19 +132,12 @@ def test_a_run_of_an_older_version_is_still_detected(tmp_path):
 
     folder = tmp_path / "checkpoints"
     folder.mkdir()
-    old = subprocess.Popen(
-        [PYTHON, "-c", OLD_HOLDER, str(folder)], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True
-    )
-    try:
-        assert old.stdout.readline().strip() == "locked"
+    with old_version_holding(folder) as old:
         before = snapshot(folder)
         with pytest.raises(UserError, match=f"is in use by another run \\(pid {old.pid} "):
             RunLock.acquire(folder, "--checkpoint_dir")
         assert snapshot(folder) == before
         assert lock_holder(folder)["pid"] == old.pid
-    finally:
-        old.kill()  # killed: its .lock stays, the kernel drops the lock
-        old.wait(timeout=60)
     assert lock_holder(folder) is None
     lines = []
     lock = RunLock.acquire(folder, "--checkpoint_dir", log=lines.append)
@@ -162,16 +171,9 @@ def test_a_run_of_an_older_version_is_detected_where_flock_is_a_byte_range_lock(
     monkeypatch.setattr(runlock.fcntl, "flock", nfs_flock)
     folder = tmp_path / "checkpoints"
     folder.mkdir()
-    old = subprocess.Popen(
-        [PYTHON, "-c", OLD_HOLDER, str(folder)], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True
-    )
-    try:
-        assert old.stdout.readline().strip() == "locked"
+    with old_version_holding(folder) as old:
         with pytest.raises(UserError, match=f"is in use by another run \\(pid {old.pid} "):
             RunLock.acquire(folder, "--checkpoint_dir")
-    finally:
-        old.kill()
-        old.wait(timeout=60)
     lines = []
     lock = RunLock.acquire(folder, "--checkpoint_dir", log=lines.append)  # its .lock left: taken over
     lock.release()
