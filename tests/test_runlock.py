@@ -94,7 +94,8 @@ def test_lock_of_a_killed_run_is_taken_over_with_a_warning(tmp_path):
 OLD_HOLDER = (
     "import fcntl, json, os, socket, sys; fd = os.open(os.path.join(sys.argv[1], '.lock'), os.O_RDWR | os.O_CREAT); "
     "fcntl.flock(fd, fcntl.LOCK_EX); "
-    "os.write(fd, json.dumps({'pid': os.getpid(), 'host': socket.gethostname()}).encode()); "
+    "os.write(fd, json.dumps({'pid': os.getpid(), 'host': socket.gethostname(), 'started': '2026-11-01T10:00:00', "
+    "'command': 'train_vits.py'}).encode()); "
     "print('locked', flush=True); sys.stdin.read()"
 )
 
@@ -151,6 +152,12 @@ def test_a_run_of_an_older_version_is_still_detected(tmp_path):
     lock = RunLock.acquire(folder, "--checkpoint_dir", log=lines.append)
     lock.release()
     assert lines == [] and (folder / ".lock").read_text(encoding="utf-8") == "my own notes"
+    # another tool's lock file of that name, with a pid in it but not this tool's record: left alone too
+    theirs = json.dumps({"pid": 4242, "host": "elsewhere"})
+    (folder / ".lock").write_text(theirs, encoding="utf-8")
+    lock = RunLock.acquire(folder, "--checkpoint_dir", log=lines.append)
+    lock.release()
+    assert lines == [] and (folder / ".lock").read_text(encoding="utf-8") == theirs
 
 
 def test_a_run_of_an_older_version_is_detected_where_flock_is_a_byte_range_lock(tmp_path, monkeypatch):

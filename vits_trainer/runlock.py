@@ -34,6 +34,7 @@ except ImportError:  # pragma: no cover - not POSIX: no OS lock, said once
 
 LOCK_NAME = ".vits_trainer.lock"
 OLD_LOCK_NAME = ".lock"  # the name older versions of this tool used; a run of one may still hold it
+OLD_RECORD_KEYS = {"pid", "host", "started", "command"}  # what the older version wrote in it
 
 
 def pid_alive(pid: int) -> bool:
@@ -237,7 +238,9 @@ def _take_over_old_lock(folder: Path, flag: str, log) -> None:
                 raise _in_use(flag, folder, _read(fd)) from None
             return
         previous = _read(fd)
-        if previous.get("pid") and os.stat(path).st_ino == os.fstat(fd).st_ino:
+        # the older version's record has all four: another tool's `.lock` with a pid in it is not ours
+        ours = OLD_RECORD_KEYS <= previous.keys() and previous.get("pid")
+        if ours and os.stat(path).st_ino == os.fstat(fd).st_ino:
             _say_taken_over(folder, previous, log)
             os.unlink(path)  # while locked: an older run that opened it meanwhile is refused its lock
     except FileNotFoundError:
