@@ -12,6 +12,7 @@ import json
 import time
 from pathlib import Path
 
+import pytest
 import torch
 
 from tests.helpers import tiny_config
@@ -131,3 +132,34 @@ def test_a_micro_step_neither_waits_for_the_device_nor_copies_to_it(tmp_path, ti
     with torch.device("meta"), reads:
         step(batch, micro_index=0, cycle_length=2)
     assert reads.seen == []
+
+
+def test_an_evaluation_reads_the_device_once_per_validation_set(tmp_path, tiny_model_dir, tone_corpus):
+    """Validation goes one clip at a time; a read of each clip's losses into Python made the host wait
+    for that clip's forward before it queued the next one, so on a GPU the two took turns. The losses
+    stay on the device until the set is done: one read for the means and the voices' scores, one for the
+    per-clip scores of a feedback round. (Each clip's speaker ids are read too, from the host batch
+    before it moves: no wait.)"""
+    from vits_trainer.training.evaluate import evaluate, evaluate_per_clip
+
+    cfg = tiny_config(tmp_path, tone_corpus, tiny_model_dir, max_steps=1, val_fraction=0.05)
+    s = build_session(cfg, time.time())
+    batches = list(s.val_loaders["val"])  # the DataLoader draws a seed on the host when it starts
+    assert len(batches) >= 4  # several clips, so a read per clip would show
+    reads, voices = HostReads(), {}
+    with reads:
+        result = evaluate(s.generator_raw, batches, s.device, weights=cfg.loss_weights(), by_speaker=voices)
+    outside_model = {where: n for where, n in reads.counts.items() if not where[1].startswith("model/")}
+    by_method = {}
+    for (method, _), n in outside_model.items():
+        by_method[method] = by_method.get(method, 0) + n
+    assert by_method == {"tolist": len(batches) + 1}, outside_model  # the speaker ids, and the losses once
+    assert voices == {0: (pytest.approx(result["val_mel"]), len(batches))}
+
+    items = s.data.val_sets["val"]
+    reads = HostReads()
+    with reads:
+        per_clip = evaluate_per_clip(s.generator_raw, items, s.device)
+    outside_model = {where: n for where, n in reads.counts.items() if not where[1].startswith("model/")}
+    assert list(outside_model.values()) == [1], outside_model
+    assert len(per_clip) == len(items)

@@ -58,9 +58,8 @@ def evaluate(
     weights = weights or LossWeights()
     was_training = generator.training
     generator.eval()
-    sums = {"mel": 0.0, "kl": 0.0, "duration": 0.0}
-    count = 0
-    speaker_sums: dict[int, list] = {}  # speaker id -> [val_mel sum, clips]
+    keys = ("mel", "kl", "duration")
+    rows, sizes, voices_of = [], [], []  # per batch: its losses (on the device), clips, its one voice or None
     devices = [device] if device.type == "cuda" else []
     with torch.random.fork_rng(devices=devices):
         torch.manual_seed(seed)
@@ -69,16 +68,24 @@ def evaluate(
             voices = set(batch["speaker_ids"].tolist()) if "speaker_ids" in batch else {0}
             batch = move_batch(batch, device)
             out = _teacher_forced(generator, batch, autocast)
-            n = batch["input_ids"].size(0)
-            losses = {key: float(getattr(out, key)) for key in sums}
-            for key in sums:
-                sums[key] += losses[key] * n
-            count += n
-            if len(voices) == 1:
-                entry = speaker_sums.setdefault(voices.pop(), [0.0, 0])
-                entry[0] += losses["mel"] * n
-                entry[1] += n
+            # kept on the device: reading each clip's losses made the host wait for its forward before
+            # queuing the next clip's (one read below, for the whole set)
+            rows.append(
+                torch.stack([torch.as_tensor(getattr(out, key), dtype=torch.float32) for key in keys])
+            )
+            sizes.append(batch["input_ids"].size(0))
+            voices_of.append(voices.pop() if len(voices) == 1 else None)
     generator.train(was_training)
+    values = torch.stack(rows).tolist() if rows else []
+    sums, count = dict.fromkeys(keys, 0.0), sum(sizes)
+    speaker_sums: dict[int, list] = {}  # speaker id -> [val_mel sum, clips]
+    for losses, n, voice in zip(values, sizes, voices_of, strict=True):
+        for key, value in zip(keys, losses, strict=True):
+            sums[key] += value * n
+        if voice is not None:
+            entry = speaker_sums.setdefault(voice, [0.0, 0])
+            entry[0] += losses[0] * n
+            entry[1] += n
     if by_speaker is not None:
         by_speaker.update(
             {sid: (total / clips, clips) for sid, (total, clips) in sorted(speaker_sums.items())}
@@ -106,7 +113,7 @@ def evaluate_per_clip(generator, items, device: torch.device, autocast=None, see
     dataset = ClipDataset(items)
     was_training = generator.training
     generator.eval()
-    values = {}
+    mels = []  # on the device until the last clip is done (evaluate's reason)
     devices = [device] if device.type == "cuda" else []
     with torch.random.fork_rng(devices=devices):
         torch.manual_seed(seed)
@@ -114,9 +121,10 @@ def evaluate_per_clip(generator, items, device: torch.device, autocast=None, see
             batch = collate_batch([dataset[k]])
             batch = move_batch({n: v for n, v in batch.items() if n not in HOST_ONLY_KEYS}, device)
             out = _teacher_forced(generator, batch, autocast)
-            values[items.clip_id(k)] = float(out.mel)
+            mels.append(torch.as_tensor(out.mel, dtype=torch.float32))
     generator.train(was_training)
-    return values
+    values = torch.stack(mels).tolist() if mels else []
+    return {items.clip_id(k): value for k, value in enumerate(values)}
 
 
 @torch.no_grad()
