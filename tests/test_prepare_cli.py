@@ -97,6 +97,26 @@ def test_a_folder_of_clips_and_its_table_is_read_through_the_table(tmp_path):
     assert not (tmp_path / "out2").exists()
 
 
+def test_format_csv_with_a_folder_reads_its_only_table_or_names_the_tables(tmp_path):
+    src = tmp_path / "corpus"
+    for i in range(2):
+        write_audio(src / "wavs" / f"c{i}.wav", speech("abc def", 22050), 22050)
+    (src / "metadata.csv").write_text("file,text\nwavs/c0.wav,clip zero\nwavs/c1.wav,clip one\n", "utf-8")
+    proc = cli("--source", str(src), "--format", "csv", "--data_dir", str(tmp_path / "out"))
+    assert proc.returncode == 0, proc.stderr
+    assert output_rows(tmp_path / "out") == {"wavs_c0": ("clip zero", "0"), "wavs_c1": ("clip one", "0")}
+    assert any(line.startswith("note:") and "metadata.csv" in line for line in proc.stdout.splitlines())
+    (src / "other.tsv").write_text("path\tsentence\n", encoding="utf-8")
+    proc = cli("--source", str(src), "--format", "csv", "--data_dir", str(tmp_path / "out2"))
+    assert_one_error_line(proc, "metadata.csv, other.tsv; pass the one listing the clips as --source")
+    assert not (tmp_path / "out2").exists()
+    empty = tmp_path / "no_table"
+    write_audio(empty / "a.wav", speech("abc", 22050), 22050)
+    proc = cli("--source", str(empty), "--format", "csv", "--data_dir", str(tmp_path / "out3"))
+    assert_one_error_line(proc, "no .csv/.tsv table")
+    assert not (tmp_path / "out3").exists()
+
+
 def test_output_piped_into_head_ends_without_a_traceback(tmp_path, small_pairs):
     script = (
         f"{shlex.quote(sys.executable)} {shlex.quote(str(ROOT / 'prepare_data.py'))} --source "

@@ -94,6 +94,9 @@ def open_source(
     if fmt == "commonvoice":
         return read_commonvoice(path, split)
     if fmt == "csv":
+        if path.is_dir():  # --format csv and a folder: its one table, as auto-detection reads it
+            path = _only_table(source, path)
+            table_note = f"--format csv: {source} is a folder; read through its only table, {path.name}"
         table = read_table(path, id_column=id_column, **columns)
         table.notes[:0] = [table_note] if table_note else []
         return table
@@ -615,6 +618,22 @@ def folder_tables(folder: Path) -> list[Path]:
         p
         for p in folder.iterdir()
         if p.suffix.lower() in (".csv", ".tsv") and not p.name.startswith(".") and p.is_file()
+    )
+
+
+def _only_table(source: str, folder: Path) -> Path:
+    """The one .csv/.tsv table at the top of `folder`, for --format csv given a folder; else UserError."""
+    tables = folder_tables(folder)
+    if len(tables) == 1:
+        return tables[0]
+    if not tables:
+        raise UserError(
+            f"--source {source}: a folder with no .csv/.tsv table; --format csv reads a table file"
+        )
+    names = ", ".join(t.name for t in tables)
+    raise UserError(
+        f"--source {source}: --format csv reads one table and this folder holds {names}; "
+        f"pass the one listing the clips as --source (e.g. --source {tables[0]})"
     )
 
 
