@@ -8,7 +8,14 @@ import os
 import numpy as np
 import pytest
 import soundfile as sf
-from test_prepare_fixtures import output_rows, run_prepare, skipped_reasons, speech, write_audio
+from test_prepare_fixtures import (
+    output_rows,
+    run_prepare,
+    skipped_reasons,
+    speech,
+    vocab_model_dir,
+    write_audio,
+)
 
 from vits_trainer.data.prepare import prepare
 from vits_trainer.data.prepare_checks import clean_text, safe_id, validate_settings
@@ -202,19 +209,8 @@ def test_a_rejected_row_leaves_its_id_to_a_later_usable_one(tmp_path):
     assert output_rows(tmp_path / "out") == {"a": ("the text", "0")}
 
 
-def _model_dir(tmp_path, rate=22050):
-    from vits_trainer.model.tiny import make_tokenizer
-
-    model = tmp_path / "model"
-    make_tokenizer(model)  # tone-language alphabet a..o + space, lower-casing like MMS
-    (model / "config.json").write_text(
-        json.dumps({"model_type": "vits", "sampling_rate": rate}), encoding="utf-8"
-    )
-    return model
-
-
 def test_model_sets_rate_and_unknown_characters_are_counted_or_dropped(tmp_path):
-    model = _model_dir(tmp_path)
+    model = vocab_model_dir(tmp_path)
     src = tmp_path / "pairs"
     for stem, text in {"ok": "ABC def", "odd": "abc xyz!", "accent": "café"}.items():
         write_audio(src / f"{stem}.wav", speech(rate=16000), 16000)
@@ -238,7 +234,7 @@ def test_model_sets_rate_and_unknown_characters_are_counted_or_dropped(tmp_path)
 def test_unknown_characters_are_those_of_the_rows_kept(tmp_path):
     """Counted before the audio checks, they took in rows then skipped (a missing WAV, a clip too long),
     and disagreed with the character inventory printed above them."""
-    model = _model_dir(tmp_path)
+    model = vocab_model_dir(tmp_path)
     src = tmp_path / "pairs"
     write_audio(src / "ok.wav", speech(rate=16000), 16000)
     (src / "ok.txt").write_text("abc z", encoding="utf-8")
@@ -251,7 +247,7 @@ def test_unknown_characters_are_those_of_the_rows_kept(tmp_path):
 
 
 def test_sample_rate_disagreeing_with_model_is_an_error(tmp_path):
-    model = _model_dir(tmp_path)
+    model = vocab_model_dir(tmp_path)
     with pytest.raises(UserError, match="disagrees"):
         run_prepare(tmp_path, tmp_path / "out", model_name=str(model), sample_rate=16000)
     assert not (tmp_path / "out").exists()

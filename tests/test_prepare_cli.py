@@ -11,7 +11,7 @@ import time
 from pathlib import Path
 
 import pytest
-from test_prepare_fixtures import output_rows, speech, write_audio
+from test_prepare_fixtures import output_rows, skipped_reasons, speech, vocab_model_dir, write_audio
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -115,6 +115,30 @@ def test_format_csv_with_a_folder_reads_its_only_table_or_names_the_tables(tmp_p
     proc = cli("--source", str(empty), "--format", "csv", "--data_dir", str(tmp_path / "out3"))
     assert_one_error_line(proc, "no .csv/.tsv table")
     assert not (tmp_path / "out3").exists()
+
+
+def test_rows_past_max_samples_are_filtered_not_dropped_for_their_characters(tmp_path):
+    # with --drop_unknown_chars, a row after --max_samples was reached was reported as dropped for its
+    # characters (and its characters counted), though --max_samples left it out whatever its text
+    model = vocab_model_dir(tmp_path, rate=16000)
+    src = tmp_path / "pairs"
+    texts = {"a1": "abc", "a2": "abc xy", "a3": "abc", "a4": "zzz", "a5": "abc d"}
+    for stem, text in texts.items():
+        write_audio(src / f"{stem}.wav", speech(rate=16000), 16000)
+        (src / f"{stem}.txt").write_text(text, encoding="utf-8")
+    out = tmp_path / "out"
+    proc = cli(
+        "--source", str(src), "--data_dir", str(out), "--model_name", str(model),
+        "--drop_unknown_chars", "--max_samples", "2", "--no_progress",
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr
+    assert set(output_rows(out)) == {"a1", "a3"}
+    assert skipped_reasons(out) == {"a2": "unknown_chars"}
+    lines = proc.stdout.splitlines()
+    assert "  skipped 1: unknown_chars 1" in lines, lines
+    assert "  filtered 2: filtered_max_samples 2" in lines, lines
+    vocab_line = next(line for line in lines if "not in the model's vocabulary" in line)
+    assert vocab_line.endswith("'x' 1, 'y' 1"), vocab_line
 
 
 def test_output_piped_into_head_ends_without_a_traceback(tmp_path, small_pairs):

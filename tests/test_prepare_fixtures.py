@@ -39,6 +39,18 @@ def run_prepare(source, data_dir, **overrides) -> tuple[PrepareResult, list[str]
     return result, lines
 
 
+def vocab_model_dir(tmp_path: Path, rate: int = 22050) -> Path:
+    """A model folder with only a tokenizer and config.json: enough for prepare's rate and vocabulary."""
+    from vits_trainer.model.tiny import make_tokenizer
+
+    model = tmp_path / "model"
+    make_tokenizer(model)  # tone-language alphabet a..o + space, lower-casing like MMS
+    (model / "config.json").write_text(
+        json.dumps({"model_type": "vits", "sampling_rate": rate}), encoding="utf-8"
+    )
+    return model
+
+
 def skipped_reasons(data_dir: Path) -> dict[str, str]:
     """id (or origin, for rows without an id) -> reason, from prepare_report.json."""
     report = json.loads((Path(data_dir) / "prepare_report.json").read_text(encoding="utf-8"))

@@ -4,8 +4,9 @@ Output: `<data_dir>/wavs/<id>.wav` (mono 16-bit PCM at the target rate), `<data_
 (`id|text|speaker`), `<data_dir>/prepare_report.json` (every skipped row and why, warnings, counts,
 settings) and `<data_dir>/.prepare_state.json` (what each WAV was made from, so a re-run reuses it).
 
-Order of checks for a row: parse (source reader) -> id -> text -> speaker filter -> vocabulary ->
---max_samples -> audio (missing, unreadable, empty, NaN/Inf, silent, duration). A failing row is
+Order of checks for a row: parse (source reader) -> id -> text -> speaker filter -> --max_samples
+(that many rows already planned) -> vocabulary -> audio (missing, unreadable, empty, NaN/Inf, silent,
+duration). A failing row is
 skipped and listed in the report with its reason; the run never stops for a bad row. This module
 runs those steps and writes the report; the settings are in prepare_settings.py, the checks in
 prepare_checks.py, the conversion (and the audio checks, made on the decoded clip) in prepare_convert.py.

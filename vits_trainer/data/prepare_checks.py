@@ -1,8 +1,9 @@
 """prepare_data.py's checks: settings, the output folder (no source file is an output), the target
 model, and every row before audio.
 
-A row is checked in this order: parse (source reader) -> id -> text -> speaker filter -> vocabulary ->
---max_samples; `plan_rows` returns the survivors and every skip with its reason. The audio checks
+A row is checked in this order: parse (source reader) -> id -> text -> speaker filter -> --max_samples
+(that many rows already planned) -> vocabulary; `plan_rows` returns the survivors and every skip with its
+reason. The audio checks
 (missing, unreadable, empty, NaN/Inf, silent, duration) need the decoded clip: prepare_convert.py.
 """
 
@@ -220,6 +221,10 @@ def plan_rows(
         if wanted_speakers is not None and speaker not in wanted_speakers:
             filtered["filtered_speaker"] += 1
             continue
+        if settings.max_samples and len(planned) >= settings.max_samples:
+            # before the vocabulary: a row past the limit is left out by it whatever its characters
+            filtered["filtered_max_samples"] += 1
+            continue
         if vocab is not None and unknown_chars is not None and settings.drop_unknown_chars:
             missing = vocab.unknown(text)
             if missing:
@@ -229,9 +234,6 @@ def plan_rows(
                     Skip(clip_id, row.origin, "unknown_chars", f"not in the vocabulary: {chars!r}")
                 )
                 continue
-        if settings.max_samples and len(planned) >= settings.max_samples:
-            filtered["filtered_max_samples"] += 1
-            continue
         # claimed by the row kept only: a row rejected, left out by --speaker or dropped for its
         # characters leaves its id to a later one that is kept
         first_origin[clip_id], first_source[clip_id] = row.origin, row.source_id
