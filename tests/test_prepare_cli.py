@@ -162,6 +162,19 @@ def test_no_surviving_row_fails_but_writes_the_report(tmp_path, small_pairs):
     assert (out / "prepare_report.json").is_file() and not (out / "metadata.csv").exists()
 
 
+def test_no_surviving_row_claims_no_character_is_in_the_vocabulary(tmp_path, small_pairs):
+    # the texts have a 'p' the model lacks; with no row kept, none was checked against the vocabulary
+    out = tmp_path / "out"
+    model = vocab_model_dir(tmp_path, rate=16000)
+    proc = cli(
+        "--source", str(small_pairs), "--data_dir", str(out), "--model_name", str(model),
+        "--min_seconds", "10", "--max_seconds", "20", "--no_progress",
+    )  # fmt: skip
+    assert_one_error_line(proc, "no usable clips (too_short 3)")
+    assert "every character" not in proc.stdout, proc.stdout
+    assert "  no row kept: no character checked against the model's vocabulary" in proc.stdout.splitlines()
+
+
 def test_help_shows_defaults():
     proc = cli("--help")
     assert proc.returncode == 0

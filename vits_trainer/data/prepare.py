@@ -335,7 +335,10 @@ def format_summary(report: dict, data_dir: Path) -> str:
     chars = report["characters"]
     lines.append(f"  characters ({len(chars)}): {_counts({repr(k): v for k, v in chars.items()}, limit=80)}")
     unknown = report["unknown_characters"]
-    if unknown == {}:
+    if unknown == {} and not counts["kept"] and not report["settings"]["drop_unknown_chars"]:
+        # kept rows are what is counted here: with none, nothing was checked
+        lines.append("  no row kept: no character checked against the model's vocabulary")
+    elif unknown == {}:
         lines.append("  every character is in the model's vocabulary")
     elif unknown:
         action = (
