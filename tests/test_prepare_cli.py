@@ -141,6 +141,21 @@ def test_rows_past_max_samples_are_filtered_not_dropped_for_their_characters(tmp
     assert vocab_line.endswith("'x' 1, 'y' 1"), vocab_line
 
 
+def test_a_table_beside_transcribed_clips_is_named_in_a_note_as_not_read(tmp_path):
+    src = tmp_path / "pairs"
+    for i in range(2):
+        write_audio(src / f"a{i}.wav", speech("abc def", 22050), 22050)
+        (src / f"a{i}.txt").write_text(f"pair {i}", encoding="utf-8")
+    (src / "metadata.csv").write_text("file,text\na0.wav,table 0\na1.wav,table 1\n", encoding="utf-8")
+    (src / "._metadata.csv").write_bytes(b"\0\5\26\7 Mac OS X")  # macOS's AppleDouble file: no table
+    proc = cli("--source", str(src), "--data_dir", str(tmp_path / "out"), "--no_progress")
+    assert proc.returncode == 0, proc.stderr
+    assert output_rows(tmp_path / "out") == {"a0": ("pair 0", "0"), "a1": ("pair 1", "0")}
+    notes = [line for line in proc.stdout.splitlines() if line.startswith("note:") and "metadata.csv" in line]
+    assert len(notes) == 1 and "._metadata.csv" not in notes[0], proc.stdout
+    assert ".txt" in notes[0] and "not read" in notes[0] and "--source" in notes[0], notes
+
+
 def test_output_piped_into_head_ends_without_a_traceback(tmp_path, small_pairs):
     script = (
         f"{shlex.quote(sys.executable)} {shlex.quote(str(ROOT / 'prepare_data.py'))} --source "

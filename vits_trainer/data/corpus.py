@@ -602,7 +602,15 @@ def read_pairs(root: Path, exclude: Path | None = None) -> Source:
                 rows.append(Problem(str(beside), "unsupported_audio", detail, clip_id))
                 continue
             rows.append(Problem(str(txt), "missing_audio", "transcript has no audio file", clip_id))
-    return Source("pairs", str(root), rows, folder=root)
+    tables = folder_tables(root)
+    notes = []
+    if tables and any(isinstance(r, Candidate) for r in rows):  # the transcripts won: say what was left
+        names = ", ".join(t.name for t in tables)
+        notes.append(
+            f"{root} is read as audio + .txt/.lab transcript pairs; {names} beside them is not read "
+            f"(pass {'it' if len(tables) == 1 else 'one'} as --source to read the clips it lists instead)"
+        )
+    return Source("pairs", str(root), rows, folder=root, notes=notes)
 
 
 def _transcript_of(wav: Path, files: set[Path] | None = None) -> Path | None:
