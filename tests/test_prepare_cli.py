@@ -156,6 +156,19 @@ def test_a_table_beside_transcribed_clips_is_named_in_a_note_as_not_read(tmp_pat
     assert ".txt" in notes[0] and "not read" in notes[0] and "--source" in notes[0], notes
 
 
+def test_a_wavs_folder_given_names_the_table_above_it_but_no_hidden_file(tmp_path):
+    src = tmp_path / "lj"
+    write_audio(src / "wavs" / "a.wav", speech("abc", 16000), 16000)
+    (src / "metadata.csv").write_text("a|some text\n", encoding="utf-8")
+    (src / "._metadata.csv").write_bytes(b"\0\5\26\7 Mac OS X")  # macOS's AppleDouble file: no table
+    proc = cli("--source", str(src / "wavs"), "--data_dir", str(tmp_path / "out"), "--no_progress")
+    assert_one_error_line(proc, f"Are the transcripts in {src / 'metadata.csv'}? Pass it as --source")
+    (src / "metadata.csv").unlink()  # only the hidden file is left: no table to name
+    proc = cli("--source", str(src / "wavs"), "--data_dir", str(tmp_path / "out2"), "--no_progress")
+    assert_one_error_line(proc, "no usable clips (missing_text 1)")
+    assert "Are the transcripts" not in proc.stderr, proc.stderr
+
+
 def test_output_piped_into_head_ends_without_a_traceback(tmp_path, small_pairs):
     script = (
         f"{shlex.quote(sys.executable)} {shlex.quote(str(ROOT / 'prepare_data.py'))} --source "

@@ -671,6 +671,25 @@ def test_wavs_folder_given_instead_of_the_corpus_names_the_table(tmp_path):
     assert "no usable clips" in str(err.value) and "Are the transcripts" not in str(err.value)
 
 
+def test_a_parent_folder_that_cannot_be_listed_gives_no_table_hint(tmp_path, monkeypatch):
+    from pathlib import Path
+
+    src = tmp_path / "lj"
+    write_audio(src / "wavs" / "a.wav", speech("abc", 16000), 16000)
+    (src / "metadata.csv").write_text("a|some text\n", encoding="utf-8")
+    iterdir = Path.iterdir
+
+    def refusing(self):  # as a folder with execute but no read permission (root passes any chmod)
+        if self == src.resolve():
+            raise PermissionError(13, "Permission denied", str(self))
+        return iterdir(self)
+
+    monkeypatch.setattr(Path, "iterdir", refusing)
+    with pytest.raises(UserError) as err:
+        run_prepare(src / "wavs", tmp_path / "out")
+    assert "no usable clips" in str(err.value) and "Are the transcripts" not in str(err.value)
+
+
 def test_hub_id_offline_is_one_clear_error(tmp_path):
     with pytest.raises(UserError, match="(?i)hub.*(network|offline)"):
         run_prepare("some-org/some-dataset-that-is-not-cached", tmp_path / "out")

@@ -621,10 +621,15 @@ def _transcript_of(wav: Path, files: set[Path] | None = None) -> Path | None:
 
 
 def folder_tables(folder: Path) -> list[Path]:
-    """The .csv/.tsv files at the top of `folder` (a folder of clips may list them in one)."""
+    """The .csv/.tsv files at the top of `folder` (a folder of clips may list them in one); hidden files
+    (macOS's ._x.csv) are none."""
+    try:
+        entries = list(folder.iterdir())
+    except OSError:  # a parent folder that may not be listed (transcript_tables_hint looks there too)
+        return []
     return sorted(
         p
-        for p in folder.iterdir()
+        for p in entries
         if p.suffix.lower() in (".csv", ".tsv") and not p.name.startswith(".") and p.is_file()
     )
 
@@ -659,12 +664,7 @@ def transcript_tables_hint(source: Source) -> str:
     if source.format != "pairs" or source.folder is None:
         return ""
     folder = source.folder.resolve()
-    tables = [
-        t
-        for base in (folder, folder.parent)
-        for t in sorted(base.glob("*"))
-        if t.suffix.lower() in (".csv", ".tsv")
-    ]
+    tables = [t for base in (folder, folder.parent) for t in folder_tables(base)]
     if not tables:
         return ""
     names = ", ".join(map(str, tables[:3]))
