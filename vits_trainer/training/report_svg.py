@@ -152,8 +152,9 @@ def line_chart(
     # optimizer steps are whole and not negative: a run with one evaluation (step 0) had an axis of
     # -1, -0.5, 0, 0.5, 1, and a 3-step run a step 1.5
     x_range = (min(xs), max(max(xs), min(xs) + 1))
-    cut = _cut_top(lines, x_range)
-    frame = Frame(width, height, x_range, (min(ys), cut if cut is not None else max(ys)))
+    y_range = (min(ys), max(ys))
+    cut = _cut_top(lines, x_range, y_range)
+    frame = Frame(width, height, x_range, (y_range[0], cut if cut is not None else y_range[1]))
     parts = _axes(frame, x_label, y_label, x_step=1.0)
     top = frame.y_range[1]  # with its ticks: values above it are drawn at the edge, titled with their own
 
@@ -163,7 +164,7 @@ def line_chart(
     if cut is not None:
         parts.append(
             f'<text class="tick" x="{width - frame.right - 4}" y="{frame.top + 10}" text-anchor="end">'
-            f"axis cut: the start reached {_label(max(ys))}</text>"
+            f"axis cut: the start reached {_label(y_range[1])}</text>"
         )
     for x, label in vlines:
         px = frame.x(x)
@@ -190,18 +191,17 @@ def line_chart(
     return _svg(width, height, title, parts)
 
 
-def _cut_top(lines: list[Series], x_range: tuple[float, float]) -> float | None:
+def _cut_top(lines: list[Series], x_range: tuple[float, float], y_range: tuple[float, float]) -> float | None:
     """The top of the y axis when the first tenth of the steps rose far above everything after (a
     fine-tune's start: val_mel 4.2, then 1.1-1.3), else None. Scaled to the start, the rest of the run
-    was a flat line at the bottom of the chart."""
+    was a flat line at the bottom of the chart. `y_range`: the lowest and highest of all the points."""
     low_x, high_x = x_range
     early_end = low_x + 0.1 * (high_x - low_x)
-    ys = [y for s in lines for _, y in s.points]
     late = [y for s in lines for x, y in s.points if x > early_end]
     if len(late) < 3:
         return None
-    low, late_top = min(ys), max(late)
-    if max(ys) - low <= 3 * (late_top - low):
+    (low, high), late_top = y_range, max(late)
+    if high - low <= 3 * (late_top - low):
         return None
     return late_top + max(0.25 * (late_top - low), 0.05 * abs(late_top))
 
