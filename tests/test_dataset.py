@@ -171,6 +171,26 @@ def test_a_cache_of_the_previous_fingerprint_is_still_used_on_a_read_only_folder
     assert not report.cache_hit
 
 
+def test_an_unmarked_older_caches_index_is_read_once_per_start(corpus: Path, monkeypatch) -> None:
+    """A cache written before caches were marked is told ours by its index, which was then read again."""
+    from vits_trainer.data.clipstore import CACHE_MARK
+
+    load(corpus)
+    (corpus / "cache" / CACHE_MARK).unlink()  # as a cache of an earlier version has no mark
+    reads: list[Path] = []
+    read_text = Path.read_text
+
+    def counting(self, *args, **kwargs):
+        if self.name == INDEX_NAME:
+            reads.append(self)
+        return read_text(self, *args, **kwargs)
+
+    monkeypatch.setattr(Path, "read_text", counting)
+    _, report = load(corpus)
+    assert report.cache_hit
+    assert reads == [corpus / "cache" / INDEX_NAME]
+
+
 def test_half_written_cache_is_never_used(corpus: Path) -> None:
     store, _ = load(corpus)
     bin_path = corpus / "cache" / AUDIO_NAME

@@ -290,22 +290,25 @@ def _is_cache_file_name(name: str) -> bool:
     )
 
 
-def _cache_owner(cache_dir: Path) -> str:
+def _cache_owner(cache_dir: Path) -> tuple[str, dict | None]:
     """Whose `cache_dir` is: "ours" (the tool's clip cache: its mark, or the index of a cache written
     before caches were marked, or only files of the cache's own names: such a cache's build killed
-    before its index was written), "none" (no such folder, or an empty one) or "theirs" (anything else)."""
+    before its index was written), "none" (no such folder, or an empty one) or "theirs" (anything else);
+    and the index when it was read to tell (so `_read_index` need not read it again), else None."""
     if not cache_dir.exists():
-        return "none"
+        return "none", None
     try:
         names = {p.name for p in cache_dir.iterdir()}
         if not names:
-            return "none"
+            return "none", None
         if CACHE_MARK in names or all(_is_cache_file_name(name) for name in names):
-            return "ours"
+            return "ours", None
         index = json.loads((cache_dir / INDEX_NAME).read_text(encoding="utf-8"))
-        return "ours" if isinstance(index, dict) and {"fingerprint", "offsets"} <= index.keys() else "theirs"
+        if isinstance(index, dict) and {"fingerprint", "offsets"} <= index.keys():
+            return "ours", index
+        return "theirs", None
     except (OSError, ValueError):  # not a folder, unreadable, no index of ours
-        return "theirs"
+        return "theirs", None
 
 
 def _int16_bytes(wav_paths: list[Path], stats: list[tuple[int, int] | None], sample_rate: int) -> int:
@@ -354,7 +357,7 @@ def load_clip_store(
     default = cache_dir is None
     cache_dir = Path(cache_dir) if cache_dir is not None else data_dir / "cache"
     # data_dir/cache is the tool's only when it says so (its mark): a cache/ of the user's is never written
-    owner = _cache_owner(cache_dir) if default else "ours"
+    owner, owner_index = _cache_owner(cache_dir) if default else ("ours", None)
     # the default cache goes beside the clips only in a folder this tool made (or whose cache it made)
     prepared = made_by_prepare(data_dir)
     foreign = owner == "theirs" or (owner == "none" and not prepared)
@@ -362,7 +365,9 @@ def load_clip_store(
     previous = functools.partial(_previous_fingerprint, meta_path, stats, sample_rate)
     index = None
     if not foreign:
-        index = _read_index(cache_dir / INDEX_NAME, cache_dir / AUDIO_NAME, fingerprint, previous)
+        index = _read_index(
+            cache_dir / INDEX_NAME, cache_dir / AUDIO_NAME, fingerprint, previous, owner_index
+        )
     ram_limit = _ram_limit_bytes(max_ram_gb)
     if index is not None:
         report.cache_hit = True
@@ -567,12 +572,17 @@ def _holds_index(audio_path: Path, index: dict[str, Any]) -> bool:
 
 
 def _read_index(
-    index_path: Path, audio_path: Path, fingerprint: str, previous: Callable[[], str] | None = None
+    index_path: Path,
+    audio_path: Path,
+    fingerprint: str,
+    previous: Callable[[], str] | None = None,
+    read: dict | None = None,
 ) -> dict[str, Any] | None:
     """The cache index if it is complete and matches `fingerprint` (or `previous()`, the fingerprint of
-    an earlier version, asked only when the index has another one), else None (-> rebuild)."""
+    an earlier version, asked only when the index has another one), else None (-> rebuild). `read`: the
+    index as already read from `index_path` this start."""
     try:
-        index = json.loads(index_path.read_text(encoding="utf-8"))
+        index = read if read is not None else json.loads(index_path.read_text(encoding="utf-8"))
         if index.get("version") != CACHE_VERSION:
             return None
         if index.get("fingerprint") != fingerprint and (
