@@ -925,3 +925,81 @@ def test_a_multi_speaker_runs_report_scores_each_voice_and_says_which_are_heard(
     plain = [{k: v for k, v in r.items() if k != "by_speaker"} for r in records]
     (single / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in plain))
     assert 'id="speakers"' not in write_report(single, None, "val_mel").read_text(encoding="utf-8")
+
+
+def _voice_chart(page: str) -> str:
+    section = page[page.index('<section id="speakers">') :]
+    section = section[: section.index("</section>")]
+    charts = re.findall(r'<svg class="chart".*?</svg>', section)
+    assert len(charts) == 1, charts
+    return charts[0]
+
+
+def test_a_multi_speaker_runs_report_draws_each_voices_val_mel_over_the_steps(tmp_path):
+    """A voice that lags or gets worse shows as a line of its own, named in the legend; a voice with no
+    validation clip has no line (nothing measured it); a single-voice run's page has no such chart."""
+
+    def voices(ali: float, zin: float) -> dict:
+        return {
+            "ali": {"speaker_id": 0, "clips": 2, "val_mel": ali},
+            "zin <b>": {"speaker_id": 1, "clips": 1, "val_mel": zin},
+            "rojda": {"speaker_id": 2, "clips": 0},
+        }
+
+    records = [
+        {"event": "eval", "tag": "start", "step": 0, "val_mel": 4.0, "by_speaker": voices(4.1, 3.8)},
+        {"event": "eval", "tag": "epoch 1", "step": 10, "val_mel": 1.5, "by_speaker": voices(1.25, 2.0)},
+        {"event": "eval", "tag": "final", "step": 20, "val_mel": 1.6, "by_speaker": voices(1.3, 2.2)},
+    ]
+    (tmp_path / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
+    svg = _voice_chart(write_report(tmp_path, None, "val_mel").read_text(encoding="utf-8"))
+    assert svg.count("<polyline") == 2
+    legend = re.findall(r"<tspan>([^<]+)</tspan>", svg)
+    assert [name for name in legend if name.strip()] == ["ali", "zin &lt;b&gt;"]
+    # each point names its voice, step and value
+    assert "<title>zin &lt;b&gt;: step 20, 2.2</title>" in svg and "<title>ali: step 10, 1.25</title>" in svg
+    assert "rojda" not in svg
+    # a single-voice run: no chart by voice, the curves as before
+    single = tmp_path / "single"
+    single.mkdir()
+    plain = [{k: v for k, v in r.items() if k != "by_speaker"} for r in records]
+    (single / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in plain))
+    page = write_report(single, None, "val_mel").read_text(encoding="utf-8")
+    assert "by voice" not in page
+
+
+def test_with_many_voices_the_chart_draws_the_worst_and_the_best_and_counts_the_rest(tmp_path):
+    """Twelve lines cannot be told apart: the chart draws the voices that score worst at the newest
+    evaluation and the best one for comparison, eight in all, and says how many more the table holds."""
+    names = [f"voice{k:02d}" for k in range(12)]
+    records = []
+    for step in (0, 10, 20):
+        scores = {
+            n: {"speaker_id": k, "clips": 1, "val_mel": 1.0 + k / 10 + step / 100}
+            for k, n in enumerate(names)
+        }
+        records.append({"event": "eval", "tag": "x", "step": step, "val_mel": 1.5, "by_speaker": scores})
+    (tmp_path / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
+    page = write_report(tmp_path, None, "val_mel").read_text(encoding="utf-8")
+    svg = _voice_chart(page)
+    assert svg.count("<polyline") == 8
+    legend = [n for n in re.findall(r"<tspan>([^<]+)</tspan>", svg) if n.strip()]
+    # worst first (voice11 scores highest), then the best (voice00)
+    assert legend == [f"voice{k:02d}" for k in (11, 10, 9, 8, 7, 6, 5, 0)]
+    assert "4 more voices in the table below" in page
+
+
+def test_a_legend_too_long_for_one_row_wraps_and_the_plot_starts_below_it():
+    """Eight voice names ran off the chart's right edge in one row of text."""
+    from vits_trainer.training.report_svg import line_chart, series
+
+    names = [f"a rather long speaker name {k}" for k in range(8)]
+    svg = line_chart("by voice", [series(n, [0, 10], [1.0, 2.0]) for n in names], "mel")
+    rows = re.findall(r'<text class="legend" x="60" y="(\d+)">(.*?)</text>', svg)
+    assert len(rows) > 1 and [int(y) for y, _ in rows] == [14 + 14 * k for k in range(len(rows))]
+    for _, row in rows:  # about 6.5 px a character: each row fits the 720 px chart
+        text = "".join(re.findall(r"<tspan[^>]*>([^<]*)</tspan>", row)).replace("&#9632;", "#")
+        assert 60 + 6.5 * len(text.rstrip()) <= 720, text
+    assert sum(row.count("speaker name") for _, row in rows) == 8
+    # the plot area is as tall as a one-row chart's: the chart grows by the extra rows
+    assert f'viewBox="0 0 720 {260 + 14 * (len(rows) - 1)}"' in svg

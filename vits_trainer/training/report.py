@@ -39,6 +39,7 @@ SENTENCES_FILE = "sentences.json"  # samples/reference/sentences.json: clip id -
 # first validation set, whose prefix it has like the set's other keys ("feedback_by_speaker"):
 # {speaker name: {"speaker_id": ..., "val_mel": ..., "clips": ...}}, no val_mel for a voice with no clip
 BY_SPEAKER = "by_speaker"
+VOICE_LINES = 8  # the most voices the chart by voice draws (one colour each); the table has them all
 RECENT_WITH_PLAYERS = 5  # evaluations whose samples get players (plus the best one)
 STOP_WORDS = {  # loop.STOP_REASONS in words, and "end"
     "budget": "the time budget: the next step and the final reserve no longer fitted before the deadline",
@@ -737,7 +738,42 @@ def speakers_section(run: RunFiles, evals: list[dict], best: dict | None) -> str
         "with no validation clip is not measured; one not in the samples is not heard here "
         "(<code>speak.py --speaker</code> speaks it).</p>"
     )
-    return f'<section id="speakers"><h2>Speakers</h2>{note}{_table(header, rows)}</section>'
+    chart, left_out = voice_chart(evals, metric, newest)
+    if chart:
+        more = f" {left_out} more voice{'s' if left_out != 1 else ''} in the table below." if left_out else ""
+        drawn = (
+            f"the {VOICE_LINES - 1} voices that score worst at the newest evaluation and the best one."
+            if left_out
+            else "every voice with a validation clip."
+        )
+        chart = f"<p>Drawn: {drawn}{more}</p><figure>{chart}</figure>"
+    return f'<section id="speakers"><h2>Speakers</h2>{note}{chart}{_table(header, rows)}</section>'
+
+
+def voice_chart(evals: list[dict], metric: str, newest: dict) -> tuple[str, int]:
+    """(the SVG of each voice's `metric` over the evaluations, how many measured voices it leaves out):
+    with more than VOICE_LINES voices, the worst at the newest evaluation and the best one."""
+    measured = [name for name, entry in newest.items() if _finite_number(entry.get("val_mel"))]
+    measured.sort(key=lambda name: -newest[name]["val_mel"])
+    if len(measured) <= VOICE_LINES:  # in the table's order: each voice keeps its colour as the run goes
+        drawn = sorted(measured, key=lambda name: (newest[name].get("speaker_id", 0), name))
+    else:
+        drawn = [*measured[: VOICE_LINES - 1], measured[-1]]
+    scored = [(e.get("step"), scores_by_speaker(e)) for e in evals]
+    lines = [
+        series(
+            name,
+            [step for step, found in scored if found],
+            [(found[1].get(name) or {}).get("val_mel") for _, found in scored if found],
+            markers=True,
+        )
+        for name in drawn
+    ]
+    return line_chart(f"{metric} by voice", lines, f"{metric} (log-mel)"), len(measured) - len(drawn)
+
+
+def _finite_number(value) -> bool:
+    return isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value)
 
 
 # ---- samples --------------------------------------------------------------------------------------

@@ -154,7 +154,11 @@ def line_chart(
     x_range = (min(xs), max(max(xs), min(xs) + 1))
     y_range = (min(ys), max(ys))
     cut = _cut_top(lines, x_range, y_range)
-    frame = Frame(width, height, x_range, (y_range[0], cut if cut is not None else y_range[1]))
+    legend_rows = _legend_rows([s.label for s in lines], width - 60 - 12)
+    # a legend too long for one row (a chart of many voices) wraps, and the plot starts below it
+    top = 26 + 14 * (len(legend_rows) - 1)
+    height += top - 26
+    frame = Frame(width, height, x_range, (y_range[0], cut if cut is not None else y_range[1]), top=top)
     parts = _axes(frame, x_label, y_label, x_step=1.0)
     top = frame.y_range[1]  # with its ticks: values above it are drawn at the edge, titled with their own
 
@@ -172,7 +176,7 @@ def line_chart(
             f'<line class="mark" x1="{px:.1f}" x2="{px:.1f}" y1="{frame.top}" y2="{height - frame.bottom}">'
             f"<title>{escape(label)}</title></line>"
         )
-    legend = []
+    legend = {}
     for k, s in enumerate(lines):
         color = COLORS[k % len(COLORS)]
         path = " ".join(f"{frame.x(x):.1f},{py(y):.1f}" for x, y in s.points)
@@ -184,11 +188,28 @@ def line_chart(
                     f'<circle cx="{frame.x(x):.1f}" cy="{py(y):.1f}" r="3" fill="{color}">'
                     f"<title>{escape(s.label)}: step {x:g}, {y:.4g}</title></circle>"
                 )
-        legend.append(
+        legend[k] = (
             f'<tspan fill="{color}">&#9632; </tspan><tspan>{escape(s.label)}</tspan><tspan>   </tspan>'
         )
-    parts.append(f'<text class="legend" x="{frame.left}" y="14">{"".join(legend)}</text>')
+    for row, members in enumerate(legend_rows):
+        entries = "".join(legend[k] for k in members)
+        parts.append(f'<text class="legend" x="{frame.left}" y="{14 + 14 * row}">{entries}</text>')
     return _svg(width, height, title, parts)
+
+
+def _legend_rows(labels: list[str], width: float) -> list[list[int]]:
+    """The indices of `labels` in legend rows that fit `width` pixels (about 6.5 px a character at the
+    chart's 11 px font, with the swatch and the gap after it); one row when they all fit."""
+    rows: list[list[int]] = [[]]
+    used = 0.0
+    for k, label in enumerate(labels):
+        size = 6.5 * (len(label) + 5)
+        if rows[-1] and used + size > width:
+            rows.append([])
+            used = 0.0
+        rows[-1].append(k)
+        used += size
+    return rows
 
 
 def _cut_top(lines: list[Series], x_range: tuple[float, float], y_range: tuple[float, float]) -> float | None:
