@@ -25,7 +25,7 @@ from pathlib import Path
 from ..hub import is_repo_id
 from ..model.speakers import is_bare_id
 from .demo import made_by_demo
-from .report import BY_SPEAKER
+from .report import scores_by_speaker
 
 CARD_FILE = "README.md"
 MMS_PREFIX = "facebook/mms-tts-"
@@ -543,8 +543,7 @@ def evaluations_known(
     rows = []
     for record, labels in sorted(chosen.values(), key=lambda pair: pair[0].get("step", 0)):
         scores = {k: float(record[prefix + k]) for k in SCORES if prefix + k in record}
-        voices = record.get(prefix + BY_SPEAKER)
-        voices = voices if isinstance(voices, dict) else {}
+        _, voices = scores_by_speaker(record, prefix) or ("", {})
         rows.append(Evaluation(", ".join(labels), int(record.get("step", 0)), scores, dict(voices)))
     return tuple(rows)
 

@@ -675,11 +675,15 @@ def evals_section(run: RunFiles, evals: list[dict], best: dict | None, best_metr
     return f'<section id="evaluations"><h2>Evaluations</h2>{note}{_table(header, rows, css)}</section>'
 
 
-def scores_by_speaker(record: dict) -> tuple[str, dict] | None:
+def scores_by_speaker(record: dict, prefix: str | None = None) -> tuple[str, dict] | None:
     """(the metric, {speaker name: entry}) of an evaluation record that scored each voice: "val_mel",
-    or "feedback_val_mel" for a feedback round's first set; None for a record without."""
-    for key, value in record.items():
-        if key.endswith(BY_SPEAKER) and isinstance(value, dict):
+    or "feedback_val_mel" for a feedback round's first set; None for a record without. `prefix`: that
+    of the set wanted ("", "feedback_"); None: the one set the record scored by voice, whichever it is.
+    The report and the model card (model_card.py) both read the scores through it."""
+    keys = [prefix + BY_SPEAKER] if prefix is not None else [k for k in record if k.endswith(BY_SPEAKER)]
+    for key in keys:
+        value = record.get(key)
+        if isinstance(value, dict):
             return key.removesuffix(BY_SPEAKER) + "val_mel", value
     return None
 
