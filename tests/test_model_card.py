@@ -173,6 +173,9 @@ def test_a_multi_speaker_card_scores_each_voice():
     body = body.split("## Evaluation")[1]
     assert "each speaker's clips among the validation clips" in body
     assert "rojda: none of these clips, so not measured" in body
+    # the scores above are a mean over clips (ali's 3 weigh three times zin_b's 1), not over voices
+    assert "averages over every voice" not in body
+    assert "the table above is the mean over every clip: a voice counts as much as its clips do" in body
     table = [line for line in body.splitlines() if line.startswith("| ")]
     assert table[-5:] == [
         "| speaker | speaker_id | clips | val_mel, start (before training) | val_mel, best, final |",

@@ -1003,3 +1003,18 @@ def test_a_legend_too_long_for_one_row_wraps_and_the_plot_starts_below_it():
     assert sum(row.count("speaker name") for _, row in rows) == 8
     # the plot area is as tall as a one-row chart's: the chart grows by the extra rows
     assert f'viewBox="0 0 720 {260 + 14 * (len(rows) - 1)}"' in svg
+
+
+def test_the_speakers_section_says_the_mean_above_weighs_each_voice_by_its_clips(tmp_path):
+    """val_mel is the mean over clips: ali's 3 clips at 1.0 and zin's 1 at 3.0 give 1.5, not the 2.0 of a
+    mean over voices. The page said the evaluations "average over every voice"."""
+    voices = {
+        "ali": {"speaker_id": 0, "clips": 3, "val_mel": 1.0},
+        "zin": {"speaker_id": 1, "clips": 1, "val_mel": 3.0},
+    }
+    record = {"event": "eval", "tag": "start", "step": 0, "val_mel": 1.5, "by_speaker": voices}
+    (tmp_path / "metrics.jsonl").write_text(json.dumps(record) + "\n")
+    page = write_report(tmp_path, None, "val_mel").read_text(encoding="utf-8")
+    section = html.unescape(re.sub(r"<[^>]+>", "", page[page.index('<section id="speakers">') :]))
+    assert "average over every voice" not in section
+    assert "the mean over every clip: a voice counts as much as its clips do" in section

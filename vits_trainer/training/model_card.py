@@ -493,7 +493,7 @@ def _evaluation(facts: CardFacts) -> str:
 
 def _speaker_scores(facts: CardFacts) -> str:
     """The table of each voice's val_mel at the evaluations above that measured it ("" when none did):
-    the scores above are a mean over every voice, which can hide one that lags."""
+    the scores above are a mean over every clip, in which a voice that lags can hide."""
     evaluations = [e for e in facts.evaluations if e.by_speaker]
     if not evaluations:
         return ""
@@ -515,8 +515,8 @@ def _speaker_scores(facts: CardFacts) -> str:
     )
     return (
         f"\n\nBy voice: the teacher-forced `val_mel` of each speaker's clips among the {facts.eval_set}; "
-        "the table above "
-        f"averages over every voice.{note}\n\n" + "\n".join("| " + " | ".join(row) + " |" for row in table)
+        f"the table above is the mean over every clip: a voice counts as much as its clips do.{note}\n\n"
+        + "\n".join("| " + " | ".join(row) + " |" for row in table)
     )
 
 

@@ -738,7 +738,8 @@ def speakers_section(run: RunFiles, evals: list[dict], best: dict | None) -> str
     ]
     note = (
         f"<p>The teacher-forced <code>{escape(metric)}</code> of the first validation set, by voice (lower is "
-        "better): the evaluations above average over every voice, which can hide one that lags. A voice "
+        "better): the evaluations above are the mean over every clip: a voice counts as much as its clips "
+        "do, and one that lags can hide in it. A voice "
         "with no validation clip is not measured; one not in the samples is not heard here "
         "(<code>speak.py --speaker</code> speaks it).</p>"
     )
