@@ -747,11 +747,14 @@ def speakers_section(run: RunFiles, evals: list[dict], best: dict | None) -> str
     if chart:
         more = f" {left_out} more voice{'s' if left_out != 1 else ''} in the table below." if left_out else ""
         drawn = (
-            f"the {VOICE_LINES - 1} voices that score worst at the newest evaluation and the best one."
+            f"the {VOICE_LINES - 1} voices that score worst at the newest evaluation and of the best one"
             if left_out
-            else "every voice with a validation clip."
+            else "every voice with a validation clip"
         )
-        chart = f"<p>Drawn: {drawn}{more}</p><figure>{chart}</figure>"
+        chart = (
+            f"<p>The chart: the <code>{escape(metric)}</code> of {drawn} at each evaluation (hover a point "
+            f"for its value).{more}</p><figure>{chart}</figure>"
+        )
     return f'<section id="speakers"><h2>Speakers</h2>{note}{chart}{_table(header, rows)}</section>'
 
 
