@@ -156,9 +156,9 @@ def line_chart(
     cut = _cut_top(lines, x_range, y_range)
     legend_rows = _legend_rows([s.label for s in lines], width - 60 - 12)
     # a legend too long for one row (a chart of many voices) wraps, and the plot starts below it
-    top = 26 + 14 * (len(legend_rows) - 1)
-    height += top - 26
-    frame = Frame(width, height, x_range, (y_range[0], cut if cut is not None else y_range[1]), top=top)
+    plot_top = 26 + 14 * (len(legend_rows) - 1)
+    height += plot_top - 26
+    frame = Frame(width, height, x_range, (y_range[0], cut if cut is not None else y_range[1]), top=plot_top)
     parts = _axes(frame, x_label, y_label, x_step=1.0)
     top = frame.y_range[1]  # with its ticks: values above it are drawn at the edge, titled with their own
 
