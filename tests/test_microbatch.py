@@ -242,3 +242,56 @@ def test_two_processes_agree_on_one_choice(tmp_path, tiny_model_dir, tone_corpus
     ranks = [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in (0, 1)]
     # rank 1's own timings favour 16; rank 0 decides (8) and both train with it
     assert ranks[0] == ranks[1] == {"chosen": 8, "last": 8}
+
+
+def test_each_micro_batch_weighs_its_share_of_the_steps_clips(
+    tmp_path, tiny_model_dir, tone_corpus, monkeypatch
+):
+    """A micro-batch's losses are means over its own clips, so its weight in the step's gradient is its
+    share of the step's clips: 37 clips in batches of 8 end each epoch with a batch of 5, cut at
+    micro-batch 4 into 2 + 3 clips; weighted 1/2 each, the 2 clips counted as much as the 3."""
+    seen = []  # per optimiser step: (clips, scale) of each micro-batch
+    real = GanStep.micro_step
+
+    def recording(self, batch, first, last, scale):
+        if first:
+            seen.append([])
+        seen[-1].append((batch["input_ids"].size(0), scale))
+        return real(self, batch, first, last, scale)
+
+    monkeypatch.setattr(GanStep, "micro_step", recording)
+    _, summary = train_tiny(
+        tmp_path,
+        tone_corpus,
+        tiny_model_dir,
+        max_samples=37,
+        val_fraction=0.0,
+        micro_batch_size="4",
+        max_steps=5,
+    )
+    assert summary["steps"] == 5 and len(seen) == 5
+    assert sorted(tuple(n for n, _ in step) for step in seen) == [(2, 3)] + [(4, 4)] * 4
+    for step in seen:
+        clips = sum(n for n, _ in step)
+        assert [scale for _, scale in step] == pytest.approx([n / clips for n, _ in step])
+
+
+def test_a_windows_losses_are_means_over_its_clips():
+    """The logged losses weigh each micro-batch by its clips (a plain mean of parts counted 1 clip of a
+    3 + 1 cut as much as the 3); a gradient norm, one per step, by its step's clips."""
+    window = loop_module.StepWindow()
+    t = torch.tensor
+    window.add_cycle([{"mel": t(1.0)}, {"mel": t(5.0), "grad_norm_g": t(2.0)}], [3, 1])
+    assert window.means() == pytest.approx({"mel": 2.0, "grad_norm_g": 2.0})
+    window.add_cycle([{"mel": t(0.0), "grad_norm_g": t(5.0)}], [4])  # a step of one micro-batch
+    assert window.means() == pytest.approx({"mel": 1.0, "grad_norm_g": 3.5})
+
+
+def test_gan_step_called_with_the_cycles_clips_weighs_each_part_by_its_share():
+    step = object.__new__(GanStep)  # no networks: only the weight it passes on is checked
+    calls = []
+    step.micro_step = lambda batch, first, last, scale: calls.append((first, last, scale))
+    for i, n in enumerate((3, 1)):
+        step({"input_ids": torch.zeros(n, 2)}, micro_index=i, cycle_length=2, cycle_clips=4)
+    step({"input_ids": torch.zeros(3, 2)}, micro_index=0, cycle_length=2)  # equal parts: 1 / 2
+    assert calls == [(True, False, 0.75), (False, True, 0.25), (True, False, 0.5)]

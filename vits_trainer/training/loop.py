@@ -115,13 +115,20 @@ class StepWindow:
     counts: dict = field(default_factory=dict)  # per metric: how many values that sum holds
     started: float = field(default_factory=time.perf_counter)
 
-    def add_cycle(self, metrics: list[dict]) -> None:
-        """A completed cycle's metrics, one dict per micro-batch: the losses come with each micro-batch,
-        the gradient norms with the last one only, so each metric is averaged over its own count."""
-        for values in metrics:
+    def add_cycle(self, metrics: list[dict], clips: list[int]) -> None:
+        """A completed cycle's metrics, one dict per micro-batch of `clips` clips: the losses come with
+        each micro-batch, the gradient norms with the last one only. Each metric is a mean over the
+        window's clips: a loss weighted by its micro-batch's clips (each is a mean over its own), a
+        value of the step's by the step's."""
+        total = sum(clips)
+        cycle: dict = {}  # per metric: (clip-weighted sum, clips of the micro-batches that carry it)
+        for values, n in zip(metrics, clips, strict=True):
             for k, v in values.items():
-                self.sums[k] = self.sums.get(k, 0.0) + v.float()
-                self.counts[k] = self.counts.get(k, 0) + 1
+                weighted, carried = cycle.get(k, (0.0, 0))
+                cycle[k] = (weighted + v.float() * n, carried + n)
+        for k, (weighted, carried) in cycle.items():
+            self.sums[k] = self.sums.get(k, 0.0) + weighted * (total / carried)
+            self.counts[k] = self.counts.get(k, 0) + total
 
     def means(self) -> dict[str, float]:
         """Each metric's mean over the window, read from the device at once."""
@@ -331,13 +338,16 @@ class Trainer:
         `micro` clips, the optimisers stepped after the last one."""
         s = self.s
         parts = micro_batches(pending, micro, s.pad)
+        # each part's losses are means over its clips: weighted by its share of the cycle's clips, a cut
+        # into unequal parts (an epoch's short batch, a size after an out-of-memory error) trains like one
+        clips = [part["input_ids"].size(0) for part in parts]
         result, metrics = None, []
         for j, part in enumerate(parts):
             part = {k: v for k, v in part.items() if k not in HOST_ONLY_KEYS}
             part = move_batch(part, s.device)
-            result = self.step_fn.micro_step(part, j == 0, j == len(parts) - 1, 1.0 / len(parts))
+            result = self.step_fn.micro_step(part, j == 0, j == len(parts) - 1, clips[j] / sum(clips))
             metrics.append(result.metrics)
-        self.window.add_cycle(metrics)  # only once the cycle completed: a redone cycle counts once
+        self.window.add_cycle(metrics, clips)  # only once the cycle completed: a redone cycle counts once
         return result
 
     # ---- the start and the end -------------------------------------------------------------------

@@ -163,15 +163,23 @@ class GanStep:
         return stack
 
     def __call__(
-        self, batch: dict[str, torch.Tensor], micro_index: int = 0, cycle_length: int = 1
+        self,
+        batch: dict[str, torch.Tensor],
+        micro_index: int = 0,
+        cycle_length: int = 1,
+        cycle_clips: int | None = None,
     ) -> StepResult:
         """Micro-batch `micro_index` of a cycle of `cycle_length`; the optimisers step after the last one.
-        (Tests and benchmarks call this; the loop calls `micro_step`.)"""
-        return self.micro_step(batch, micro_index == 0, micro_index == cycle_length - 1, 1.0 / cycle_length)
+        `cycle_clips`: the cycle's clips, when its micro-batches differ in size (else each weighs
+        1 / `cycle_length`). (Tests and benchmarks call this; the loop calls `micro_step`.)"""
+        clips = batch["input_ids"].size(0)
+        scale = clips / cycle_clips if cycle_clips else 1.0 / cycle_length
+        return self.micro_step(batch, micro_index == 0, micro_index == cycle_length - 1, scale)
 
     def micro_step(self, batch: dict[str, torch.Tensor], first: bool, last: bool, scale: float) -> StepResult:
         """One micro-batch: `first` clears the gradients, `last` steps the optimisers, `scale` weights
-        this micro-batch's losses within the cycle (1 / number of micro-batches)."""
+        this micro-batch's losses within the cycle: its share of the cycle's clips, as its losses are
+        means over its own clips."""
         acc = self.accelerator
         if self.compiled_disc is not None:
             mark_step_begin(acc.device.type)
