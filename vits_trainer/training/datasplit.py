@@ -140,9 +140,16 @@ def interleave_voices(positions: list[int], names: list[str], speakers: dict[str
     their own order. The samples (--eval_samples) and the free-running scores (--freerun_samples) take
     the first clips: in store order a multi-speaker run could hear one voice only. A single voice keeps
     the order it has."""
+    return by_voice(positions, [speakers.get(names[position], -1) for position in positions])
+
+
+def by_voice(positions: list[int], voices: list[int]) -> list[int]:
+    """`positions` reordered so that each voice comes once before any comes again, voices in id order,
+    each voice's positions in their own order; `voices[k]` is the voice id of `positions[k]`. One voice:
+    the order as it is."""
     groups: dict[int, list[int]] = {}
-    for position in positions:
-        groups.setdefault(speakers.get(names[position], -1), []).append(position)
+    for position, voice in zip(positions, voices, strict=True):
+        groups.setdefault(int(voice), []).append(position)
     if len(groups) < 2:
         return list(positions)
     ordered = [groups[voice] for voice in sorted(groups)]
