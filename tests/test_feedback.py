@@ -858,3 +858,55 @@ def test_a_round_that_trains_no_step_says_so_instead_of_comparing_the_start_with
     # said "there is no promoted model yet", as if they had none)
     base_model = light_base["model"].resolve()
     assert lines[-1].endswith(f"the current model stays the base model ({base_model})"), lines[-1]
+
+
+def blocked_voices(folder: Path, voices: int) -> list[str]:
+    """Rewrite a corpus's speakers so that its clips come voice by voice (make_corpus alternates them):
+    the order a folder of one recording session after another has. Returns the ids in folder order."""
+    meta = folder / "metadata.csv"
+    rows = meta.read_text(encoding="utf-8").splitlines()
+    per_voice = math.ceil(len(rows) / voices)
+    rows = [f"{row.rsplit('|', 1)[0]}|{k // per_voice}" for k, row in enumerate(rows)]
+    meta.write_text("\n".join(rows) + "\n", encoding="utf-8")
+    return [row.split("|")[0] for row in rows]
+
+
+def test_a_rounds_evaluated_and_sampled_clips_take_each_voice_in_turn(tmp_path, light_base, feedback_dir):
+    """Evaluations speak the first --eval_samples / --freerun_samples clips of the first validation set
+    (the feedback clips in a round) and the round's samples the first --sample_sentences: in folder
+    order, recordings of one voice after another left the other voices unheard. They go voice by voice,
+    as train_vits.py's validation clips do; one voice keeps the folder's order."""
+    from vits_trainer.model.tiny import make_tiny_model
+
+    data = tmp_path / "data"
+    make_corpus(data, num_clips=16, num_speakers=2, seed=3)
+    data_ids = blocked_voices(data, 2)
+    model = make_tiny_model(tmp_path / "model", num_speakers=2)
+    val_ids = data_ids[:2] + data_ids[8:10]  # two of each voice
+    (model / "training_split.json").write_text(json.dumps({"val_ids": val_ids}))
+    feedback = make_feedback(tmp_path / "fb")
+    blocked_voices(feedback, 2)  # fb00000-05 voice 0, fb00006-11 voice 1
+    for fraction, evaluated in ((0.0, 12), (0.5, 6)):
+        cfg = feedback_cfg(tmp_path / f"out{fraction}", {"model": model, "data": data}, feedback)
+        cfg.feedback_val_fraction = fraction
+        run = FeedbackRun(cfg, time.time(), print)
+        run.inputs = check_feedback_inputs(cfg, print)
+        store, _ = load_clip_store(data, 16000, log=print, progress=False)
+        split = run.data_fn(cfg, store, run.inputs.text, {"0": 0, "1": 1}, 256, None, print)
+        voices = split.val_sets["feedback"].speaker_ids.tolist()
+        assert len(voices) == evaluated and sorted(voices[:2]) == [0, 1], voices
+        assert voices == [0, 1] * (evaluated // 2) or fraction, voices  # every clip evaluated: 0, 1, 0, 1...
+        assert split.val_sets["val"].speaker_ids.tolist() == [0, 1, 0, 1]
+        assert split.val_sets["val"].ids() == [val_ids[0], val_ids[2], val_ids[1], val_ids[3]]
+        sampled = [voice for _, _, voice in run.sample_sentences()]
+        assert sorted(sampled[:2]) == [0, 1] and sorted(sampled) == [0] * 6 + [1] * 6, sampled
+        held_out = len(run.feedback_eval) if fraction else 0
+        trained = sampled[held_out:]  # after the held-out clips, the trained ones: also by voice
+        assert sorted(trained[:2]) == [0, 1], sampled
+    # one voice: the folder's order, as before
+    run, split, _ = data_of_a_round(tmp_path / "one", light_base, feedback_dir)
+    assert split.val_sets["feedback"].ids() == sorted(split.val_sets["feedback"].ids())
+    assert [
+        clip for clip, _, _ in run.sample_sentences()
+    ] == run.feedback_eval.ids() + run.feedback_train.ids()
+    assert split.val_sets["val"].ids() == sorted(light_base["val_ids"])

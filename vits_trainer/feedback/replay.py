@@ -280,7 +280,7 @@ class FeedbackData:
         from ..data.clipstore import load_clip_store
         from ..data.items import CombinedItems, build_items
         from ..data.sampler import ReplayBatchSampler
-        from ..training.datasplit import DataSplit
+        from ..training.datasplit import DataSplit, by_voice, interleave_voices
 
         if val_ids is None:
             val_ids, source = original_val_ids(self.inputs.base_model, store.ids, cfg, log)
@@ -291,6 +291,7 @@ class FeedbackData:
         orig_val_idx = [i for i, clip_id in enumerate(store.ids) if clip_id in wanted]
         orig_train_idx = [i for i, clip_id in enumerate(store.ids) if clip_id not in wanted]
         replay_pool, dropped = build_items(store, orig_train_idx, text.encode, speakers, hop, log=log)
+        orig_val_idx = interleave_voices(orig_val_idx, store.speakers, speakers)  # as train_vits.py's
         orig_val, dropped_val = build_items(store, orig_val_idx, text.encode, speakers, hop, log=log)
 
         with _main_process_first():
@@ -310,6 +311,8 @@ class FeedbackData:
         texts = [feedback.text(k) for k in range(len(feedback))]
         digests = [clip_digest(text, feedback.audio(k)) for k, text in enumerate(texts)]
         train_pos, eval_pos = self.feedback_split(feedback.ids(), texts, digests, protected, log)
+        # the samples and free-running scores take the first evaluated clips: every voice in turn
+        eval_pos = by_voice(eval_pos, [int(feedback.speaker_ids[k]) for k in eval_pos])
         self.feedback_train, self.feedback_eval = subset(feedback, train_pos), subset(feedback, eval_pos)
 
         replay_count = replay_per_epoch(cfg.replay_ratio, len(self.feedback_train))

@@ -81,9 +81,13 @@ class FeedbackRun(FeedbackData):
     # -- samples -------------------------------------------------------------------------------------
 
     def sample_sentences(self) -> list[tuple[str, str, int]]:
+        """The sentences spoken before and after (--sample_sentences): the evaluated clips first (already
+        by voice), then the trained ones, every voice in turn so that a cap leaves none unheard."""
+        from ..training.datasplit import by_voice
+
         chosen, seen = [], set()
         for items in (self.feedback_eval, self.feedback_train):
-            for k in range(len(items)):
+            for k in by_voice(list(range(len(items))), items.speaker_ids.tolist()):
                 clip_id = items.clip_id(k)
                 if clip_id not in seen:
                     seen.add(clip_id)
