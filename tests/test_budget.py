@@ -669,6 +669,23 @@ def test_a_short_warmup_step_stands_for_a_full_step_at_its_time_per_clip():
     assert b.state_dict()["step_seconds"] == pytest.approx(40.0)
 
 
+def test_a_short_first_step_stands_for_a_full_step_before_any_full_one_ran():
+    """A session whose first step is an epoch's short last one (a run resumed at that step) had only that
+    step to go by: 4 clips in 10 s stood for the 32-clip steps, so with 30 s left it started a 40 s
+    step and ended past its deadline. Scaled to the step's whole size it stands for 80 s."""
+    clock = FakeClock(0.0)
+    b = Budget(60, 0.0, clock=clock, full_step_samples=32)
+    b.set_estimates(eval_seconds=5.0)
+    clock.advance(10.0)
+    b.observe_step(10.0, 4)
+    assert b.median_step_seconds() == pytest.approx(80.0)  # 10 * 32 / 4, not 10
+    assert b.state_dict()["step_seconds"] == pytest.approx(80.0)  # a checkpoint here keeps that too
+    assert b.should_stop()  # 50 s left: no 40 s step fits, let alone this upper bound of one
+    unknown = Budget(60, 0.0, clock=FakeClock(10.0))  # the step's size not given: the largest step seen
+    unknown.observe_step(10.0, 4)
+    assert unknown.median_step_seconds() == pytest.approx(10.0)
+
+
 # ---- torch scheduler ------------------------------------------------------------------------------
 
 
@@ -1029,3 +1046,15 @@ def test_a_resumed_session_without_total_says_its_learning_rate_starts_again():
     spanned = Budget(1000, 0.0, total_seconds=9000, clock=FakeClock(0.0))
     spanned.load_state_dict({"spent_seconds": 4000.0, "global_step": 5000})
     assert BudgetLR(spanned, warmup_steps=100).horizon_note(2e-4) is None  # one schedule across sessions
+
+
+def test_the_session_gives_the_budget_a_whole_steps_samples(tmp_path, tiny_model_dir, tone_corpus):
+    """--batch_size x --gradient_accumulation_steps x processes, or the epoch when it is smaller."""
+    from tests.helpers import tiny_config
+    from vits_trainer.training.session import build_session
+
+    cfg = tiny_config(tmp_path, tone_corpus, tiny_model_dir, gradient_accumulation_steps=2)
+    assert build_session(cfg, time.time()).budget.full_step_samples == 16
+    cfg = tiny_config(tmp_path / "small", tone_corpus, tiny_model_dir, max_samples=12, val_fraction=0.0)
+    cfg.gradient_accumulation_steps = 2
+    assert build_session(cfg, time.time()).budget.full_step_samples == 12

@@ -162,6 +162,8 @@ class Budget:
         benchmark_skip_steps: first optimizer steps of the session excluded from the throughput
             (compilation, allocator warm-up).
         max_steps: --max_steps (global count; 0: none): a plan never promises steps beyond it.
+        full_step_samples: samples a whole optimizer step trains (every process's); 0: unknown, the
+            largest step seen stands for it.
     """
 
     def __init__(
@@ -176,6 +178,7 @@ class Budget:
         benchmark_samples: int = 64,
         benchmark_skip_steps: int = 2,
         max_steps: int = 0,
+        full_step_samples: int = 0,
     ) -> None:
         if not target_seconds > 0:
             raise ValueError(f"target_seconds must be > 0, got {target_seconds}")
@@ -193,6 +196,7 @@ class Budget:
         self.benchmark_samples = max(0, int(benchmark_samples))
         self.benchmark_skip_steps = max(0, int(benchmark_skip_steps))
         self.max_steps = max(0, int(max_steps))
+        self.full_step_samples = max(0, int(full_step_samples))
 
         self.training_start: float | None = None
         self.global_step = 0  # optimizer steps across sessions (drives warmup)
@@ -388,8 +392,9 @@ class Budget:
         """The fastest unmeasured step as a full one: a short step (an epoch's last few clips) counts at its
         time per clip, scaled to the largest step seen. Its fixed costs make that an upper bound still;
         taken as it was, an 18 s step of 4 clips stood for the 80 s steps of 32 clips (a 3-minute run
-        started a step it could not finish)."""
-        full = max(samples for _, samples in self._unmeasured_steps)
+        started a step it could not finish). A whole step's size is `full_step_samples` when given: a
+        session's first step can be the short one (resumed at an epoch's end), with no whole step seen."""
+        full = max(self.full_step_samples, *(samples for _, samples in self._unmeasured_steps))
         return min(seconds * full / max(samples, 1) for seconds, samples in self._unmeasured_steps)
 
     def allowed_overrun_seconds(self) -> float:

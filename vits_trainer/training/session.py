@@ -379,7 +379,9 @@ def _build_session(
     sampler, loader, val_loaders = make_loaders(cfg, data, accelerator, pad)
     g_opt, d_opt = _make_optimizers(cfg, generator, discriminator, ckpt)
     saved_budget = trainer_state["budget"] if ckpt is not None else None
-    budget = _make_budget(cfg, process_start, ckpt_bytes, saved_budget)
+    # a whole step's samples, every process's (as the loop counts them); an epoch smaller than a step is one
+    full_step = min(cfg.step_clips * accelerator.num_processes, data.samples_per_epoch)
+    budget = _make_budget(cfg, process_start, ckpt_bytes, saved_budget, full_step)
     budget_lr = BudgetLR(budget, cfg.warmup_steps, min_lr_ratio=cfg.min_lr_ratio, max_steps=cfg.max_steps)
     if ckpt is not None:  # checkpoints before the schedule had its own state kept it in the budget's
         budget_lr.load_state_dict(
@@ -589,7 +591,9 @@ def _make_optimizers(
     return g_opt, d_opt
 
 
-def _make_budget(cfg: TrainConfig, process_start: float, ckpt_bytes: int, saved: dict | None) -> Budget:
+def _make_budget(
+    cfg: TrainConfig, process_start: float, ckpt_bytes: int, saved: dict | None, full_step: int = 0
+) -> Budget:
     """This process's budget, with save/export estimates from the model's size until they are
     measured; a resumed run's `saved` budget state carries the time spent and the measured costs."""
     budget = Budget(
@@ -598,6 +602,7 @@ def _make_budget(cfg: TrainConfig, process_start: float, ckpt_bytes: int, saved:
         total_seconds=cfg.total_hours * 3600 if cfg.total_hours else None,
         benchmark_samples=cfg.benchmark_samples,
         max_steps=cfg.max_steps,
+        full_step_samples=full_step,
     )
     budget.set_estimates(save_seconds=1.0 + ckpt_bytes / 150e6, export_seconds=2.0 + ckpt_bytes / 3 / 150e6)
     if saved is not None:
