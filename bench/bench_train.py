@@ -174,14 +174,11 @@ def train_and_read_metrics(cfg) -> tuple:
 CEILING_SAMPLES_PER_SECOND = 3500.0
 
 
-_TRAINING_LEFT = Budget.training_left
-
-
-def training_left_ignoring_max_steps(budget: Budget, max_steps: int = 0) -> tuple[float, str]:
+def training_left_ignoring_max_steps(budget: Budget) -> tuple[float, str]:
     """Budget.training_left as if --max_steps were unset, in its place while `defaults` measures: the
     micro-batch and compile choices decide for the long run the measurement's few steps stand for.
     Takes every argument Budget.training_left takes (tests/test_gpu_check.py checks it)."""
-    return _TRAINING_LEFT(budget, 0)
+    return budget.training_left_by_budget(), ""
 
 
 def defaults_throughput(

@@ -49,9 +49,29 @@ def test_the_eta_ends_at_max_steps_when_it_comes_first():
     b = Budget(3600, process_start=0.0, clock=clock)
     b.set_estimates(eval_seconds=20.0, save_seconds=30.0, export_seconds=40.0)
     run_steps(b, clock, 10, 1.0, 8)
-    assert b.session_left() == b.remaining() == b.session_left(max_steps=10_000)
-    assert b.session_left(max_steps=20) == pytest.approx(10 * 1.0 + b.final_reserve())
-    assert b.session_left(max_steps=20) < b.remaining() / 10
+    assert b.session_left() == b.remaining()
+    b.max_steps = 10_000
+    assert b.session_left() == b.remaining()
+    b.max_steps = 20
+    assert b.session_left() == pytest.approx(10 * 1.0 + b.final_reserve())
+    assert b.session_left() < b.remaining() / 10
+
+
+def test_the_budget_says_what_max_steps_leaves():
+    """--max_steps is read against the step count in one place: the steps it leaves, whether it is
+    reached, and the budget's own time left, which it does not shorten."""
+    clock = FakeClock(0.0)
+    b = Budget(3600, process_start=0.0, clock=clock)
+    run_steps(b, clock, 10, 1.0, 8)
+    assert b.steps_left() is None and not b.max_steps_reached()
+    b.max_steps = 12
+    assert b.steps_left() == 2 and not b.max_steps_reached()
+    assert b.training_left() == (pytest.approx(2 * 1.0), " before --max_steps 12")
+    assert b.training_left_by_budget() == pytest.approx(b.training_end() - clock())
+    run_steps(b, clock, 2, 1.0, 8)
+    assert b.steps_left() == 0 and b.max_steps_reached()
+    b.max_steps = 5  # a resumed run given fewer steps than it has taken
+    assert b.steps_left() == 0 and b.max_steps_reached()
 
 
 def test_safety_margin():

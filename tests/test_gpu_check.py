@@ -102,15 +102,13 @@ def test_bench_train_defaults_replaces_training_left_with_a_compatible_function(
     for _ in range(4):  # a step time, so that --max_steps would shorten what is left
         clock[0] += 10.0
         budget.observe_step(10.0, 8)
-    whole = Budget.training_left(budget, 0)
-    assert Budget.training_left(budget, 3) != whole  # --max_steps matters to the real method
+    whole = (budget.training_left_by_budget(), "")
+    assert budget.training_left() != whole  # --max_steps matters to the real method
     original = list(inspect.signature(Budget.training_left).parameters)[1:]  # after self
     assert list(inspect.signature(training_left_ignoring_max_steps).parameters)[1:] == original
     with mock.patch.object(Budget, "training_left", training_left_ignoring_max_steps):
         assert budget.training_left() == whole
-        assert budget.training_left(3) == whole
-        assert budget.training_left(max_steps=3) == whole
-        budget.session_left(3)  # the project's own callers go through it too
+        budget.session_left()  # the project's own callers go through it too
 
 
 def _attributes(cls) -> set[str]:

@@ -56,7 +56,7 @@ class _Log:
 
 
 class _Budget:
-    def session_left(self, max_steps: int) -> float:
+    def session_left(self) -> float:
         return 378.0
 
 

@@ -249,21 +249,36 @@ class Budget:
         """Wall time by which the last optimizer step must end: deadline - final reserve."""
         return self.deadline() - self.final_reserve()
 
-    def training_left(self, max_steps: int = 0) -> tuple[float, str]:
+    # ---- what --max_steps leaves: the one place that reads it against the step count -------------
+
+    def steps_left(self) -> int | None:
+        """Optimizer steps --max_steps leaves (global count); None without --max_steps."""
+        return max(0, self.max_steps - self.global_step) if self.max_steps else None
+
+    def max_steps_reached(self) -> bool:
+        """--max_steps is set and the run has taken that many optimizer steps."""
+        return self.steps_left() == 0
+
+    def training_left_by_budget(self) -> float:
+        """Training seconds the budget leaves (to `training_end`), whatever --max_steps leaves."""
+        return self.training_end() - self.clock()
+
+    def training_left(self) -> tuple[float, str]:
         """(training seconds left, what ends them when not the budget: " before --max_steps N"):
         --max_steps may end training long before the budget does."""
-        left = self.training_end() - self.clock()
+        left = self.training_left_by_budget()
         step_seconds = self.median_step_seconds()
-        if max_steps and step_seconds > 0:
-            by_steps = max(0, max_steps - self.global_step) * step_seconds
+        steps = self.steps_left()
+        if steps is not None and step_seconds > 0:
+            by_steps = steps * step_seconds
             if by_steps < left:
-                return by_steps, f" before --max_steps {max_steps}"
+                return by_steps, f" before --max_steps {self.max_steps}"
         return left, ""
 
-    def session_left(self, max_steps: int = 0) -> float:
+    def session_left(self) -> float:
         """Seconds until this session ends: its deadline, or sooner --max_steps's last step and the work
         after it (final evaluation, checkpoint, export: the final reserve)."""
-        left, until = self.training_left(max_steps)
+        left, until = self.training_left()
         return left + self.final_reserve() if until else self.remaining()
 
     # ---- measurements -----------------------------------------------------------------------------
@@ -581,10 +596,10 @@ class Budget:
         remaining_steps = int(remaining_epochs * steps_per_epoch)
         # later sessions are assumed to train at this session's rate per second of budget left
         rate = remaining_steps / max(self.deadline() - now, 1e-9)
-        to_max = self.max_steps - self.global_step
-        stops_at_max = bool(self.max_steps) and to_max < remaining_steps
+        to_max = self.steps_left()
+        stops_at_max = to_max is not None and to_max < remaining_steps
         if stops_at_max:  # --max_steps ends training first: its steps, and when they end
-            remaining_steps = max(0, to_max)
+            remaining_steps = to_max
             remaining_epochs = remaining_steps / steps_per_epoch
             train_end = now + remaining_epochs * seconds_per_epoch
         epochs = self.session_samples / samples_per_epoch + remaining_epochs

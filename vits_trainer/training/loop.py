@@ -411,7 +411,7 @@ class Trainer:
     def begin_compile(self) -> None:
         """The micro-batch size is fixed: the compile decision, with the eager figure the trial of this
         session measured for that size (if it ran one)."""
-        left, until = self.s.budget.training_left(self.s.cfg.max_steps)
+        left, until = self.s.budget.training_left()
         self.compiler.begin(left, self.micro_batching.trial_seconds_per_sample(), until)
 
     def end_epoch(self) -> str | None:
@@ -484,7 +484,7 @@ class Trainer:
             elif s.budget.should_stop():
                 reason = "budget"
                 self.budget_stop = s.budget.stop_state()
-            elif s.cfg.max_steps and s.budget.global_step >= s.cfg.max_steps:
+            elif s.budget.max_steps_reached():
                 reason = "max_steps"
         code = STOP_REASONS.index(reason)  # a number, to travel to the other ranks
         if s.accelerator.num_processes > 1:

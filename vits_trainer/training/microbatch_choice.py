@@ -139,10 +139,10 @@ class MicroBatchPolicy:
 
     def trial_length(self, sizes: int) -> tuple[int, str]:
         """Steps per size the trial can afford (rank 0's clock), and why it is short or skipped."""
-        s, budget = self.s, self.s.budget
+        budget = self.s.budget
         step = budget.median_step_seconds()  # an estimate before the first step (0 if none)
-        left, _ = budget.training_left()
-        steps_left = s.cfg.max_steps - budget.global_step if s.cfg.max_steps else None
+        left = budget.training_left_by_budget()  # the time and --max_steps's steps are weighed apart
+        steps_left = budget.steps_left()
         for steps in (TRIAL_STEPS, TRIAL_STEPS_SHORT):
             if sizes * steps * step > TRIAL_SHARE * left:
                 continue

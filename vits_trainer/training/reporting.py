@@ -69,7 +69,7 @@ class Progress:
         self.log = log
         self.device = device
         self.enabled = enabled
-        self.max_steps = max_steps  # --max_steps: the bar's total and the ETA's end, when it comes first
+        self.max_steps = max_steps  # --max_steps: the bar's total, when it comes first
         self.bar = None
         if enabled and is_interactive():
             from tqdm import tqdm
@@ -110,7 +110,7 @@ class Progress:
             fields["vram"] = vram
         if epoch_eta is not None:
             fields["epoch ETA"] = _fmt_seconds(epoch_eta)
-        fields["ETA"] = _fmt_seconds(budget.session_left(self.max_steps))
+        fields["ETA"] = _fmt_seconds(budget.session_left())
         line = f"step {step} | " + " | ".join(f"{k} {v}" for k, v in fields.items())
         if self.bar is not None:
             self.bar.n = step
