@@ -12,11 +12,11 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 import train_vits  # noqa: E402  (first: it sets the threads before torch loads)
-from vits_trainer.training import loop, microbatch  # noqa: E402
+from vits_trainer.training import loop, microbatch_choice  # noqa: E402
 
 RANK = int(os.environ.get("RANK", "0"))
 PREFERRED = 8 if RANK == 0 else 16  # rank 1 alone would choose 16
-real_observe = microbatch.MicroBatchTrial.observe
+real_observe = microbatch_choice.MicroBatchTrial.observe
 real_end_run = loop.Trainer.end_run
 
 
@@ -32,7 +32,7 @@ def end_run(self, stop_reason):
     return real_end_run(self, stop_reason)
 
 
-microbatch.MicroBatchTrial.observe = observe
+microbatch_choice.MicroBatchTrial.observe = observe
 loop.Trainer.end_run = end_run
 
 if __name__ == "__main__":

@@ -252,7 +252,7 @@ def test_a_huge_step_is_refused_or_planned_at_once():
 
     from vits_trainer.errors import UserError
     from vits_trainer.training.config import TrainConfig, divisors
-    from vits_trainer.training.microbatch import candidates
+    from vits_trainer.training.microbatch_choice import candidates
 
     assert divisors(12) == [1, 2, 3, 4, 6, 12] and divisors(49) == [1, 7, 49] and divisors(1) == [1]
     huge = dataclasses.replace(TrainConfig(), batch_size=100_000, gradient_accumulation_steps=100_000)

@@ -1,6 +1,7 @@
-"""The micro-batch choice (--micro_batch_size auto|N, vits_trainer/training/microbatch.py): the trial trains, keeps
-the clips of every optimiser step, survives an out-of-memory size, is kept on resume, and is the same
-on every process. Timing-free: which size wins is never asserted, only that the rules hold."""
+"""The micro-batch choice (--micro_batch_size auto|N, vits_trainer/training/microbatch_choice.py): the
+trial trains, keeps the clips of every optimiser step, survives an out-of-memory size, is kept on
+resume, and is the same on every process. Timing-free: which size wins is never asserted, only that the
+rules hold."""
 
 from __future__ import annotations
 
@@ -15,7 +16,8 @@ from tests.helpers import ROOT, cli_args, cli_settings, tiny_config, train_tiny,
 from vits_trainer.errors import UserError
 from vits_trainer.training import loop as loop_module
 from vits_trainer.training import microbatch_choice as choice_module
-from vits_trainer.training.microbatch import MicroBatchTrial, candidates, merge_batches, micro_batches
+from vits_trainer.training.microbatch import merge_batches, micro_batches
+from vits_trainer.training.microbatch_choice import MicroBatchTrial, candidates
 from vits_trainer.training.step import GanStep
 
 pytestmark = pytest.mark.slow

@@ -1,7 +1,7 @@
 """The training loop shared by train_vits.py and train_feedback.py.
 
 One optimiser step = `gradient_accumulation_steps` loader batches (fewer at the end of an epoch), run as
-micro-batches of the size the micro-batch trial chose (microbatch.py): the same clips per step whatever
+micro-batches of the size the micro-batch trial chose (microbatch_choice.py): the same clips per step whatever
 the size. Those loader batches are the step's *cycle* (`pending` while it is gathered). One step, from
 the top down: `train_step` (the step and its bookkeeping) -> `step_with_retries` (the cycle redone after
 an out-of-memory error or a failed compiled step) -> `run_micro_batches` (one attempt: the cycle cut into

@@ -70,11 +70,11 @@ class TrainState:
         None  # set when a recovery moved the run off fp16/bf16; a resumed session keeps it
     )
     split: int = 1  # the micro-batch is divided by this (doubled by each out-of-memory retry)
-    # clips per micro-batch (microbatch.py): chosen by the trial or --micro_batch_size, before any
+    # clips per micro-batch (microbatch_choice.py): chosen by the trial or --micro_batch_size, before any
     # out-of-memory split; None until chosen. A resumed run on the same hardware keeps it.
     micro_batch_size: int | None = None
-    micro_batch_hardware: str | None = None  # microbatch.hardware_id of the machine that chose it
-    micro_batch_trial: list[dict] | None = None  # the trial's table (microbatch.MicroBatchTrial.table)
+    micro_batch_hardware: str | None = None  # microbatch_choice.hardware_id of the machine that chose it
+    micro_batch_trial: list[dict] | None = None  # the trial's table (microbatch_choice.MicroBatchTrial.table)
     sessions: int = 0  # resumes of the run so far (its sessions less one)
     val_history: list[dict] = field(default_factory=list)
     best_model_step: int | None = None  # the step whose weights <checkpoint_dir>/best_model/ holds
