@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import pickle
 import shutil
@@ -196,9 +197,61 @@ def test_half_written_cache_is_never_used(corpus: Path) -> None:
     bin_path = corpus / "cache" / AUDIO_NAME
     with open(bin_path, "r+b") as f:
         f.truncate(bin_path.stat().st_size // 2)
-    again, report = load(corpus)
+    lines = Logs()
+    again, report = load(corpus, log=lines)
     assert not report.cache_hit
     assert_same_store(store, again)
+    assert any(line.startswith("note:") and "damaged" in line and AUDIO_NAME in line for line in lines), lines
+
+
+def _set(field: str, value):
+    def damage(index: dict) -> str:
+        index[field] = value
+        return json.dumps(index)
+
+    return damage
+
+
+def _without(field: str):
+    return lambda index: json.dumps({k: v for k, v in index.items() if k != field})
+
+
+def _swap_offsets(index: dict) -> str:
+    index["offsets"][1], index["offsets"][2] = index["offsets"][2], index["offsets"][1]
+    return json.dumps(index)
+
+
+INDEX_DAMAGE = {
+    "a list": lambda index: "[]",
+    "a number": lambda index: "3",
+    "a string": lambda index: '"x"',
+    "null": lambda index: "null",
+    "empty": lambda index: "",
+    "cut short": lambda index: json.dumps(index)[:50],
+    "no skipped": _without("skipped"),
+    "no resampled": _without("resampled"),
+    "ids not a list": _set("ids", 7),
+    "two offsets": lambda index: _set("offsets", [0, index["offsets"][-1]])(index),
+    "falling offsets": _swap_offsets,
+    "offsets past the audio": lambda index: _set("offsets", [o * 2 for o in index["offsets"]])(index),
+}
+
+
+@pytest.mark.parametrize("damage", INDEX_DAMAGE, ids=list(INDEX_DAMAGE))
+def test_a_damaged_index_of_the_tools_own_cache_is_rebuilt_with_a_note(corpus: Path, damage: str) -> None:
+    # index.json valid JSON but no object crashed the start (AttributeError on .get); an object missing a
+    # field raised a KeyError, and offsets that no longer match the ids were taken for a cache hit
+    store, _ = load(corpus)
+    index_path = corpus / "cache" / INDEX_NAME
+    index = json.loads(index_path.read_text(encoding="utf-8"))
+    index_path.write_text(INDEX_DAMAGE[damage](index), encoding="utf-8")
+    lines = Logs()
+    again, report = load(corpus, log=lines)
+    assert not report.cache_hit and report.cache_path == str(corpus / "cache")
+    assert_same_store(store, again)
+    notes = [line for line in lines if line.startswith("note:") and "damaged" in line]
+    assert len(notes) == 1 and str(index_path) in notes[0], lines
+    assert load(corpus)[1].cache_hit  # the rebuilt cache holds
 
 
 def test_bad_clips_are_skipped_and_reported(corpus: Path) -> None:

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import functools
 import hashlib
+import itertools
 import json
 import math
 import os
@@ -366,7 +367,7 @@ def load_clip_store(
     index = None
     if not foreign:
         index = _read_index(
-            cache_dir / INDEX_NAME, cache_dir / AUDIO_NAME, fingerprint, previous, owner_index
+            cache_dir / INDEX_NAME, cache_dir / AUDIO_NAME, fingerprint, previous, owner_index, log
         )
     ram_limit = _ram_limit_bytes(max_ram_gb)
     if index is not None:
@@ -577,23 +578,55 @@ def _read_index(
     fingerprint: str,
     previous: Callable[[], str] | None = None,
     read: dict | None = None,
+    log: Log = print,
 ) -> dict[str, Any] | None:
     """The cache index if it is complete and matches `fingerprint` (or `previous()`, the fingerprint of
     an earlier version, asked only when the index has another one), else None (-> rebuild). `read`: the
-    index as already read from `index_path` this start."""
+    index as already read from `index_path` this start. A damaged cache (not an outdated one) is rebuilt
+    after a note saying what is wrong with it."""
     try:
         index = read if read is not None else json.loads(index_path.read_text(encoding="utf-8"))
+    except OSError:
+        return None  # no index: a build killed before writing it, or a cache never built
+    except ValueError as err:  # UnicodeDecodeError included
+        index, damage = None, f"not valid JSON: {str(err).splitlines()[0][:80]}"
+    else:
+        damage = None if isinstance(index, dict) else f"holds a JSON {type(index).__name__}, not an object"
+    if damage is None:
         if index.get("version") != CACHE_VERSION:
             return None
         if index.get("fingerprint") != fingerprint and (
-            previous is None or index["fingerprint"] != previous()
+            previous is None or index.get("fingerprint") != previous()
         ):
             return None
-        if not _holds_index(audio_path, index):
-            return None  # truncated or replaced by hand
-        return index
-    except (OSError, ValueError, KeyError, IndexError, TypeError):
-        return None
+        damage = _index_damage(index, audio_path)
+        if damage is None:
+            return index
+    log(f"note: the clip cache {index_path} is damaged ({damage}); rebuilding it")
+    return None
+
+
+def _index_damage(index: dict[str, Any], audio_path: Path) -> str | None:
+    """What makes an index of this cache's fingerprint unusable (hand-edited, or a disk's damage), else
+    None: each field `_open_cache` reads must be there and agree with the others and with the audio file."""
+    ids, offsets, skipped = index.get("ids"), index.get("offsets"), index.get("skipped")
+    if not isinstance(ids, list) or not all(isinstance(i, str) for i in ids):
+        return "its ids are not a list of names"
+    if not isinstance(offsets, list) or not all(type(o) is int for o in offsets):
+        return "its offsets are not a list of whole numbers"
+    if len(offsets) != len(ids) + 1 or offsets[0] != 0 or any(b < a for a, b in itertools.pairwise(offsets)):
+        return f"its {len(offsets)} offsets do not bound its {len(ids)} clips"
+    if not isinstance(skipped, list) or not all(isinstance(s, list) and len(s) == 2 for s in skipped):
+        return "its list of skipped clips is missing or malformed"
+    if type(index.get("resampled")) is not int:
+        return "its count of resampled clips is missing"
+    if not _holds_index(audio_path, index):
+        try:
+            size = f"is {audio_path.stat().st_size} bytes"
+        except OSError:
+            size = "cannot be read"
+        return f"{audio_path.name} {size}, its index needs {offsets[-1] * BYTES_PER_SAMPLE}"
+    return None
 
 
 def _log_build_summary(report: LoadReport, sample_rate: int, log: Log) -> None:
