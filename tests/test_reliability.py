@@ -34,7 +34,12 @@ from tests.helpers import (
     train_tiny,
 )
 from vits_trainer.errors import UserError
-from vits_trainer.training.checkpoint import list_checkpoints, write_checkpoint
+from vits_trainer.training.checkpoint import (
+    find_resumable,
+    list_checkpoints,
+    prune_checkpoints,
+    write_checkpoint,
+)
 from vits_trainer.training.loop import Trainer
 from vits_trainer.training.session import build_session
 from vits_trainer.training.step import GanStep
@@ -379,6 +384,23 @@ def test_interrupted_checkpoint_write_leaves_the_previous_one(tmp_path):
         write_checkpoint(tmp_path, 2, Boom())
     assert list_checkpoints(tmp_path) == [good]
     assert not list(tmp_path.glob(".step_*"))
+
+
+@pytest.mark.parametrize(
+    "files", [[], None, {"a.bin": 3}, {"a.bin": {}}, {"a.bin": {"size": "100", "digest": "x"}}], ids=str
+)
+def test_a_manifest_damaged_inside_is_skipped_like_any_damaged_checkpoint(tmp_path, files):
+    # a manifest whose "files" was not a mapping of names to sizes and digests raised an AttributeError,
+    # TypeError or KeyError: a traceback at resume (instead of falling back) and in the pruning after a save
+    good = write_checkpoint(tmp_path, 1, {"a.bin": b"1" * 100})
+    newest = write_checkpoint(tmp_path, 2, {"a.bin": b"2" * 100})
+    manifest = json.loads((newest / "manifest.json").read_text(encoding="utf-8"))
+    manifest["files"] = files
+    (newest / "manifest.json").write_text(json.dumps(manifest), encoding="utf-8")
+    lines: list[str] = []
+    assert find_resumable(tmp_path, log=lines.append)[0] == good
+    assert len(lines) == 1 and lines[0].startswith("warning: skipping damaged checkpoint step_00000002")
+    assert prune_checkpoints(tmp_path, keep=1) == [] and list_checkpoints(tmp_path) == [newest, good]
 
 
 def test_a_run_that_raises_gives_its_folder_back(tmp_path, tiny_model_dir, tone_corpus, monkeypatch):

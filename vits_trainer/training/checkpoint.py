@@ -128,7 +128,11 @@ def read_manifest(path: Path) -> dict:
         raise CheckpointError(f"{path.name}: no manifest (interrupted while saving)") from None
     except (OSError, ValueError) as err:
         raise CheckpointError(f"{path.name}: unreadable manifest ({err})") from None
-    if not isinstance(manifest, dict) or "files" not in manifest:
+    files = manifest.get("files") if isinstance(manifest, dict) else None
+    # every listed file needs its size and digest: verify_checkpoint and read_file read them
+    if not isinstance(files, dict) or not all(
+        isinstance(meta, dict) and {"size", "digest"} <= meta.keys() for meta in files.values()
+    ):
         raise CheckpointError(f"{path.name}: malformed manifest")
     return manifest
 
