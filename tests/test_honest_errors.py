@@ -120,6 +120,25 @@ def test_another_models_folder_or_a_broken_config_is_one_error_line(tmp_path, ti
     assert not (tmp_path / "fb").exists()
 
 
+@pytest.mark.parametrize("vocab", ['["a", "b"]', "3", '{"a": "one"}', '{"a":'], ids=str)
+def test_a_vocab_json_that_is_no_mapping_of_characters_to_ids_is_one_error_line(
+    tmp_path, tiny_model_dir, tone_corpus, vocab
+):
+    # a vocab.json holding a JSON list ended train_vits.py in a traceback from inside transformers'
+    # tokenizer (AttributeError: 'list' object has no attribute 'items')
+    from vits_trainer.errors import UserError
+    from vits_trainer.training.modelfolder import check_model_folder
+
+    folder = tmp_path / "model"
+    shutil.copytree(tiny_model_dir, folder)
+    (folder / "vocab.json").write_text(vocab, encoding="utf-8")
+    with pytest.raises(UserError, match=re.escape(f"--model_name {folder}: its vocab.json")):
+        check_model_folder(folder, "--model_name")
+    if vocab.startswith("["):  # and through the real command line
+        one_error_line(train_vits(tmp_path, tone_corpus, folder), "--model_name", "vocab.json")
+        assert not (tmp_path / "ckpt").exists()
+
+
 def test_checkpoint_folder_is_not_a_model_folder(tmp_path, short_run, tone_corpus):
     step = list_checkpoints(short_run)[0]
     line = one_error_line(

@@ -589,3 +589,19 @@ def test_a_clip_at_a_duration_limit_gets_the_same_verdict_when_its_wav_is_reused
     assert skipped == {"edge": "too_long"}  # as the WAV would hold it; said with the digits that show it
     detail = next(r["detail"] for r in second.report["skipped_rows"] if r["id"] == "edge")
     assert detail.startswith("1.250023 s outside"), detail  # not "1.25 s outside [0.5, 1.25] s"
+
+
+@pytest.mark.parametrize(
+    "vocab, tokenizer_config",
+    [("3", "{}"), ('["a", "b"]', "{}"), ('{"a": 1}', "[]"), ('{"a": 1}', "7")],
+    ids=str,
+)
+def test_a_tokenizer_file_of_the_wrong_shape_is_one_clear_error(tmp_path, vocab, tokenizer_config):
+    # a vocab.json holding a number ended prepare_data.py in a TypeError traceback, a list was taken for
+    # the model's characters, and a tokenizer_config.json that is no object raised an AttributeError
+    from vits_trainer.data.prepare_checks import load_vocabulary
+
+    (tmp_path / "vocab.json").write_text(vocab, encoding="utf-8")
+    (tmp_path / "tokenizer_config.json").write_text(tokenizer_config, encoding="utf-8")
+    with pytest.raises(UserError, match="unreadable tokenizer files .*not a JSON object"):
+        load_vocabulary(tmp_path)

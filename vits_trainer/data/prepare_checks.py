@@ -133,12 +133,17 @@ def load_vocabulary(model_dir: Path) -> tuple[Vocabulary | None, list[str]]:
     vocab_file = model_dir / "vocab.json"
     if not vocab_file.is_file():
         return None, [f"{model_dir} has no vocab.json: character check skipped"]
+    config_file = model_dir / "tokenizer_config.json"
     try:
-        symbols = set(json.loads(vocab_file.read_text(encoding="utf-8")))
-        config_file = model_dir / "tokenizer_config.json"
+        vocab = json.loads(vocab_file.read_text(encoding="utf-8"))
         config = json.loads(config_file.read_text(encoding="utf-8")) if config_file.is_file() else {}
+        # a list's items would pass for the characters, a number fails in set(): neither is a tokenizer's
+        for name, value in ((vocab_file.name, vocab), (config_file.name, config)):
+            if not isinstance(value, dict):
+                raise ValueError(f"{name} holds a JSON {type(value).__name__}, not a JSON object")
     except (OSError, ValueError) as err:
         raise UserError(f"{vocab_file}: unreadable tokenizer files ({err})") from None
+    symbols = set(vocab)
     if config.get("is_uroman") or config.get("phonemize"):
         how = "romanises (uroman)" if config.get("is_uroman") else "phonemizes"
         return None, [f"the model's tokenizer {how} text first: character check skipped"]

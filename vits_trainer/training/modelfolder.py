@@ -61,3 +61,13 @@ def check_model_folder(folder: Path, flag: str) -> None:
         raise UserError(f"{flag} {folder}: not a VITS model (its config.json says model_type {kind!r})")
     if not (folder / "vocab.json").is_file():
         raise UserError(f"{flag} {folder}: no vocab.json (the tokenizer every VITS model folder carries)")
+    # transformers' tokenizer fails deep inside (a traceback) on a vocab.json that is not {character: id}
+    try:
+        vocab = json.loads((folder / "vocab.json").read_text(encoding="utf-8"))
+    except (OSError, ValueError) as err:
+        raise UserError(f"{flag} {folder}: its vocab.json cannot be read ({err})") from None
+    if not isinstance(vocab, dict) or not all(type(i) is int for i in vocab.values()):
+        raise UserError(
+            f"{flag} {folder}: its vocab.json is not a mapping of characters to token ids; copy the model "
+            "folder again (or export it again)"
+        )
