@@ -372,6 +372,18 @@ def test_metadata_saved_by_a_windows_editor_keeps_every_clip(corpus: Path) -> No
     assert not any("could not be read" in m for m in logs), logs
 
 
+@pytest.mark.parametrize("encoding", ["utf-16-le", "utf-16-be"])
+def test_metadata_saved_as_unicode_by_notepad_keeps_every_clip(corpus: Path, encoding: str) -> None:
+    # Notepad's "Unicode" (UTF-16 with its byte-order mark) was refused as "not UTF-8 text (invalid
+    # start byte at byte 0)", though prepare_data.py reads such a file
+    meta = corpus / "metadata.csv"
+    text = meta.read_text(encoding="utf-8").replace("\n", "\r\n")
+    meta.write_bytes(("\ufeff" + text).encode(encoding))
+    store, report = load(corpus)
+    assert len(store) == 24 and not report.metadata_problems
+    assert store.texts == [line.split("|")[1] for line in text.splitlines()]
+
+
 # --- speakers, items, split -----------------------------------------------------------------------
 
 

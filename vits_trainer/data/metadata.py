@@ -1,4 +1,5 @@
-"""The training set's `metadata.csv`: `id|text|speaker`, UTF-8, no header, one clip per line.
+"""The training set's `metadata.csv`: `id|text|speaker`, UTF-8 (read back from UTF-16 too), no header, one
+clip per line.
 
 Written by prepare_data.py, read by the trainers. Text never contains `|` or a newline (prepare
 rejects such rows), so a plain split is exact and needs no quoting rules.
@@ -50,12 +51,16 @@ def read_metadata(path: str | Path) -> tuple[list[MetaRow], list[tuple[int, str]
     rows: list[MetaRow] = []
     problems: list[tuple[int, str]] = []
     seen: set[str] = set()
+    data = path.read_bytes()
+    # Notepad's "Unicode" is UTF-16 with a byte-order mark (prepare_data.py reads it too)
+    encoding = "utf-16" if data[:2] in (b"\xff\xfe", b"\xfe\xff") else "utf-8-sig"
     try:
         # utf-8-sig: a metadata.csv edited in Notepad or Excel (a transcript fixed by hand) starts with a
         # byte-order mark, which became part of the first id: its clip was then reported missing
-        lines = path.read_text(encoding="utf-8-sig").splitlines()
+        lines = data.decode(encoding).splitlines()
     except UnicodeDecodeError as err:
-        raise UserError(f"{path}: not UTF-8 text ({err.reason} at byte {err.start})") from None
+        what = "UTF-16" if encoding == "utf-16" else "UTF-8"
+        raise UserError(f"{path}: not {what} text ({err.reason} at byte {err.start})") from None
     for number, line in enumerate(lines, start=1):
         if not line.strip():
             continue
