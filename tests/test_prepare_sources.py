@@ -671,6 +671,21 @@ def test_wavs_folder_given_instead_of_the_corpus_names_the_table(tmp_path):
     assert "no usable clips" in str(err.value) and "Are the transcripts" not in str(err.value)
 
 
+@pytest.mark.parametrize(
+    "content", [b"", b"\n\n", b"\xef\xbb\xbf\r\n"], ids=["empty", "blank lines", "a mark"]
+)
+def test_an_empty_metadata_csv_beside_the_clips_is_named_as_empty(tmp_path, content):
+    # the folder was read as audio + .txt pairs and the error asked "Are the transcripts in
+    # .../metadata.csv? Pass it as --source", which then only said the file is empty
+    src = tmp_path / "lj"
+    write_audio(src / "wavs" / "a.wav", speech("abc", 16000), 16000)
+    (src / "metadata.csv").write_bytes(content)
+    with pytest.raises(UserError) as err:
+        run_prepare(src, tmp_path / "out")
+    message = str(err.value)
+    assert f"{src / 'metadata.csv'} is empty" in message and "Pass it as --source" not in message, message
+
+
 def test_a_parent_folder_that_cannot_be_listed_gives_no_table_hint(tmp_path, monkeypatch):
     from pathlib import Path
 

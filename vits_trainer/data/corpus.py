@@ -665,10 +665,24 @@ def transcript_tables_hint(source: Source) -> str:
         return ""
     folder = source.folder.resolve()
     tables = [t for base in (folder, folder.parent) for t in folder_tables(base)]
+    # an empty one holds no transcripts: passed as --source it would only be refused as empty
+    empty = [t for t in tables if _is_empty_text(t)]
+    tables = [t for t in tables if t not in empty]
     if not tables:
+        if empty:
+            return f"; no clip has an x.txt or x.lab beside it, and {empty[0]} is empty"
         return ""
     names = ", ".join(map(str, tables[:3]))
     return f"; no clip has an x.txt or x.lab beside it. Are the transcripts in {names}? Pass it as --source"
+
+
+def _is_empty_text(path: Path) -> bool:
+    """A text file with nothing but blank lines (and a byte-order mark) in its first 64 KiB."""
+    try:
+        with open(path, encoding=_encoding(path)[0], errors="replace") as f:
+            return not f.read(65536).strip("\ufeff \t\r\n")
+    except OSError:
+        return False
 
 
 # --- helpers ---------------------------------------------------------------------------------------------
