@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 
 import numpy as np
 import pytest
@@ -605,3 +606,18 @@ def test_a_tokenizer_file_of_the_wrong_shape_is_one_clear_error(tmp_path, vocab,
     (tmp_path / "tokenizer_config.json").write_text(tokenizer_config, encoding="utf-8")
     with pytest.raises(UserError, match="unreadable tokenizer files .*not a JSON object"):
         load_vocabulary(tmp_path)
+
+
+@pytest.mark.parametrize(
+    "state", ["", "[]", '{"version": 1, "clips": [1]}'], ids=["empty", "a list", "clips a list"]
+)
+def test_a_damaged_state_file_is_named_when_the_wavs_it_listed_are_refused(tmp_path, pairs_corpus, state):
+    # the refusal said the WAVs were "not in .prepare_state.json" as though another tool had written
+    # them, where the state file that listed them could not be read
+    out = tmp_path / "out"
+    run_prepare(pairs_corpus, out)
+    (out / STATE_NAME).write_text(state, encoding="utf-8")
+    before = {p: p.read_bytes() for p in out.rglob("*") if p.is_file()}
+    with pytest.raises(UserError, match=rf"would be replaced.*{re.escape(STATE_NAME)} is damaged"):
+        run_prepare(pairs_corpus, out)
+    assert {p: p.read_bytes() for p in out.rglob("*") if p.is_file()} == before

@@ -260,17 +260,25 @@ def check_prepare_wavs(wavs_dir: Path, ids: list[str], old_state: dict, clean: b
     if in_the_way:
         more = f" and {len(in_the_way) - 1} more" if len(in_the_way) > 1 else ""
         raise UserError(
-            f"--data_dir: {wavs_dir / (in_the_way[0] + '.wav')}{more} would be replaced, but prepare_data.py "
-            f"did not write it (not in {STATE_NAME}); move it away or choose another --data_dir"
+            f"--data_dir: {wavs_dir / (in_the_way[0] + '.wav')}{more} would be replaced, but "
+            f"{_not_written(wavs_dir, old_state)}; move it away or choose another --data_dir"
         )
     if clean and foreign:
         first = sorted(foreign)[0]
         more = f" and {len(foreign) - 1} more" if len(foreign) > 1 else ""
         raise UserError(
-            f"--clean: {wavs_dir / (first + '.wav')}{more} would be deleted, but prepare_data.py did not write "
-            f"it (not in {STATE_NAME}); move it away first, or run without --clean"
+            f"--clean: {wavs_dir / (first + '.wav')}{more} would be deleted, but "
+            f"{_not_written(wavs_dir, old_state)}; move it away first, or run without --clean"
         )
     return owned
+
+
+def _not_written(wavs_dir: Path, old_state: dict) -> str:
+    """Why a WAV does not count as this tool's: not in the state, or a state that cannot be read."""
+    if "damaged" in old_state:
+        state = wavs_dir.parent / STATE_NAME
+        return f"prepare_data.py cannot tell it wrote it ({state} is damaged: {old_state['damaged']})"
+    return f"prepare_data.py did not write it (not in {STATE_NAME})"
 
 
 def check_report_replaceable(report: Path) -> None:

@@ -45,13 +45,17 @@ def source_key(location: str) -> str:
 
 
 def load_state(data_dir: Path) -> dict:
-    """The saved state ({} when none or damaged), its "claimed" ids joined by those of `.prepare_claims`."""
+    """The saved state (no clips when none; {"damaged": why} when it cannot be read), its "claimed" ids
+    joined by those of `.prepare_claims`."""
     try:
         state = json.loads((data_dir / STATE_NAME).read_text(encoding="utf-8"))
-    except (OSError, ValueError):
-        state = {}  # no state (first run) or a damaged one: everything is simply converted again
-    if not (isinstance(state, dict) and isinstance(state.get("clips"), dict)):
-        state = {}
+    except FileNotFoundError:
+        state = {"clips": {}}  # no state: a first run
+    except (OSError, ValueError) as err:
+        # everything is simply converted again; a refusal of the WAVs it listed says why (check_prepare_wavs)
+        state = {"damaged": str(err).splitlines()[0][:80] if str(err) else type(err).__name__}
+    if not (isinstance(state, dict) and (isinstance(state.get("clips"), dict) or "damaged" in state)):
+        state = {"damaged": "not a state of clips"}
     claimed = set(state.get("claimed") or []) | read_claims(data_dir)
     if claimed:
         state = {"clips": {}, **state, "claimed": sorted(claimed)}
