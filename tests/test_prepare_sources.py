@@ -686,6 +686,21 @@ def test_an_empty_metadata_csv_beside_the_clips_is_named_as_empty(tmp_path, cont
     assert f"{src / 'metadata.csv'} is empty" in message and "Pass it as --source" not in message, message
 
 
+@pytest.mark.parametrize("sep", ["\t", ","], ids=["tabs", "commas"])
+def test_a_table_of_ids_without_a_header_says_its_first_line_is_a_clip(tmp_path, sep):
+    # LJSpeech's id|text written with tabs: its first clip was read as the header, and the error listed
+    # that clip's id and text as the columns and asked for --audio_column (naming them dropped that clip)
+    src = tmp_path / "lj"
+    for name in ("a", "b"):
+        write_audio(src / "wavs" / f"{name}.wav", speech("abc", 16000), 16000)
+    (src / "metadata.csv").write_text(f"a{sep}some text\nb{sep}more text\n", encoding="utf-8")
+    with pytest.raises(UserError) as err:
+        run_prepare(src / "metadata.csv", tmp_path / "out")
+    message = str(err.value)
+    assert "first line" in message and "is a clip" in message and "--audio_column" not in message, message
+    assert not (tmp_path / "out").exists()
+
+
 def test_a_parent_folder_that_cannot_be_listed_gives_no_table_hint(tmp_path, monkeypatch):
     from pathlib import Path
 

@@ -394,6 +394,8 @@ def _table_rows(
             speaker_column = "speaker" if "speaker" in columns else None
             notes.append(f"no header row: columns read as {', '.join(columns)} (the first row is a clip)")
         pending = [first] if columns is not None else []
+        if columns is None and not named:
+            _refuse_a_clip_for_a_header(path, header, delimiter, audio_root)
         audio_column = pick_column(path, header, audio_column, AUDIO_COLUMNS, "--audio_column")
         text_column = pick_column(path, header, text_column, TEXT_COLUMNS, "--text_column")
         for name, flag in ((speaker_column, "--speaker_column"), (id_column, "--id_column")):
@@ -441,6 +443,33 @@ def _table_rows(
             speaker = fields[index[speaker_column]].strip() if speaker_column else ""
             text = fields[index[text_column]]
             yield Candidate(clip_id, text, speaker or "0", origin, audio_path=audio)
+
+
+def _refuse_a_clip_for_a_header(path: Path, header: list[str], delimiter: str, audio_root: Path) -> None:
+    """A first row that names no known column but whose first cell is the id of a clip (its audio beside
+    the table or in wavs/) is a clip, not a header: LJSpeech's id|text written with another separator.
+    Read as a header, its cells were offered as column names for --audio_column, which dropped that clip."""
+    if not header or any(cell.casefold() in AUDIO_COLUMNS + TEXT_COLUMNS for cell in header):
+        return
+    clip = header[0]
+    if not clip or Path(clip).suffix.lower() in AUDIO_EXTENSIONS:
+        return
+    bases = (audio_root, audio_root / "wavs")
+    audio = next(
+        (f for base in bases for ext in AUDIO_EXTENSIONS if (f := base / f"{clip}{ext}").is_file()), None
+    )
+    if audio is None:
+        return
+    shown = {"\t": "<tab>"}.get(delimiter, delimiter)
+    lj = (
+        " (or separate id and text with '|', as LJSpeech's metadata.csv does)"
+        if path.name == "metadata.csv"
+        else ""
+    )
+    raise UserError(
+        f"{path}: its first line is a clip ({audio} is its audio), not a header naming the columns; add a first "
+        f"line naming them, file_name{shown}text, and give the audio files' names in file_name{lj}"
+    )
 
 
 def _headerless_columns(first: list[str]) -> list[str] | None:
