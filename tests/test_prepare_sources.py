@@ -701,6 +701,15 @@ def test_a_table_of_ids_without_a_header_says_its_first_line_is_a_clip(tmp_path,
     assert not (tmp_path / "out").exists()
 
 
+def test_an_ljspeech_metadata_csv_with_old_mac_line_ends_keeps_every_clip(tmp_path):
+    # lines ended by a lone CR (classic Mac OS, some exporters) were read as one malformed row
+    make_corpus(tmp_path / "lj", num_clips=3)
+    meta = tmp_path / "lj" / "metadata.csv"
+    meta.write_bytes(meta.read_bytes().replace(b"\n", b"\r"))
+    run_prepare(tmp_path / "lj", tmp_path / "out")
+    assert len(output_rows(tmp_path / "out")) == 3
+
+
 def test_a_parent_folder_that_cannot_be_listed_gives_no_table_hint(tmp_path, monkeypatch):
     from pathlib import Path
 

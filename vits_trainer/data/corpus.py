@@ -165,7 +165,10 @@ def read_ljspeech(root: Path) -> Source:
     meta = root / "metadata.csv"
     if not meta.is_file():
         raise UserError(f"--source {root}: no metadata.csv (LJSpeech layout: metadata.csv + wavs/)")
-    lines = _read_text(meta).split("\n")
+    text = _read_text(meta)
+    if "\n" not in text:  # lines ended by a lone CR (classic Mac OS): else the whole file is one row
+        text = text.replace("\r", "\n")
+    lines = text.split("\n")
     parsed: list[tuple[int, list[str]]] = []
     rows: list[Row] = []
     for number, line in enumerate(lines, start=1):
