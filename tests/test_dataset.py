@@ -384,6 +384,17 @@ def test_metadata_saved_as_unicode_by_notepad_keeps_every_clip(corpus: Path, enc
     assert store.texts == [line.split("|")[1] for line in text.splitlines()]
 
 
+def test_metadata_saved_as_latin1_names_the_line_and_the_fix(corpus: Path) -> None:
+    # refused as "not UTF-8 text (invalid continuation byte at byte 123)": no line to look at, no fix
+    meta = corpus / "metadata.csv"
+    lines = meta.read_text(encoding="utf-8").splitlines()
+    first, text, speaker = lines[4].split("|")
+    lines[4] = f"{first}|caf\u00e9 {text}|{speaker}"
+    meta.write_bytes("\n".join(lines).encode("latin-1"))
+    with pytest.raises(UserError, match=r"metadata\.csv: line 5 is not UTF-8 text .*save it as UTF-8"):
+        load(corpus)
+
+
 # --- speakers, items, split -----------------------------------------------------------------------
 
 

@@ -59,8 +59,14 @@ def read_metadata(path: str | Path) -> tuple[list[MetaRow], list[tuple[int, str]
         # byte-order mark, which became part of the first id: its clip was then reported missing
         lines = data.decode(encoding).splitlines()
     except UnicodeDecodeError as err:
-        what = "UTF-16" if encoding == "utf-16" else "UTF-8"
-        raise UserError(f"{path}: not {what} text ({err.reason} at byte {err.start})") from None
+        if encoding == "utf-16":
+            raise UserError(f"{path}: not UTF-16 text ({err.reason} at byte {err.start})") from None
+        # a file saved by Excel or an older editor is often Windows-1252 or Latin-1
+        line = data[: err.start].count(b"\n") + 1
+        raise UserError(
+            f"{path}: line {line} is not UTF-8 text ({err.reason} at byte {err.start}); a file saved by Excel "
+            "or an older editor is often Windows-1252 or Latin-1: save it as UTF-8 and run again"
+        ) from None
     for number, line in enumerate(lines, start=1):
         if not line.strip():
             continue
