@@ -181,6 +181,23 @@ def test_in_a_subprocess_as_the_script_from_any_folder_and_as_a_module(tmp_path,
     assert again.stderr.startswith("error:") and len(again.stderr.splitlines()) == 1, again.stderr
 
 
+def test_a_file_of_the_model_given_as_the_model_names_its_folder(tmp_path, tiny_model_dir):
+    # --model_name model/config.json said "folder has no config.json", of the very file given
+    from vits_trainer.errors import UserError
+    from vits_trainer.hub import resolve_model_dir
+
+    for name in ("config.json", "model.safetensors"):
+        given = tiny_model_dir / name
+        with pytest.raises(
+            UserError, match=re.escape(f"is a file, not a model folder: pass {tiny_model_dir}")
+        ):
+            resolve_model_dir(str(given), "--model_name")
+    notes = tmp_path / "notes.txt"
+    notes.write_text("x", encoding="utf-8")
+    with pytest.raises(UserError, match=r"notes\.txt: is a file, not a model folder \(expected"):
+        resolve_model_dir(str(notes), "--model")
+
+
 def test_a_checkpoint_folder_given_as_the_model_names_the_model_folders_in_it(tmp_path, tiny_model_dir):
     """`--model training/checkpoints` (the run's folder, not a model in it) said only 'no config.json'."""
     from vits_trainer.errors import UserError

@@ -84,6 +84,12 @@ def resolve_model_dir(name: str, purpose: str = "--model_name") -> Path:
     copy the error says what to pass instead.
     """
     path = Path(name).expanduser()
+    if path.is_file():  # a file of the model (its config.json, its weights) given for its folder
+        if (path.parent / "config.json").is_file():
+            raise UserError(f"{purpose} {name}: is a file, not a model folder: pass {path.parent}")
+        raise UserError(
+            f"{purpose} {name}: is a file, not a model folder (expected a saved VitsModel folder)"
+        )
     if path.exists():
         if not (path / "config.json").is_file():
             raise UserError(
