@@ -6,6 +6,7 @@ No network here: the hub tests set HF_HUB_OFFLINE, which the tool must honour at
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 import sys
 
@@ -90,3 +91,20 @@ def test_offline_a_hub_name_fails_at_once_with_the_installed_cli_named(tmp_path)
     assert len(lines) == 1 and "HF_HUB_OFFLINE is set" in lines[0], lines
     assert "hf download mistyped_corpus --repo-type dataset" in lines[0]
     assert "Retrying" not in out.stdout + out.stderr  # the hub clients were told not to try the network
+
+
+def test_a_data_dirs_metadata_or_wavs_given_as_the_data_dir_names_the_folder_to_pass(tmp_path):
+    # --data_dir data/metadata.csv was "no such folder", and --data_dir data/wavs "data/wavs/metadata.csv:
+    # no such file (run prepare_data.py first)", of a folder prepare_data.py had made
+    from vits_trainer.data.synthetic import make_corpus
+    from vits_trainer.errors import UserError
+    from vits_trainer.training.config import check_data_dir
+
+    data = tmp_path / "data"
+    make_corpus(data, num_clips=2)
+    for given in (data / "metadata.csv", data / "wavs"):
+        with pytest.raises(
+            UserError, match=re.escape(f"--data_dir {given}: ") + f".*pass {re.escape(str(data))}$"
+        ):
+            check_data_dir(str(given))
+    check_data_dir(str(data))

@@ -14,7 +14,7 @@ from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import ClassVar
 
-from ..data.metadata import METADATA_NAME
+from ..data.metadata import METADATA_NAME, WAVS_DIR
 from ..errors import UserError
 from ..hub import looks_like_path, resolve_model_dir
 from ..runlock import refuse_if_being_written
@@ -415,6 +415,13 @@ def parse_config(parser: argparse.ArgumentParser, argv: list[str] | None, cls=Tr
 def check_data_dir(value: str) -> Path:
     """--data_dir: a prepared folder with its metadata.csv."""
     data_dir = Path(value)
+    # the data folder's metadata.csv or wavs/ given for the folder itself (a wavs/ that is a data folder
+    # of its own, with its metadata.csv, is taken as given)
+    above = data_dir.parent
+    inside = data_dir.name in (METADATA_NAME, WAVS_DIR) and not (data_dir / METADATA_NAME).is_file()
+    if inside and (above / METADATA_NAME).is_file() and (above / WAVS_DIR).is_dir():
+        what = "a file" if data_dir.is_file() else "the clips' folder"
+        raise UserError(f"--data_dir {data_dir}: is {what} of a data folder, not the folder: pass {above}")
     if not data_dir.is_dir():
         raise UserError(f"--data_dir {data_dir}: no such folder (run prepare_data.py first)")
     refuse_if_being_written(data_dir, "--data_dir")  # its metadata.csv may not be written yet
