@@ -387,15 +387,27 @@ def test_interrupted_checkpoint_write_leaves_the_previous_one(tmp_path):
 
 
 @pytest.mark.parametrize(
-    "files", [[], None, {"a.bin": 3}, {"a.bin": {}}, {"a.bin": {"size": "100", "digest": "x"}}], ids=str
+    "field, value",
+    [
+        ("files", []),
+        ("files", None),
+        ("files", {"a.bin": 3}),
+        ("files", {"a.bin": {}}),
+        ("files", {"a.bin": {"size": "100", "digest": "x"}}),
+        ("step", None),
+        ("step", "2"),
+        ("created", None),
+    ],
+    ids=str,
 )
-def test_a_manifest_damaged_inside_is_skipped_like_any_damaged_checkpoint(tmp_path, files):
+def test_a_manifest_damaged_inside_is_skipped_like_any_damaged_checkpoint(tmp_path, field, value):
     # a manifest whose "files" was not a mapping of names to sizes and digests raised an AttributeError,
-    # TypeError or KeyError: a traceback at resume (instead of falling back) and in the pruning after a save
+    # TypeError or KeyError: a traceback at resume (instead of falling back) and in the pruning after a
+    # save; one without its step or time was taken as intact and failed when resuming read them
     good = write_checkpoint(tmp_path, 1, {"a.bin": b"1" * 100})
     newest = write_checkpoint(tmp_path, 2, {"a.bin": b"2" * 100})
     manifest = json.loads((newest / "manifest.json").read_text(encoding="utf-8"))
-    manifest["files"] = files
+    manifest[field] = value
     (newest / "manifest.json").write_text(json.dumps(manifest), encoding="utf-8")
     lines: list[str] = []
     assert find_resumable(tmp_path, log=lines.append)[0] == good

@@ -128,12 +128,17 @@ def read_manifest(path: Path) -> dict:
         raise CheckpointError(f"{path.name}: no manifest (interrupted while saving)") from None
     except (OSError, ValueError) as err:
         raise CheckpointError(f"{path.name}: unreadable manifest ({err})") from None
-    files = manifest.get("files") if isinstance(manifest, dict) else None
-    # every listed file needs its size and digest: verify_checkpoint and read_file read them
+    if not isinstance(manifest, dict):
+        raise CheckpointError(f"{path.name}: malformed manifest")
+    files = manifest.get("files")
+    # every listed file needs its size and digest (verify_checkpoint and read_file read them), and a
+    # resume reads the step and the time it was saved; every manifest this tool wrote has them
     if not isinstance(files, dict) or not all(
         isinstance(meta, dict) and {"size", "digest"} <= meta.keys() for meta in files.values()
     ):
         raise CheckpointError(f"{path.name}: malformed manifest")
+    if type(manifest.get("step")) is not int or not isinstance(manifest.get("created"), (int, float)):
+        raise CheckpointError(f"{path.name}: malformed manifest (no step or time)")
     return manifest
 
 
