@@ -139,6 +139,22 @@ def test_a_vocab_json_that_is_no_mapping_of_characters_to_ids_is_one_error_line(
         assert not (tmp_path / "ckpt").exists()
 
 
+@pytest.mark.parametrize("tokenizer_config", ["[]", "3", "{"], ids=str)
+def test_a_tokenizer_config_that_is_no_json_object_is_one_error_line(
+    tmp_path, tiny_model_dir, tokenizer_config
+):
+    # a tokenizer_config.json holding a JSON list passed the folder check and failed inside transformers'
+    # tokenizer with "TypeError: pop expected at most 1 argument, got 2"
+    from vits_trainer.errors import UserError
+    from vits_trainer.training.modelfolder import check_model_folder
+
+    folder = tmp_path / "model"
+    shutil.copytree(tiny_model_dir, folder)
+    (folder / "tokenizer_config.json").write_text(tokenizer_config, encoding="utf-8")
+    with pytest.raises(UserError, match=re.escape(f"--model_name {folder}: its tokenizer_config.json")):
+        check_model_folder(folder, "--model_name")
+
+
 def test_checkpoint_folder_is_not_a_model_folder(tmp_path, short_run, tone_corpus):
     step = list_checkpoints(short_run)[0]
     line = one_error_line(

@@ -62,12 +62,24 @@ def check_model_folder(folder: Path, flag: str) -> None:
     if not (folder / "vocab.json").is_file():
         raise UserError(f"{flag} {folder}: no vocab.json (the tokenizer every VITS model folder carries)")
     # transformers' tokenizer fails deep inside (a traceback) on a vocab.json that is not {character: id}
-    try:
-        vocab = json.loads((folder / "vocab.json").read_text(encoding="utf-8"))
-    except (OSError, ValueError) as err:
-        raise UserError(f"{flag} {folder}: its vocab.json cannot be read ({err})") from None
+    # or a tokenizer_config.json that is not an object
+    vocab = _read_json(folder, "vocab.json", flag)
     if not isinstance(vocab, dict) or not all(type(i) is int for i in vocab.values()):
         raise UserError(
             f"{flag} {folder}: its vocab.json is not a mapping of characters to token ids; copy the model "
             "folder again (or export it again)"
         )
+    if (folder / "tokenizer_config.json").is_file():
+        settings = _read_json(folder, "tokenizer_config.json", flag)
+        if not isinstance(settings, dict):
+            raise UserError(
+                f"{flag} {folder}: its tokenizer_config.json holds a JSON {type(settings).__name__}, not an "
+                "object of settings; copy the model folder again (or export it again)"
+            )
+
+
+def _read_json(folder: Path, name: str, flag: str):
+    try:
+        return json.loads((folder / name).read_text(encoding="utf-8"))
+    except (OSError, ValueError) as err:
+        raise UserError(f"{flag} {folder}: its {name} cannot be read ({err})") from None
