@@ -18,6 +18,7 @@ import torch
 from tests.helpers import (
     PYTHON,
     ROOT,
+    SIGNALS_SENT,
     TINY_SETTINGS,
     cli_args,
     make_kl_infinite,
@@ -242,6 +243,29 @@ def test_signal_before_any_improvement_names_no_best_model(
     assert words == "no best model (no evaluation since step 0: stopped by a signal)"
 
 
+def test_a_signal_no_test_sent_stops_pytest_instead_of_failing_a_test(
+    tmp_path, tiny_model_dir, tone_corpus, monkeypatch
+):
+    """A SIGTERM from outside (a `timeout` around pytest on a loaded machine) reaches the in-process run's
+    handler, which ends the run after its step: the test then failed on its step count ("resumed run
+    ended at step 4, expected 12"), a failure that was no result. train_tiny stops pytest instead."""
+    import os
+    import signal
+
+    import vits_trainer.training.loop as loop_module
+
+    real_move = loop_module.move_batch
+
+    def signal_from_outside(batch, device):
+        os.kill(os.getpid(), signal.SIGTERM)  # not through sigterm_at_batch: no test sent it
+        monkeypatch.setattr(loop_module, "move_batch", real_move)
+        return real_move(batch, device)
+
+    monkeypatch.setattr(loop_module, "move_batch", signal_from_outside)
+    with pytest.raises(pytest.exit.Exception, match="a signal no test sent"):
+        train_tiny(tmp_path, tone_corpus, tiny_model_dir, max_steps=3, val_fraction=0.0)
+
+
 def test_a_signal_while_the_run_ends_lets_the_save_and_export_finish(
     tmp_path, tiny_model_dir, tone_corpus, monkeypatch, capsys
 ):
@@ -264,6 +288,7 @@ def test_a_signal_while_the_run_ends_lets_the_save_and_export_finish(
 
     def signal_during_final_export(self, folder):
         if folder == self.s.output_dir:
+            SIGNALS_SENT.append(signal.SIGINT)
             os.kill(os.getpid(), signal.SIGINT)
         return real_export(self, folder)
 
