@@ -233,8 +233,10 @@ def test_a_short_run_skips_the_trial(tmp_path, tiny_model_dir, tone_corpus, caps
 
 
 def test_two_processes_agree_on_one_choice(tmp_path, tiny_model_dir, tone_corpus):
+    # --max_steps ends the run, not a budget: a 0.15 h one could leave the trial (at most 20 % of the training
+    # time left) too little on a loaded machine: shortened, or skipped, as its steps slowed
     settings = cli_settings(
-        tmp_path, tone_corpus, tiny_model_dir, gradient_accumulation_steps=2, max_steps=10, target_hours=0.15
+        tmp_path, tone_corpus, tiny_model_dir, gradient_accumulation_steps=2, max_steps=10
     )
     cmd = [*two_cpu_processes(ROOT / "tests" / "mp_microbatch.py", 29547), *cli_args(settings)]
     env = dict(os.environ, MICRO_OUT=str(tmp_path))
