@@ -759,3 +759,18 @@ def test_detection_failures(tmp_path, setup, message):
 def test_unknown_format_name(tmp_path):
     with pytest.raises(UserError, match="unknown format"):
         run_prepare(tmp_path, tmp_path / "out", format="wav2vec")
+
+
+def test_several_tables_beside_transcribed_clips_are_named_in_one_note_as_not_read(tmp_path):
+    from vits_trainer.data.corpus import read_pairs
+
+    src = tmp_path / "pairs"
+    write_audio(src / "a0.wav", speech(rate=16000), 16000)
+    (src / "a0.txt").write_text("pair", encoding="utf-8")
+    for name in ("metadata.csv", "other.tsv"):
+        (src / name).write_text("file,text\na0.wav,table\n", encoding="utf-8")
+    (note,) = read_pairs(src).notes
+    assert "metadata.csv, other.tsv beside them are not read (pass one as --source" in note, note
+    (src / "other.tsv").unlink()
+    (note,) = read_pairs(src).notes
+    assert "metadata.csv beside them is not read (pass it as --source" in note, note

@@ -639,7 +639,8 @@ def read_pairs(root: Path, exclude: Path | None = None) -> Source:
     if tables and any(isinstance(r, Candidate) for r in rows):  # the transcripts won: say what was left
         names = ", ".join(t.name for t in tables)
         notes.append(
-            f"{root} is read as audio + .txt/.lab transcript pairs; {names} beside them is not read "
+            f"{root} is read as audio + .txt/.lab transcript pairs; {names} beside them "
+            f"{'is' if len(tables) == 1 else 'are'} not read "
             f"(pass {'it' if len(tables) == 1 else 'one'} as --source to read the clips it lists instead)"
         )
     return Source("pairs", str(root), rows, folder=root, notes=notes)
