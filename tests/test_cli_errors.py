@@ -82,7 +82,7 @@ def test_every_bad_input_gives_one_clear_line(tmp_path, tone_corpus, tiny_model_
             out,
         )
     for name, (proc, out) in procs.items():
-        stdout, stderr = proc.communicate(timeout=120)
+        stdout, stderr = proc.communicate(timeout=600)
         expected = cases[name][1]
         lines = [line for line in stderr.splitlines() if line.strip()]
         assert proc.returncode == 2, (name, stdout, stderr)
@@ -111,7 +111,7 @@ def test_resume_none_refuses_to_mix_with_an_earlier_run(tmp_path, tone_corpus, t
         ],
         capture_output=True,
         text=True,
-        timeout=120,
+        timeout=600,
     )
     assert proc.returncode == 2 and "--resume auto" in proc.stderr and "Traceback" not in proc.stderr
     assert not (tmp_path / "final").exists()
@@ -275,7 +275,7 @@ def test_a_stray_rank_in_the_environment_still_gives_one_error_line(tmp_path, ra
         capture_output=True,
         text=True,
         env=env,
-        timeout=120,
+        timeout=600,
     )
     assert proc.returncode == 2 and "Traceback" not in proc.stderr + proc.stdout, proc.stderr
     lines = [line for line in proc.stderr.splitlines() if line.strip()]
