@@ -202,7 +202,7 @@ def test_plan_counts_per_epoch_evals_and_saves():
 
 def test_the_plan_expects_the_evaluations_and_checkpoints_the_loop_makes():
     """Each epoch-end evaluation or checkpoint comes once at least 10x its cost has passed since the last
-    (outputs.OVERHEAD_SHARE), and a checkpoint at least every --save_minutes."""
+    (budget.OVERHEAD_SHARE), and a checkpoint at least every --save_minutes."""
     from types import SimpleNamespace
 
     from vits_trainer.training.outputs import RunOutputs

@@ -147,6 +147,38 @@ class Plan:
         return d
 
 
+# ---- epoch-end evaluations and checkpoints: the rules (RunOutputs acts on them) -------------------
+
+OVERHEAD_SHARE = 0.1  # epoch-end evals/saves are skipped when they would exceed this share of the time
+# Before the first step the budget needs a step time: one training sample costs about what one validation
+# clip does (the eval decodes whole clips, training a segment but with backward passes and the
+# discriminator: the same order). Crude, but it only decides whether a first step can still fit.
+STEP_SECONDS_PER_EVAL_CLIP_SECONDS = 1.0
+
+
+def overhead_due(since_last: float, cost: float) -> bool:
+    """Whether an epoch-end evaluation or checkpoint costing `cost` seconds is due: it takes at most
+    OVERHEAD_SHARE of the `since_last` seconds since the last one (tiny datasets have many short epochs).
+    Whether it still fits is `Budget.can_afford`'s question."""
+    return since_last * OVERHEAD_SHARE >= cost
+
+
+def overheads_per_epoch(epoch_seconds: float, cost: float) -> float:
+    """How many of those `cost`-second evaluations or checkpoints `overhead_due` allows per epoch of
+    `epoch_seconds` (at most one: they come at epoch ends), for the plan."""
+    return min(1.0, OVERHEAD_SHARE * epoch_seconds / cost) if cost > 0 else 1.0
+
+
+def step_seconds_from_eval(eval_seconds: float, clips_evaluated: int, clips_trained: int) -> float | None:
+    """A first step-time estimate (`Budget.set_estimates(step_seconds=...)`) before any step: the start
+    evaluation's time per clip, scaled to a step of `clips_trained` clips per process (each process
+    evaluates every clip, and trains its own `clips_trained` beside the others); None without a clip."""
+    if clips_evaluated <= 0:
+        return None
+    per_clip = eval_seconds / clips_evaluated
+    return STEP_SECONDS_PER_EVAL_CLIP_SECONDS * per_clip * clips_trained
+
+
 class Budget:
     """Wall-clock budget of one process (session), optionally part of a multi-session LR horizon.
 

@@ -1,6 +1,6 @@
 """What a run writes while it trains (`RunOutputs`, one part of loop.Trainer): evaluations (with samples,
 alignments and pictures), checkpoints and exports (best_model, and final_model for run_end.py, each with
-its model card), and when the epoch-end ones are due.
+its model card); at epoch ends, the ones budget.py's rules (overhead_due) say are due.
 """
 
 from __future__ import annotations
@@ -22,6 +22,7 @@ from ..model.discriminator import save_discriminator
 from ..model.vits import export_model
 from ..safety import UnsafeOverwrite
 from .best_model import best_model_score, install_best_model
+from .budget import overhead_due, overheads_per_epoch, step_seconds_from_eval
 from .checkpoint import checkpoint_name, prune_checkpoints, write_checkpoint
 from .evaluate import evaluate, set_prefix, synthesize
 from .freerun import dtw_scores, free_running_eval, write_wavs
@@ -34,11 +35,6 @@ from .runtime import git_revision
 from .trainstate import checkpoint_files
 
 SAMPLES_FOLDER = "samples"  # in an exported model folder: what its weights spoke at their evaluation
-OVERHEAD_SHARE = 0.1  # epoch-end evals/saves are skipped when they would exceed this share of the time
-# Before the first step the budget needs a step time: one training sample costs about what one validation
-# clip does (the eval decodes whole clips, training a segment but with backward passes and the
-# discriminator: the same order). Crude, but it only decides whether a first step can still fit.
-STEP_SECONDS_PER_EVAL_CLIP_SECONDS = 1.0
 
 
 class RunOutputs:
@@ -407,17 +403,13 @@ class RunOutputs:
         return tuple(found)
 
     def expected_per_epoch(self, epoch_seconds: float) -> tuple[float, float]:
-        """(evaluations, checkpoints) to expect per epoch of `epoch_seconds` of training, for the plan: by
-        evaluate_and_save_if_due's rule each costs at most OVERHEAD_SHARE of the time since the last one,
-        and a checkpoint comes at least every --save_minutes."""
+        """(evaluations, checkpoints) to expect per epoch of `epoch_seconds` of training, for the plan: as
+        many as evaluate_and_save_if_due's rule (budget.overheads_per_epoch) allows, and a checkpoint at
+        least every --save_minutes."""
         s, budget = self.s, self.s.budget
-
-        def share(seconds: float) -> float:
-            return min(1.0, OVERHEAD_SHARE * epoch_seconds / seconds) if seconds > 0 else 1.0
-
-        evals = share(budget.eval_seconds()) if s.val_loaders else 0.0
+        evals = overheads_per_epoch(epoch_seconds, budget.eval_seconds()) if s.val_loaders else 0.0
         interval = epoch_seconds / (60 * s.cfg.save_minutes) if s.cfg.save_minutes > 0 else 0.0
-        return evals, max(share(budget.save_seconds()), interval)
+        return evals, max(overheads_per_epoch(epoch_seconds, budget.save_seconds()), interval)
 
     def interval_save_due(self) -> bool:
         """--save_minutes passed since the last checkpoint and one still fits (rank 0's clock: the loop
@@ -427,18 +419,18 @@ class RunOutputs:
         return save_due and budget.can_afford(budget.save_seconds())
 
     def evaluate_and_save_if_due(self) -> None:
-        """At an epoch's end: an evaluation when it takes at most OVERHEAD_SHARE of the time since the
-        last one (and still fits in the budget), then a checkpoint by the same rule; every rank does what
-        rank 0 decides."""
+        """At an epoch's end: an evaluation when budget.overhead_due says so (at most OVERHEAD_SHARE of the
+        time since the last one) and it still fits in the budget, then a checkpoint by the same rule; every
+        rank does what rank 0 decides."""
         s, budget = self.s, self.s.budget
         since_eval = time.time() - self.last_eval
-        eval_due = bool(s.val_loaders) and since_eval * OVERHEAD_SHARE >= budget.eval_seconds()
+        eval_due = bool(s.val_loaders) and overhead_due(since_eval, budget.eval_seconds())
         if self.agreement.flag(
             eval_due and budget.can_afford(budget.eval_seconds() + budget.export_seconds())
         ):
             self.run_eval(f"epoch {s.state.epoch}")
         since_save = time.time() - self.last_save
-        save_due = since_save * OVERHEAD_SHARE >= budget.save_seconds()
+        save_due = overhead_due(since_save, budget.save_seconds())
         if self.agreement.flag(save_due and budget.can_afford(budget.save_seconds())):
             self.save_checkpoint("epoch")
 
@@ -462,15 +454,13 @@ class RunOutputs:
             warm_up_pictures()
 
     def estimate_step_from_eval(self, clips_trained: int) -> None:
-        """The budget's step time before the first step: the start evaluation's time per clip, scaled to
-        a step of `clips_trained` clips per process (each process evaluates every clip, and trains its own
-        `clips_trained` beside the others)."""
+        """The budget's step time before the first step, from the start evaluation
+        (budget.step_seconds_from_eval); none without a validation clip."""
         s = self.s
         clips = sum(len(v) for v in s.data.val_sets.values())
-        if clips <= 0:
-            return
-        per_clip = s.budget.eval_seconds() / clips
-        s.budget.set_estimates(step_seconds=STEP_SECONDS_PER_EVAL_CLIP_SECONDS * per_clip * clips_trained)
+        step_seconds = step_seconds_from_eval(s.budget.eval_seconds(), clips, clips_trained)
+        if step_seconds is not None:
+            s.budget.set_estimates(step_seconds=step_seconds)
 
 
 def speaker_scores(by_speaker: dict[int, tuple[float, int]], speakers: dict[str, int]) -> dict[str, dict]:
