@@ -425,21 +425,6 @@ class Trainer:
         stop_reason, _ = self.stop_decision()
         return stop_reason
 
-    def say_no_plan(self, stop_reason: str | None) -> None:
-        """A session whose steps ended before the benchmark made a plan still gets a plan line (a slow
-        run's log had none): what it trained and why. A signal says its own; no step: start_run said why."""
-        s, budget = self.s, self.s.budget
-        if budget.current_plan is not None or budget.session_steps == 0 or stop_reason == "signal":
-            return
-        if stop_reason == "max_steps":
-            ended_by = f"--max_steps {s.cfg.max_steps:,}"
-        else:
-            ended_by = (
-                f"the time budget ({budget.target_seconds / 3600:.2f} h, of which the final evaluation, save "
-                f"and export keep ~{budget.final_reserve():.0f} s)"
-            )
-        s.log(budget.no_plan_line(ended_by, self.session_rate()))
-
     def end_run(self, stop_reason: str | None) -> dict:
         """After the last step: the end of the run (run_end.py), the thread setting restored, the lock
         released; the summary."""
@@ -515,20 +500,10 @@ class Trainer:
                 }
             )
 
-    # ---- planning and progress ------------------------------------------------------------------
-
-    def report_warmup_cap(self) -> None:
-        """The warmup cap's line: when the first estimate sets it, and again if the plan changes the cap
-        (not for a new step count that leaves it as it was)."""
-        message = self.s.budget_lr.warmup_message()
-        cap = self.s.budget_lr.effective_warmup_steps
-        if message and cap != self.warmup_reported:
-            resumed_after_warmup = self.resumed_from_step is not None and self.resumed_from_step >= cap
-            if not resumed_after_warmup:  # an earlier session's warmup is no news
-                self.s.log(message)
-            self.warmup_reported = cap
+    # ---- the plan's announcements: its lines and records (plan, replan, warmup cap, no plan) -------
 
     def make_plan(self) -> None:
+        """The first plan, once the benchmark is done: its lines (the warmup cap's too) and `plan` record."""
         s = self.s
         rate = s.budget.samples_per_second()
         evals, saves = self.outputs.expected_per_epoch(s.data.samples_per_epoch / rate if rate > 0 else 0.0)
@@ -557,6 +532,34 @@ class Trainer:
         self.progress.set_total(plan.optimizer_steps + (self.resumed_from_step or 0), step)
         self.metrics.write({"event": event, "step": step, **plan.to_dict()})
         self.announced_steps = plan.optimizer_steps
+
+    def report_warmup_cap(self) -> None:
+        """The warmup cap's line: when the first estimate sets it, and again if the plan changes the cap
+        (not for a new step count that leaves it as it was)."""
+        message = self.s.budget_lr.warmup_message()
+        cap = self.s.budget_lr.effective_warmup_steps
+        if message and cap != self.warmup_reported:
+            resumed_after_warmup = self.resumed_from_step is not None and self.resumed_from_step >= cap
+            if not resumed_after_warmup:  # an earlier session's warmup is no news
+                self.s.log(message)
+            self.warmup_reported = cap
+
+    def say_no_plan(self, stop_reason: str | None) -> None:
+        """A session whose steps ended before the benchmark made a plan still gets a plan line (a slow
+        run's log had none): what it trained and why. A signal says its own; no step: start_run said why."""
+        s, budget = self.s, self.s.budget
+        if budget.current_plan is not None or budget.session_steps == 0 or stop_reason == "signal":
+            return
+        if stop_reason == "max_steps":
+            ended_by = f"--max_steps {s.cfg.max_steps:,}"
+        else:
+            ended_by = (
+                f"the time budget ({budget.target_seconds / 3600:.2f} h, of which the final evaluation, save "
+                f"and export keep ~{budget.final_reserve():.0f} s)"
+            )
+        s.log(budget.no_plan_line(ended_by, self.session_rate()))
+
+    # ---- metric lines ----------------------------------------------------------------------------
 
     def log_step(self, batches_left: int) -> None:
         """A metric line: the window's means to metrics.jsonl, the trackers and the progress bar."""
