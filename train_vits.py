@@ -97,7 +97,15 @@ def steps_words(summary: dict) -> str:
 
 
 def best_model_words(summary: dict) -> str:
-    """Names best_model only when it exists; else says why there is none."""
+    """Names best_model only when it holds the best weights; else says why it does not, or why there is
+    none."""
+    if summary["best_model"] and summary.get("best_model_not_exported"):
+        # the newest best weights were refused (a damaged marker, a file of the user's): the folder
+        # holds an earlier export, or whatever the user left there, not the best model
+        return (
+            f"best model not updated (the best weights, step {summary['best_step']}, were not exported: "
+            f"{summary['best_model_not_exported']}); {summary['best_model']} was left as it was"
+        )
     if summary["best_model"]:
         return f"best model: {summary['best_model']} (step {summary['best_model_step']})"
     if summary["best_step"] is None:

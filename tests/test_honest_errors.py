@@ -468,3 +468,25 @@ def test_a_resumed_sessions_done_line_counts_its_own_steps_against_its_minutes()
     resumed = {"steps": 68, "session_steps": 34, "resumed_from_step": 34}
     assert steps_words(resumed) == "step 68 (34 steps this session)"
     assert steps_words({"steps": 1, "session_steps": 1, "resumed_from_step": None}) == "1 step"
+
+
+def test_a_best_model_left_as_it_was_is_not_named_as_the_best(tmp_path, tiny_model_dir, capsys):
+    """Resumed with a damaged export marker in best_model/, the run leaves the folder as it was (a
+    warning says so); the done line must not name that folder as the best model of a step it lacks."""
+    from train_vits import best_model_words
+
+    data = tmp_path / "three"
+    make_corpus(data, num_clips=3, sample_rate=16000, seed=0)
+    run = dict(val_fraction=0.02, learning_rate=1e-3)
+    _, first = train_tiny(tmp_path / "run", data, tiny_model_dir, max_steps=3, **run)
+    best = tmp_path / "run" / "checkpoints" / "best_model"
+    assert first["best_model"] == str(best)
+    (best / ".vits_trainer_export.json").write_text("{not json", encoding="utf-8")
+    capsys.readouterr()
+    _, summary = train_tiny(tmp_path / "run", data, tiny_model_dir, max_steps=6, **run)
+    out = capsys.readouterr().out
+    assert "warning: best model not " in out, out[-2000:]
+    assert summary["best_model_not_exported"], summary
+    words = best_model_words(summary)
+    assert not words.startswith("best model: "), words
+    assert "left as it was" in words and str(best) in words, words
