@@ -20,8 +20,8 @@ real_observe = microbatch_choice.MicroBatchTrial.observe
 real_end_run = loop.Trainer.end_run
 
 
-def observe(self, size, seconds, samples, clean=True):
-    return real_observe(self, size, seconds * (1.0 if size == PREFERRED else 100.0), samples, clean)
+def observe(self, size, seconds, samples, clean=True, full=True):
+    return real_observe(self, size, seconds * (1.0 if size == PREFERRED else 100.0), samples, clean, full)
 
 
 def end_run(self, stop_reason):

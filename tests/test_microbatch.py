@@ -85,13 +85,17 @@ def test_the_choice_keeps_every_steps_clips(tmp_path, tiny_model_dir, tone_corpu
         tmp_path, tone_corpus, tiny_model_dir, gradient_accumulation_steps=2, max_steps=10
     )
     out = capsys.readouterr().out
-    assert "micro-batch trial: 8, 16 clips per pass, 4 training steps each" in out
+    # 36 clips in batches of 8 (one of 4) make 3 steps an epoch, up to two short of 16 clips: those
+    # measure nothing, so 4 steps each could take 16, more than --max_steps leaves: 2 each
+    assert "micro-batch trial: 8, 16 clips per pass, 2 training steps each" in out
     assert "micro-batch: " in out and "the fastest in the trial" in out
     assert summary["steps"] == 10 and len(steps) == 10
-    assert [s["micro"] for s in steps[:8]] == [8] * 4 + [16] * 4  # the trial's steps train
+    # the trial's steps train: each size a warm-up (here short: 12, then 8 clips) and one whole step
+    assert [(len(s["indices"]), s["micro"]) for s in steps[:4]] == [(12, 8), (16, 8), (8, 16), (16, 16)]
     chosen = summary["micro_batch_size"]
     assert chosen in (8, 16) and summary["micro_batches_per_step"] == 16 // chosen
-    assert {s["micro"] for s in steps[8:]} == {chosen}
+    assert {s["micro"] for s in steps[4:]} == {chosen}
+    assert all(row["measured_steps"] == 1 for row in summary["micro_batch_trial"])
     assert [row["micro_batch_size"] for row in summary["micro_batch_trial"]] == [8, 16]
     # every step trained on exactly the clips of its two loader batches, in the sampler's order: the
     # same clips per optimiser step whatever the micro-batch
@@ -144,6 +148,61 @@ def test_each_sizes_first_trial_step_is_a_warm_up_not_a_measurement():
     one = MicroBatchTrial([8], 1)
     one.observe(8, 1.6, 16)
     assert one.seconds_per_sample(8) is None and one.fastest() is None  # its warm-up step alone: no figure
+
+
+def trial_policy(sizes, steps, step_clips=16, batch_size=8):
+    """A MicroBatchPolicy running a trial of `sizes`, without a session: its log lines in `.lines`."""
+    from types import SimpleNamespace
+
+    policy = object.__new__(choice_module.MicroBatchPolicy)
+    policy.lines = []
+    policy.s = SimpleNamespace(
+        state=SimpleNamespace(micro_batch_size=None, micro_batch_trial=None, split=1),
+        cfg=SimpleNamespace(batch_size=batch_size),
+        budget=SimpleNamespace(global_step=0, add_measurements=lambda m: None),
+        log=policy.lines.append,
+        accelerator=SimpleNamespace(num_processes=1),
+    )
+    policy.agreement = SimpleNamespace(integer=lambda x: x)
+    policy.metrics = SimpleNamespace(write=lambda record: None)
+    policy.step_clips = policy.effective_step_clips = step_clips
+    policy.trial, policy.trial_steps = MicroBatchTrial(sizes, steps), []
+    return policy
+
+
+def test_an_epochs_short_steps_do_not_take_a_sizes_measured_steps():
+    """36 clips, 16 per step: every third step is an epoch's short last one (4 clips), which measures
+    no size. It took size 8's measured slot, and 16 was then "the fastest" from its figures alone."""
+    policy = trial_policy([8, 16], 2)
+    clips = iter([16, 4, 16, 16, 4, 16, 16, 4, 16])
+    while policy.trial is not None:
+        size = policy.trial.current()
+        n = next(clips)
+        policy.observe_trial_step(size, (0.1 if size == 8 else 0.2) * n, n, True)  # 8 is the faster
+    assert policy.s.state.micro_batch_size == 8
+    rows = {r["micro_batch_size"]: r for r in policy.s.state.micro_batch_trial}
+    assert rows[8]["measured_steps"] == 1 and rows[16]["measured_steps"] == 1
+    assert [size for size, *_ in policy.trial_steps] == [8, 8, 8, 16, 16, 16]  # each: two whole steps
+
+
+def test_a_trial_of_short_steps_ends_and_does_not_call_an_unmeasured_size_the_fastest():
+    """Only short steps (an epoch can have two, around one whole step; here none): each size gives up
+    after twice its steps, and the choice says no size was measured."""
+    policy = trial_policy([8, 16], 2)
+    for _ in range(20):
+        if policy.trial is None:
+            break
+        policy.observe_trial_step(policy.trial.current(), 0.4, 4, True)
+    assert policy.trial is None and len(policy.trial_steps) <= 2 * 2 * 2
+    assert policy.s.state.micro_batch_size == 8  # --batch_size
+    assert not any("the fastest" in line for line in policy.lines)
+    assert any("no size was measured" in line for line in policy.lines)
+    # one size measured, the other not: the choice says it was the only one measured
+    policy = trial_policy([8, 16], 2)
+    for n in [4, 4, 4, 4, 16, 16]:
+        policy.observe_trial_step(policy.trial.current(), 0.2 * n, n, True)
+    assert policy.trial is None and policy.s.state.micro_batch_size == 16
+    assert any("the only size measured (8 was not)" in line for line in policy.lines), policy.lines
 
 
 def test_a_run_ending_on_the_trials_last_step_reports_the_chosen_size():
@@ -221,7 +280,7 @@ def test_resume_keeps_the_choice_unless_the_hardware_changed(
 def test_a_short_run_skips_the_trial(tmp_path, tiny_model_dir, tone_corpus, capsys):
     _, summary = train_tiny(tmp_path, tone_corpus, tiny_model_dir, gradient_accumulation_steps=2, max_steps=3)
     out = capsys.readouterr().out
-    assert "micro-batch trial skipped (--max_steps leaves 3 steps, it needs 4)" in out
+    assert "micro-batch trial skipped (--max_steps leaves 3 steps, it needs 8)" in out
     assert summary["micro_batch_size"] == 8 and summary["micro_batch_trial"] is None
     # resumed with room for it: no trial chose the size in use, so this session runs one
     _, resumed = train_tiny(

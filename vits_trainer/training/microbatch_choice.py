@@ -7,7 +7,9 @@ clips at the size chosen here.
 With `--micro_batch_size auto` the first steps of training are a trial: a few real steps at each
 micro-batch size from `--batch_size` up to the whole per-process batch that divides it (a larger
 micro-batch does the same work in fewer, bigger passes: on a launch-bound GPU or a CPU it is faster).
-Each size's first step is a warm-up (new shapes); its time per sample is the median of the rest. An
+Each size's first step is a warm-up (new shapes); its time per sample is the median of the rest. Only
+whole steps are measured: a step short of clips (an epoch has up to two) can be a size's warm-up, else
+it takes none of its steps; a size gives up after 2 x its steps in all. An
 out-of-memory step rules that size (and every larger one) out. The fastest size wins; rank 0 decides.
 """
 
@@ -58,12 +60,16 @@ def _cpu_name() -> str:
 
 @dataclass
 class MicroBatchTrial:
-    """The schedule and the measurements of a trial: `steps` steps at each size, smallest first."""
+    """The schedule and the measurements of a trial: `steps` steps at each size, smallest first: a
+    warm-up, then whole steps (short ones after the warm-up are counted apart; at most 2 x `steps` steps
+    per size in all)."""
 
     sizes: list[int]
     steps: int
-    # seconds per sample of each step at a size; None: counted, not measured (a retry, a short step)
+    # seconds per sample of the warm-up and each whole step at a size; None: not measured (a retry, a
+    # short warm-up)
     times: dict[int, list[float | None]] = field(default_factory=dict)
+    short: dict[int, int] = field(default_factory=dict)  # an epoch's short steps run at each size
     excluded: list[int] = field(default_factory=list)  # ran out of memory
     _index: int = 0
     _count: int = 0
@@ -75,14 +81,20 @@ class MicroBatchTrial:
     def current(self) -> int:
         return self.sizes[self._index]
 
-    def observe(self, size: int, seconds: float, samples: int, clean: bool = True) -> None:
-        """One trial step at `size` ended. `clean`: its time measures this size (it ran once, at this
-        size, on a whole step's clips)."""
+    def observe(self, size: int, seconds: float, samples: int, clean: bool = True, full: bool = True) -> None:
+        """One trial step at `size` ended. `clean`: it ran once, at this size; `full`: on a whole step's
+        clips. A short step (fewer clips) measures nothing and takes none of the size's steps, else one
+        would take the slot of a measured step (with 2 steps per size, the only one)."""
         if self.done or size != self.current():
             return
-        self.times.setdefault(size, []).append(seconds / samples if clean and samples > 0 else None)
+        if not full and size in self.times:  # (a short first step still warms the size up)
+            self.short[size] = self.short.get(size, 0) + 1
+        else:
+            timed = clean and full and samples > 0
+            self.times.setdefault(size, []).append(seconds / samples if timed else None)
         self._count += 1
-        if self._count >= self.steps:
+        # the size is done with its steps, or gives up (a corpus whose steps are mostly short): bounded
+        if len(self.times[size]) >= self.steps or self._count >= 2 * self.steps:
             self._index, self._count = self._index + 1, 0
 
     def exclude(self, size: int) -> None:
@@ -92,9 +104,14 @@ class MicroBatchTrial:
         for m in list(self.times):
             if m >= size:
                 del self.times[m]
+        for m in list(self.short):
+            if m >= size:
+                del self.short[m]
         self._index = min(self._index, len(self.sizes))
         # the size in progress was the excluded one: the next untried one (if any) starts afresh
-        if self._index < len(self.sizes) and self.sizes[self._index] in self.times:
+        if self._index < len(self.sizes) and (
+            self.sizes[self._index] in self.times or self.sizes[self._index] in self.short
+        ):
             self._index += 1
         self._count = 0
 
@@ -102,6 +119,10 @@ class MicroBatchTrial:
         """Median after the warm-up step; None when no step after it was measured."""
         measured = [t for t in self.times.get(size, [])[1:] if t is not None]
         return statistics.median(measured) if measured else None
+
+    def unmeasured(self) -> list[int]:
+        """The sizes left in the trial (not out of memory) that no measured step timed."""
+        return [m for m in self.sizes if self.seconds_per_sample(m) is None]
 
     def fastest(self) -> int | None:
         rates = {m: self.seconds_per_sample(m) for m in self.sizes}
@@ -115,7 +136,8 @@ class MicroBatchTrial:
             rows.append(
                 {
                     "micro_batch_size": m,
-                    "steps": len(self.times.get(m, [])),
+                    "steps": len(self.times.get(m, [])),  # whole steps
+                    "short_steps": self.short.get(m, 0),
                     "measured_steps": len([t for t in self.times.get(m, [])[1:] if t is not None]),
                     "seconds_per_sample": rate,
                     "samples_per_second": (1.0 / rate) if rate else None,
@@ -255,6 +277,20 @@ class MicroBatchPolicy:
         split = self.s.state.split
         return f", divided by {split} after an out-of-memory error" if split > 1 else ""
 
+    def steps_for(self, whole: int) -> int:
+        """The most steps a trial of `whole` steps can take. Steps short of clips measure nothing: an
+        epoch has up to two (the cycle holding its short loader batch, its last cycle), so `whole` steps
+        span at most ceil(whole / its other steps) + 1 epochs; and no size takes more than twice its
+        steps."""
+        if self.clips_per_epoch % self.step_clips == 0:
+            return whole  # every step is whole
+        cfg = self.s.cfg
+        batches = math.ceil(self.clips_per_epoch / cfg.batch_size)
+        others = math.ceil(batches / cfg.gradient_accumulation_steps) - 2
+        if others <= 0:
+            return 2 * whole
+        return min(2 * whole, whole + 2 * (math.ceil(whole / others) + 1))
+
     def trial_length(self, sizes: int) -> tuple[int, str]:
         """Steps per size the trial can afford (rank 0's clock), and why it is short or skipped."""
         budget = self.s.budget
@@ -262,19 +298,19 @@ class MicroBatchPolicy:
         left = budget.training_left_by_budget()  # the time and --max_steps's steps are weighed apart
         steps_left = budget.steps_left()
         for steps in (TRIAL_STEPS, TRIAL_STEPS_SHORT):
-            if sizes * steps * step > TRIAL_SHARE * left:
+            if self.steps_for(sizes * steps) * step > TRIAL_SHARE * left:
                 continue
-            if steps_left is not None and sizes * steps > steps_left:
+            if steps_left is not None and self.steps_for(sizes * steps) > steps_left:
                 continue
             if steps == TRIAL_STEPS:
                 return steps, ""
-            short_by_steps = steps_left is not None and sizes * TRIAL_STEPS > steps_left
+            short_by_steps = steps_left is not None and self.steps_for(sizes * TRIAL_STEPS) > steps_left
             return steps, f"shortened: {'--max_steps' if short_by_steps else 'the budget'} is short"
-        if steps_left is not None and sizes * TRIAL_STEPS_SHORT > steps_left:
-            return 0, f"--max_steps leaves {steps_left} steps, it needs {sizes * TRIAL_STEPS_SHORT}"
+        shortest = self.steps_for(sizes * TRIAL_STEPS_SHORT)
+        if steps_left is not None and shortest > steps_left:
+            return 0, f"--max_steps leaves {steps_left} steps, it needs {shortest}"
         return 0, (
-            f"the budget cannot afford it: ~{sizes * TRIAL_STEPS_SHORT * step:.0f} s of "
-            f"{max(0.0, left):.0f} s of training"
+            f"the budget cannot afford it: ~{shortest * step:.0f} s of {max(0.0, left):.0f} s of training"
         )
 
     def finish_trial(self) -> None:
@@ -293,7 +329,21 @@ class MicroBatchPolicy:
         requested, rate = trial.seconds_per_sample(s.cfg.batch_size), trial.seconds_per_sample(chosen)
         ratio = f", {requested / rate:.2f}x the requested {s.cfg.batch_size}" if requested and rate else ""
         s.log(trial.describe())
-        s.log(f"micro-batch: {self.describe(chosen)}: the fastest in the trial{ratio}")
+        # "the fastest" only when it was timed against every other size that did not run out of memory
+        unmeasured = [m for m in trial.unmeasured() if m != chosen]
+        if fastest is None:
+            why = (
+                "no size was measured: the smallest"
+                if trial.sizes
+                else "every size tried ran out of memory: --batch_size"
+            )
+        elif unmeasured and len(trial.sizes) - len(trial.unmeasured()) == 1:
+            why = f"the only size measured ({', '.join(map(str, unmeasured))} {'was' if len(unmeasured) == 1 else 'were'} not)"
+        elif unmeasured:
+            why = f"the fastest of the sizes measured ({', '.join(map(str, unmeasured))} not measured){ratio}"
+        else:
+            why = f"the fastest in the trial{ratio}"
+        s.log(f"micro-batch: {self.describe(chosen)}: {why}")
         self.metrics.write(
             {"event": "micro_batch", "step": s.budget.global_step, "chosen": chosen, "trial": trial.table()}
         )
@@ -313,7 +363,7 @@ class MicroBatchPolicy:
     def observe_trial_step(self, size: int, seconds: float, samples: int, clean: bool) -> None:
         """A step of the trial at `size` clips per micro-batch ended; the trial ends after its last."""
         # an epoch's short last step (fewer clips) would skew the time per sample: not measured
-        self.trial.observe(size, seconds, samples, clean and self.is_full(samples))
+        self.trial.observe(size, seconds, samples, clean, self.is_full(samples))
         self.trial_steps.append((size, seconds, samples, clean))
         if self.trial.done:
             self.finish_trial()
