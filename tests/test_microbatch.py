@@ -235,8 +235,9 @@ def test_simulated_out_of_memory_rules_a_size_out(tmp_path, tiny_model_dir, tone
         tmp_path, tone_corpus, tiny_model_dir, gradient_accumulation_steps=2, max_steps=10
     )
     out = capsys.readouterr().out
-    # steps 1-4 at 8 clips, then 16 clips at step 5
-    assert "micro-batch trial: 16 clips ran out of memory at step 5: ruled out" in out
+    # 2 steps a size (short steps make 4 too many for --max_steps): steps 1-2 at 8 clips, then 16 at
+    # step 3 (short: 8 clips, one pass that fits) and step 4 (16 clips)
+    assert "micro-batch trial: 16 clips ran out of memory at step 4: ruled out" in out
     assert "16 clips: out of memory" in out
     assert summary["steps"] == 10 and summary["skipped_steps"] == 0  # training went on
     assert summary["micro_batch_size"] == 8 and summary["micro_batches_per_step"] == 2
