@@ -31,6 +31,7 @@ from .corpus_rows import (
     resolve_in,
     speaker_column_of,
 )
+from .metadata import text_encoding
 
 FORMATS = ("auto", "ljspeech", "commonvoice", "csv", "hf", "audiofolder", "pairs")
 AUDIOFOLDER_METADATA = ("metadata.csv", "metadata.jsonl", "metadata.parquet")
@@ -774,15 +775,16 @@ def _first_lines(path: Path, count: int) -> list[str]:
 
 
 def _encoding(path: Path) -> tuple[str, str]:
-    """(encoding, errors) to read a text file with: UTF-16 when it starts with UTF-16's byte-order mark
-    (Windows Notepad's "Unicode", Excel's "Unicode Text" export), else UTF-8; surrogateescape there, so a
-    stray non-UTF-8 byte spoils one row (reported), not the whole file."""
+    """(encoding, errors) to read a text file with (metadata.text_encoding: UTF-16 by its byte-order mark,
+    else UTF-8); surrogateescape for UTF-8, so a stray non-UTF-8 byte spoils one row (reported), not the
+    whole file."""
     try:
         with open(path, "rb") as f:
             head = f.read(2)
     except OSError:
         head = b""
-    return ("utf-16", "replace") if head in (b"\xff\xfe", b"\xfe\xff") else ("utf-8-sig", "surrogateescape")
+    encoding = text_encoding(head)
+    return (encoding, "replace") if encoding == "utf-16" else (encoding, "surrogateescape")
 
 
 def _read_text(path: Path) -> str:

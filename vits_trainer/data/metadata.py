@@ -40,6 +40,13 @@ def write_metadata(path: str | Path, rows: list[MetaRow]) -> None:
     os.replace(tmp, path)  # prepare: only after backing up another source's file (prepare.py)
 
 
+def text_encoding(head: bytes) -> str:
+    """The encoding of a text file starting with `head`: UTF-16 when it starts with UTF-16's byte-order
+    mark (Windows Notepad's "Unicode", Excel's "Unicode Text" export), else UTF-8 (a byte-order mark
+    dropped: "utf-8-sig")."""
+    return "utf-16" if head[:2] in (b"\xff\xfe", b"\xfe\xff") else "utf-8-sig"
+
+
 def read_metadata(path: str | Path) -> tuple[list[MetaRow], list[tuple[int, str]]]:
     """Return (rows, problems); problems are (line number, reason) for lines that cannot be used.
 
@@ -52,8 +59,7 @@ def read_metadata(path: str | Path) -> tuple[list[MetaRow], list[tuple[int, str]
     problems: list[tuple[int, str]] = []
     seen: set[str] = set()
     data = path.read_bytes()
-    # Notepad's "Unicode" is UTF-16 with a byte-order mark (prepare_data.py reads it too)
-    encoding = "utf-16" if data[:2] in (b"\xff\xfe", b"\xfe\xff") else "utf-8-sig"
+    encoding = text_encoding(data)  # Notepad's "Unicode" too, as prepare_data.py reads it
     try:
         # utf-8-sig: a metadata.csv edited in Notepad or Excel (a transcript fixed by hand) starts with a
         # byte-order mark, which became part of the first id: its clip was then reported missing
