@@ -29,7 +29,7 @@ from urllib.parse import quote
 
 from ..jsonfile import write_json_atomic, write_text_atomic
 from ..safety import marker_step, read_marker
-from .report_svg import PHASE_COLORS, Timeline, line_chart, series, timeline_svg
+from .report_svg import PHASE_COLORS, Timeline, is_finite_number, line_chart, series, timeline_svg
 from .runtime import LOG_FILE, wait_policy_words
 
 REPORT_FILE = "report.html"
@@ -761,7 +761,7 @@ def speakers_section(run: RunFiles, evals: list[dict], best: dict | None) -> str
 def voice_chart(evals: list[dict], metric: str, newest: dict) -> tuple[str, int]:
     """(the SVG of each voice's `metric` over the evaluations, how many measured voices it leaves out):
     with more than VOICE_LINES voices, the worst at the newest evaluation and the best one."""
-    measured = [name for name, entry in newest.items() if _finite_number(entry.get("val_mel"))]
+    measured = [name for name, entry in newest.items() if is_finite_number(entry.get("val_mel"))]
     measured.sort(key=lambda name: -newest[name]["val_mel"])
     if len(measured) <= VOICE_LINES:  # in the table's order: each voice keeps its colour as the run goes
         drawn = sorted(measured, key=lambda name: (newest[name].get("speaker_id", 0), name))
@@ -778,10 +778,6 @@ def voice_chart(evals: list[dict], metric: str, newest: dict) -> tuple[str, int]
         for name in drawn
     ]
     return line_chart(f"{metric} by voice", lines, f"{metric} (log-mel)"), len(measured) - len(drawn)
-
-
-def _finite_number(value) -> bool:
-    return isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value)
 
 
 # ---- samples --------------------------------------------------------------------------------------

@@ -35,7 +35,11 @@ MAX_POINTS = 600
 
 def series(label: str, xs: list, ys: list, markers: bool = False, dashed: bool = False) -> Series:
     """A Series of the finite (x, y) pairs only, averaged down to at most MAX_POINTS."""
-    points = [(float(x), float(y)) for x, y in zip(xs, ys, strict=True) if _finite(x) and _finite(y)]
+    points = [
+        (float(x), float(y))
+        for x, y in zip(xs, ys, strict=True)
+        if is_finite_number(x) and is_finite_number(y)
+    ]
     return Series(label, thin(points), markers, dashed)
 
 
@@ -51,7 +55,8 @@ def thin(points: list[tuple[float, float]], limit: int = MAX_POINTS) -> list[tup
     return [points[0], *means[1:-1], points[-1]]
 
 
-def _finite(value) -> bool:
+def is_finite_number(value) -> bool:
+    """A finite int or float (not a bool, None or a string): a value a chart can draw."""
     return isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value)
 
 
