@@ -109,9 +109,8 @@ class MicroBatchTrial:
                 del self.short[m]
         self._index = min(self._index, len(self.sizes))
         # the size in progress was the excluded one: the next untried one (if any) starts afresh
-        if self._index < len(self.sizes) and (
-            self.sizes[self._index] in self.times or self.sizes[self._index] in self.short
-        ):
+        # (a size with short steps has its warm-up in `times`: the first step at a size always goes there)
+        if self._index < len(self.sizes) and self.sizes[self._index] in self.times:
             self._index += 1
         self._count = 0
 
@@ -297,16 +296,18 @@ class MicroBatchPolicy:
         step = budget.median_step_seconds()  # an estimate before the first step (0 if none)
         left = budget.training_left_by_budget()  # the time and --max_steps's steps are weighed apart
         steps_left = budget.steps_left()
-        for steps in (TRIAL_STEPS, TRIAL_STEPS_SHORT):
-            if self.steps_for(sizes * steps) * step > TRIAL_SHARE * left:
+        # the most steps a trial of each length can take, short steps included
+        needs = {steps: self.steps_for(sizes * steps) for steps in (TRIAL_STEPS, TRIAL_STEPS_SHORT)}
+        for steps, needed in needs.items():
+            if needed * step > TRIAL_SHARE * left:
                 continue
-            if steps_left is not None and self.steps_for(sizes * steps) > steps_left:
+            if steps_left is not None and needed > steps_left:
                 continue
             if steps == TRIAL_STEPS:
                 return steps, ""
-            short_by_steps = steps_left is not None and self.steps_for(sizes * TRIAL_STEPS) > steps_left
+            short_by_steps = steps_left is not None and needs[TRIAL_STEPS] > steps_left
             return steps, f"shortened: {'--max_steps' if short_by_steps else 'the budget'} is short"
-        shortest = self.steps_for(sizes * TRIAL_STEPS_SHORT)
+        shortest = needs[TRIAL_STEPS_SHORT]
         if steps_left is not None and shortest > steps_left:
             return 0, f"--max_steps leaves {steps_left} steps, it needs {shortest}"
         return 0, (
@@ -330,17 +331,19 @@ class MicroBatchPolicy:
         ratio = f", {requested / rate:.2f}x the requested {s.cfg.batch_size}" if requested and rate else ""
         s.log(trial.describe())
         # "the fastest" only when it was timed against every other size that did not run out of memory
-        unmeasured = [m for m in trial.unmeasured() if m != chosen]
+        missing = trial.unmeasured()
+        unmeasured = [m for m in missing if m != chosen]
+        others = ", ".join(map(str, unmeasured))
         if fastest is None:
             why = (
                 "no size was measured: the smallest"
                 if trial.sizes
                 else "every size tried ran out of memory: --batch_size"
             )
-        elif unmeasured and len(trial.sizes) - len(trial.unmeasured()) == 1:
-            why = f"the only size measured ({', '.join(map(str, unmeasured))} {'was' if len(unmeasured) == 1 else 'were'} not)"
+        elif unmeasured and len(trial.sizes) - len(missing) == 1:
+            why = f"the only size measured ({others} {'was' if len(unmeasured) == 1 else 'were'} not)"
         elif unmeasured:
-            why = f"the fastest of the sizes measured ({', '.join(map(str, unmeasured))} not measured){ratio}"
+            why = f"the fastest of the sizes measured ({others} not measured){ratio}"
         else:
             why = f"the fastest in the trial{ratio}"
         s.log(f"micro-batch: {self.describe(chosen)}: {why}")
