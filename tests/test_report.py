@@ -872,14 +872,14 @@ def test_the_final_model_is_a_link_and_the_wait_policy_is_in_words(tmp_path, mon
     assert "<th>omp_wait_policy</th><td>unset: spin 10000 then sleep</td>" in page
 
 
-def test_a_multi_speaker_runs_report_scores_each_voice_and_says_which_are_heard(tmp_path):
-    """A mean over every voice hides one that lags: the page gives each voice's val_mel at the start,
-    best and newest evaluations, and says which voices the samples let you hear."""
+def write_voice_evals(folder: Path, second: str) -> list[dict]:
+    """Three evaluations of a three-voice run into `folder`'s metrics.jsonl: ali (2 clips), `second`
+    (1 clip) and rojda (no clip, so no score); the records written."""
 
-    def voices(ali: float, zin: float) -> dict:
+    def voices(ali: float, other: float) -> dict:
         return {
             "ali": {"speaker_id": 0, "clips": 2, "val_mel": ali},
-            "zin": {"speaker_id": 1, "clips": 1, "val_mel": zin},
+            second: {"speaker_id": 1, "clips": 1, "val_mel": other},
             "rojda": {"speaker_id": 2, "clips": 0},
         }
 
@@ -888,7 +888,15 @@ def test_a_multi_speaker_runs_report_scores_each_voice_and_says_which_are_heard(
         {"event": "eval", "tag": "epoch 1", "step": 10, "val_mel": 1.5, "by_speaker": voices(1.25, 2.0)},
         {"event": "eval", "tag": "final", "step": 20, "val_mel": 1.6, "by_speaker": voices(1.3, 2.2)},
     ]
-    (tmp_path / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
+    (folder / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
+    return records
+
+
+def test_a_multi_speaker_runs_report_scores_each_voice_and_says_which_are_heard(tmp_path):
+    """A mean over every voice hides one that lags: the page gives each voice's val_mel at the start,
+    best and newest evaluations, and says which voices the samples let you hear."""
+
+    records = write_voice_evals(tmp_path, "zin")
     reference = tmp_path / "samples" / REFERENCE_FOLDER
     reference.mkdir(parents=True)
     sentences = {"a1": {"text": "silav", "speaker": 0, "speaker_name": "ali"}}
@@ -939,19 +947,7 @@ def test_a_multi_speaker_runs_report_draws_each_voices_val_mel_over_the_steps(tm
     """A voice that lags or gets worse shows as a line of its own, named in the legend; a voice with no
     validation clip has no line (nothing measured it); a single-voice run's page has no such chart."""
 
-    def voices(ali: float, zin: float) -> dict:
-        return {
-            "ali": {"speaker_id": 0, "clips": 2, "val_mel": ali},
-            "zin <b>": {"speaker_id": 1, "clips": 1, "val_mel": zin},
-            "rojda": {"speaker_id": 2, "clips": 0},
-        }
-
-    records = [
-        {"event": "eval", "tag": "start", "step": 0, "val_mel": 4.0, "by_speaker": voices(4.1, 3.8)},
-        {"event": "eval", "tag": "epoch 1", "step": 10, "val_mel": 1.5, "by_speaker": voices(1.25, 2.0)},
-        {"event": "eval", "tag": "final", "step": 20, "val_mel": 1.6, "by_speaker": voices(1.3, 2.2)},
-    ]
-    (tmp_path / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
+    records = write_voice_evals(tmp_path, "zin <b>")
     svg = _voice_chart(write_report(tmp_path, None, "val_mel").read_text(encoding="utf-8"))
     assert svg.count("<polyline") == 2
     legend = re.findall(r"<tspan>([^<]+)</tspan>", svg)
