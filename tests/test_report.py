@@ -657,8 +657,8 @@ def test_a_multi_speaker_runs_samples_name_their_speaker(tmp_path):
     for k in range(2):
         tiny_wav(step / f"c{k}.wav")
     table = sample_table(read_run(tmp_path), step)
-    assert "<b>c0</b> (speaker bob, speaker_id 1)<br>sentence 0" in table
-    assert "<b>c1</b> (speaker alice, speaker_id 0)<br>sentence 1" in table
+    assert '<b>c0</b> (speaker bob, speaker_id 1)<br><span class="said">sentence 0</span>' in table
+    assert '<b>c1</b> (speaker alice, speaker_id 0)<br><span class="said">sentence 1</span>' in table
     write_references(tmp_path / "single" / "samples", Items(), 2)  # a single-speaker run: no names
     assert (
         "speaker_name"
@@ -1014,3 +1014,52 @@ def test_the_speakers_section_says_the_mean_above_weighs_each_voice_by_its_clips
     section = html.unescape(re.sub(r"<[^>]+>", "", page[page.index('<section id="speakers">') :]))
     assert "average over every voice" not in section
     assert "the mean over every clip: a voice counts as much as its clips do" in section
+
+
+def _along_the_run_rows(page: str) -> list[str]:
+    """The row labels of "listen along the run", top down."""
+    section = re.search(r'<section id="along-the-run">(.*?)</section>', page, re.S)
+    assert section, "no along-the-run section"
+    return [
+        re.sub(r"<[^>]+>", "", label).strip() for label in re.findall(r"<tr[^>]*><td>(.*?)</td>", section[1])
+    ]
+
+
+def test_listen_along_the_run_plays_each_sentence_at_every_evaluation_oldest_first(tmp_path):
+    page = fake_run(tmp_path).read_text(encoding="utf-8")
+    labels = ["start" if s == 0 else f"epoch {s // 2}" for s in EVAL_STEPS]
+    expected = [
+        f"step {s} ({label})" + (" best" if s == 2 else "")
+        for s, label in zip(EVAL_STEPS, labels, strict=True)
+    ]
+    assert _along_the_run_rows(page) == ["recording"] + expected  # oldest first, the best marked
+    section = re.search(r'<section id="along-the-run">(.*?)</section>', page, re.S)[1]
+    assert "every evaluation with samples" in section
+    assert '<tr class="best"><td>step 2 (epoch 1) <span class="best">best</span>' in section
+    played = [unquote(html.unescape(s)) for s in re.findall(r'<audio[^>]* src="([^"]+)"', section)]
+    assert played == [f"samples/{REFERENCE_FOLDER}/{CLIP}.wav"] + [
+        f"samples/step_{s:08d}/{CLIP}.wav" for s in EVAL_STEPS
+    ]
+    assert "<script" not in section and html.escape(NASTY) in section
+
+
+def test_listen_along_a_long_run_plays_the_first_newest_best_and_evaluations_spread_between(tmp_path):
+    from vits_trainer.training.report import ALONG_THE_RUN, along_the_run_steps, read_run
+
+    folder = tmp_path
+    steps = list(range(0, 200, 10))  # 20 evaluations, each with its samples; the best at step 30
+    for step in steps:
+        (folder / "samples" / f"step_{step:08d}").mkdir(parents=True)
+    evals = [
+        {"event": "eval", "step": s, "tag": "start" if s == 0 else "epoch", "val_mel": 1.0} for s in steps
+    ]
+    chosen, with_samples = along_the_run_steps(read_run(folder), evals, {"step": 30})
+    assert with_samples == 20 and len(chosen) == ALONG_THE_RUN == 8
+    assert chosen == sorted(chosen) and {0, 30, 190} <= set(chosen)
+    gaps = [b - a for a, b in zip(chosen, chosen[1:], strict=False)]
+    assert max(gaps) <= 50  # spread over the run, not bunched at one end
+    # an evaluation without samples is never a row; one evaluation alone makes no section
+    (folder / "samples" / "step_00000190").rmdir()
+    chosen, with_samples = along_the_run_steps(read_run(folder), evals, {"step": 30})
+    assert 190 not in chosen and 180 in chosen and with_samples == 19
+    assert along_the_run_steps(read_run(folder), evals[:1], None) == ([0], 1)

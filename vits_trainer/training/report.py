@@ -10,7 +10,7 @@ zipped and moved. Charts are inline SVG (report_svg.py). Every text from the run
 paths, reasons) is escaped.
 
 The sections, in order: status, resume command, the budget's timeline per session (plan against what
-happened), curves, evaluations (best marked), a multi-speaker run's val_mel of each voice, samples of the newest evaluations and the best one (the
+happened), curves, the sampled sentences at evaluations along the run, evaluations (best marked), a multi-speaker run's val_mel of each voice, samples of the newest evaluations and the best one (the
 model beside the recording, alignment and mel pictures), micro-batch trial, precision / skipped steps /
 recoveries, threads, every other event.
 """
@@ -41,6 +41,7 @@ SENTENCES_FILE = "sentences.json"  # samples/reference/sentences.json: clip id -
 BY_SPEAKER = "by_speaker"
 VOICE_LINES = 8  # the most voices the chart by voice draws (one colour each); the table has them all
 RECENT_WITH_PLAYERS = 5  # evaluations whose samples get players (plus the best one)
+ALONG_THE_RUN = 8  # evaluations the "listen along the run" table plays, spread from the start to the newest
 STOP_WORDS = {  # loop.STOP_REASONS in words, and "end"
     "budget": "the time budget: the next step and the final reserve no longer fitted before the deadline",
     "max_steps": "--max_steps reached",
@@ -208,6 +209,7 @@ def render(run: RunFiles, resume_command: str | None, best_metric: str, now: flo
         resume_section(resume_command),
         timeline_section(run),
         curves_section(run),
+        along_the_run_section(run, evals, best),
         evals_section(run, evals, best, best_metric),
         speakers_section(run, evals, best),
         samples_section(run, evals, best),
@@ -802,6 +804,61 @@ def player_steps(run: RunFiles, evals: list[dict], best: dict | None) -> list[in
     return chosen
 
 
+def along_the_run_steps(run: RunFiles, evals: list[dict], best: dict | None) -> tuple[list[int], int]:
+    """(steps of the evaluations "listen along the run" plays, oldest first; how many have samples):
+    every one with samples, or with more than ALONG_THE_RUN of them the first, the newest, the best and
+    the rest spread evenly over the evaluations between."""
+    with_samples = sorted({e["step"] for e in evals if sample_folder(run.folder, e.get("step"))})
+    if len(with_samples) <= ALONG_THE_RUN:
+        return with_samples, len(with_samples)
+    kept = {with_samples[0], with_samples[-1]}
+    if best is not None and best.get("step") in with_samples:
+        kept.add(best["step"])
+    between = [step for step in with_samples if step not in kept]
+    wanted = ALONG_THE_RUN - len(kept)  # fewer than `between`: each pick lands on its own evaluation
+    kept.update(between[(2 * k + 1) * len(between) // (2 * wanted)] for k in range(wanted))
+    return sorted(kept), len(with_samples)
+
+
+def along_the_run_section(run: RunFiles, evals: list[dict], best: dict | None) -> str:
+    """The same validation sentences at the evaluations of `along_the_run_steps`, one row each under
+    their recordings: a column is one sentence over the run, to hear what training changed."""
+    steps, with_samples = along_the_run_steps(run, evals, best)
+    if len(steps) < 2:  # one evaluation's samples: the Samples section has them all
+        return ""
+    folders = {step: sample_folder(run.folder, step) for step in steps}
+    clips = [c for c in run.sentences if any((f / f"{c}.wav").is_file() for f in folders.values())]
+    if not clips:
+        return ""
+
+    def player(folder: Path, clip: str) -> str:
+        rel = folder.relative_to(run.folder).as_posix()
+        return _audio(f"{rel}/{clip}.wav") if (folder / f"{clip}.wav").is_file() else "–"
+
+    header = ["evaluation"] + [_sentence(run, clip) for clip in clips]
+    rows = [["recording"] + [player(run.folder / "samples" / REFERENCE_FOLDER, clip) for clip in clips]]
+    css = [""]
+    for step in steps:
+        tags = ", ".join(escape(str(e.get("tag"))) for e in evals if e.get("step") == step)
+        is_best = best is not None and best.get("step") == step
+        mark = ' <span class="best">best</span>' if is_best else ""
+        rows.append([f"step {step} ({tags}){mark}"] + [player(folders[step], clip) for clip in clips])
+        css.append("best" if is_best else "")
+    best_too = ", the best" if best is not None and best.get("step") in steps else ""
+    which = (
+        f"{len(steps)} of the {with_samples} evaluations with samples: the first, the newest{best_too} "
+        "and others spread between them"
+        if len(steps) < with_samples
+        else "every evaluation with samples"
+    )
+    note = (
+        "<p>Each sentence spoken from text alone at evaluations along the run, oldest first: read a "
+        f"column down to hear what training changed in it. The rows are {which}.</p>"
+    )
+    table = _table(header, rows, css)  # in a box that scrolls sideways: many --eval_samples make it wide
+    return f'<section id="along-the-run"><h2>Listen along the run</h2>{note}<div class="wide">{table}</div></section>'
+
+
 def samples_section(run: RunFiles, evals: list[dict], best: dict | None) -> str:
     steps = player_steps(run, evals, best)
     if not steps:
@@ -827,12 +884,9 @@ def sample_table(run: RunFiles, folder: Path) -> str:
     reference = run.folder / "samples" / REFERENCE_FOLDER
     rows = []
     for clip in clips:
-        sentence = run.sentences.get(clip) or {}
-        text, voice = sentence.get("text"), sentence.get("speaker_name")
-        voice = f" (speaker {escape(str(voice))}, speaker_id {sentence.get('speaker')})" if voice else ""
         rel = folder.relative_to(run.folder).as_posix()
         cells = [
-            f"<b>{escape(clip)}</b>{voice}<br>{escape(text) if text else ''}",
+            _sentence(run, clip),
             _audio(f"{rel}/{clip}.wav"),
             _audio(f"samples/{REFERENCE_FOLDER}/{clip}.wav")
             if (reference / f"{clip}.wav").is_file()
@@ -842,6 +896,14 @@ def sample_table(run: RunFiles, folder: Path) -> str:
         ]
         rows.append(cells)
     return _table(["sentence", "model", "recording", "alignment", "mel: recorded / spoken"], rows)
+
+
+def _sentence(run: RunFiles, clip: str) -> str:
+    """A sampled clip's id, voice (a multi-speaker run's) and text, as a table cell."""
+    sentence = run.sentences.get(clip) or {}
+    text, voice = sentence.get("text"), sentence.get("speaker_name")
+    voice = f" (speaker {escape(str(voice))}, speaker_id {sentence.get('speaker')})" if voice else ""
+    return f'<b>{escape(clip)}</b>{voice}<br><span class="said">{escape(str(text)) if text else ""}</span>'
 
 
 def _audio(rel: str) -> str:
@@ -993,7 +1055,7 @@ thead th { background: #f4f4f4; } table.facts th { background: #f8f8f8; font-wei
 tr.best td { background: #fff7d6; } span.best { background: #f0b400; color: #fff; border-radius: 3px; padding: 0 4px; font-size: .85em; }
 .ok { color: #2a7d2a; font-weight: 600; } .running { color: #b06000; font-weight: 600; }
 pre { background: #f6f6f6; padding: .6em; overflow-x: auto; white-space: pre-wrap; }
-img { max-width: 300px; height: auto; } audio { width: 220px; }
+img { max-width: 300px; height: auto; } audio { width: 220px; } div.wide { overflow-x: auto; } .said { font-weight: normal; }
 .charts { display: grid; grid-template-columns: repeat(auto-fill, minmax(560px, 1fr)); gap: .5em; }
 figure { margin: .3em 0; } svg.chart { max-width: 100%; height: auto; font: 11px system-ui, sans-serif; }
 svg .grid { stroke: #eee; } svg .tick { fill: #555; } svg .axis { fill: #333; }
