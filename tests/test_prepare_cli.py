@@ -203,6 +203,19 @@ def test_no_surviving_row_claims_no_character_is_in_the_vocabulary(tmp_path, sma
     assert "  no row kept: no character checked against the model's vocabulary" in proc.stdout.splitlines()
 
 
+def test_drop_unknown_chars_with_no_row_left_by_speaker_says_none_was_checked(tmp_path, small_pairs):
+    # --speaker left no row to check; "every character is in the model's vocabulary" was claimed
+    model = vocab_model_dir(tmp_path, rate=16000)
+    proc = cli(
+        "--source", str(small_pairs), "--data_dir", str(tmp_path / "out"), "--model_name", str(model),
+        "--drop_unknown_chars", "--speaker", "bob", "--no_progress",
+    )  # fmt: skip
+    assert_one_error_line(proc, "--speaker kept no row")
+    assert "every character" not in proc.stdout, proc.stdout
+    line = "  no row left to check against the model's vocabulary (--speaker left out 3)"
+    assert line in proc.stdout.splitlines(), proc.stdout
+
+
 def test_help_shows_defaults():
     proc = cli("--help")
     assert proc.returncode == 0

@@ -141,7 +141,12 @@ def _prepare(settings: PrepareSettings, data_dir: Path, log: Callable[[str], Non
     report = build_report(
         settings, source, sample_rate, vocab, rows, skipped, filtered, warnings, durations, unknown_chars
     )
-    report["counts"].update(converted=run.converted, reused=run.reused, replaced_wavs=run.replaced)
+    report["counts"].update(
+        converted=run.converted,
+        reused=run.reused,
+        replaced_wavs=run.replaced,
+        passed_text_checks=len(planned),
+    )
     report["wavs"] = {
         "unlisted": len(unlisted) if not settings.clean else 0,
         "removed": len(unlisted) if settings.clean and rows else 0,
@@ -335,9 +340,13 @@ def format_summary(report: dict, data_dir: Path) -> str:
     chars = report["characters"]
     lines.append(f"  characters ({len(chars)}): {_counts({repr(k): v for k, v in chars.items()}, limit=80)}")
     unknown = report["unknown_characters"]
-    if unknown == {} and not counts["kept"] and not report["settings"]["drop_unknown_chars"]:
+    dropping = report["settings"]["drop_unknown_chars"]
+    if unknown == {} and not counts["kept"] and not dropping:
         # kept rows are what is counted here: with none, nothing was checked
         lines.append("  no row kept: no character checked against the model's vocabulary")
+    elif unknown == {} and dropping and not counts.get("passed_text_checks", 1):
+        # with --drop_unknown_chars the rows that passed the text checks are checked: none did
+        lines.append(f"  no row left to check against the model's vocabulary ({_left_out(counts)})")
     elif unknown == {}:
         lines.append("  every character is in the model's vocabulary")
     elif unknown:
@@ -354,6 +363,16 @@ def format_summary(report: dict, data_dir: Path) -> str:
         )
     lines.append(f"  report: {data_dir / REPORT_NAME}")
     return "\n".join(lines)
+
+
+def _left_out(counts: dict) -> str:
+    """Why no row reached the vocabulary check: the rows skipped or left out before it."""
+    why = []
+    if counts["filtered_by_reason"].get("filtered_speaker"):
+        why.append(f"--speaker left out {counts['filtered_by_reason']['filtered_speaker']}")
+    if counts["skipped"]:
+        why.append(f"skipped {counts['skipped']}: {_counts(counts['skipped_by_reason'])}")
+    return "; ".join(why) or "the source has no row"
 
 
 def _counts(counter: dict, limit: int = 0) -> str:
