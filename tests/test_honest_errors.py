@@ -140,6 +140,25 @@ def test_a_vocab_json_that_is_no_mapping_of_characters_to_ids_is_one_error_line(
         assert not (tmp_path / "ckpt").exists()
 
 
+@pytest.mark.parametrize(("config", "kind"), [("[]", "list"), ("3", "number"), ('"vits"', "string")], ids=str)
+def test_a_config_json_that_is_no_json_object_is_named_as_such(tmp_path, tiny_model_dir, config, kind):
+    # a config.json holding a JSON list was reported as "not a VITS model (... model_type None)"
+    from vits_trainer.errors import UserError
+    from vits_trainer.training.modelfolder import check_model_folder
+
+    folder = tmp_path / "model"
+    shutil.copytree(tiny_model_dir, folder)
+    (folder / "config.json").write_text(config, encoding="utf-8")
+    expected = f"--model_name {folder}: its config.json holds a JSON {kind}, not a JSON object"
+    with pytest.raises(UserError, match=re.escape(expected)):
+        check_model_folder(folder, "--model_name")
+    if kind == "list":  # and through the real command line
+        cmd = [PYTHON, str(ROOT / "speak.py"), "--model", str(folder), "--text", "abc", "--out"]
+        proc = subprocess.run([*cmd, str(tmp_path / "a.wav")], capture_output=True, text=True, timeout=120)
+        line = one_error_line(proc, f"--model {folder}: its config.json holds a JSON list, not a JSON object")
+        assert "model_type" not in line and not (tmp_path / "a.wav").exists()
+
+
 @pytest.mark.parametrize("tokenizer_config", ["[]", "3", "{"], ids=str)
 def test_a_tokenizer_config_that_is_no_json_object_is_one_error_line(
     tmp_path, tiny_model_dir, tokenizer_config

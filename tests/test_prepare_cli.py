@@ -216,6 +216,18 @@ def test_drop_unknown_chars_with_no_row_left_by_speaker_says_none_was_checked(tm
     assert line in proc.stdout.splitlines(), proc.stdout
 
 
+@pytest.mark.parametrize(("config", "expected"), [("[1, 2]", "holds a JSON list"), ("{", "cannot be read")])
+def test_a_model_whose_config_json_is_no_json_object_is_one_error_line(
+    tmp_path, small_pairs, config, expected
+):
+    # --model_name with such a config.json ended in a traceback (AttributeError, JSONDecodeError)
+    model = vocab_model_dir(tmp_path)
+    (model / "config.json").write_text(config, encoding="utf-8")
+    proc = cli("--source", str(small_pairs), "--data_dir", str(tmp_path / "out"), "--model_name", str(model))
+    assert_one_error_line(proc, f"--model_name {model}: its config.json {expected}")
+    assert not (tmp_path / "out").exists()
+
+
 def test_help_shows_defaults():
     proc = cli("--help")
     assert proc.returncode == 0

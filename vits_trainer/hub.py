@@ -123,6 +123,23 @@ def resolve_model_dir(name: str, purpose: str = "--model_name") -> Path:
         ) from None
 
 
-def read_model_config(model_dir: Path) -> dict:
-    with open(model_dir / "config.json", encoding="utf-8") as f:
-        return json.load(f)
+def read_model_config(model_dir: Path, flag: str = "--model_name") -> dict:
+    """A model folder's config.json; one error line naming `flag` when it is unreadable or no JSON object."""
+    try:
+        config = json.loads((model_dir / "config.json").read_text(encoding="utf-8"))
+    except (OSError, ValueError) as err:
+        raise UserError(f"{flag} {model_dir}: its config.json cannot be read ({err})") from None
+    if not isinstance(config, dict):
+        raise UserError(
+            f"{flag} {model_dir}: its config.json holds a JSON {json_kind(config)}, not a JSON object; copy "
+            "the model folder again (or export it again)"
+        )
+    return config
+
+
+def json_kind(value) -> str:
+    """What a parsed JSON value is, in JSON's words (a Python type name would say 'NoneType')."""
+    if isinstance(value, bool):
+        return "true/false"
+    kinds = {list: "list", dict: "object", str: "string", int: "number", float: "number"}
+    return kinds.get(type(value), "null")

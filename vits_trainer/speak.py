@@ -158,7 +158,7 @@ def choose_speaker(
 ) -> tuple[int, str]:
     """(speaker id, how the report names it), checked against the model's config and its speaker names
     (the folder passed check_model_folder, or is a verified checkpoint: its config.json is VITS's)."""
-    config = read_model_config(model_dir)
+    config = read_model_config(model_dir, "--model")
     count = int(config.get("num_speakers") or 1)
     if args.speaker is not None:
         names, where = speaker_names(model_dir, trainer_state)

@@ -119,7 +119,7 @@ def resolve_target(settings: PrepareSettings) -> tuple[int, Vocabulary | None, l
     if settings.model_name is None:
         return settings.sample_rate or DEFAULT_SAMPLE_RATE, None, []
     model_dir = resolve_model_dir(settings.model_name)
-    model_rate = int(read_model_config(model_dir).get("sampling_rate") or DEFAULT_SAMPLE_RATE)
+    model_rate = int(read_model_config(model_dir, "--model_name").get("sampling_rate") or DEFAULT_SAMPLE_RATE)
     if settings.sample_rate is not None and settings.sample_rate != model_rate:
         raise UserError(
             f"--sample_rate {settings.sample_rate} disagrees with --model_name {settings.model_name} "

@@ -12,6 +12,7 @@ import json
 from pathlib import Path
 
 from ..errors import UserError
+from ..hub import json_kind, read_model_config
 from .checkpoint import MANIFEST
 
 
@@ -52,11 +53,7 @@ def check_model_folder(folder: Path, flag: str) -> None:
                 f"again (or export it again)"
             ) from None
     # another architecture's folder, or a broken config, failed inside transformers' tokenizer
-    try:
-        config = json.loads((folder / "config.json").read_text(encoding="utf-8"))
-    except (OSError, ValueError) as err:
-        raise UserError(f"{flag} {folder}: its config.json cannot be read ({err})") from None
-    kind = config.get("model_type") if isinstance(config, dict) else None
+    kind = read_model_config(folder, flag).get("model_type")
     if kind != "vits":
         raise UserError(f"{flag} {folder}: not a VITS model (its config.json says model_type {kind!r})")
     if not (folder / "vocab.json").is_file():
@@ -73,7 +70,7 @@ def check_model_folder(folder: Path, flag: str) -> None:
         settings = _read_json(folder, "tokenizer_config.json", flag)
         if not isinstance(settings, dict):
             raise UserError(
-                f"{flag} {folder}: its tokenizer_config.json holds a JSON {type(settings).__name__}, not an "
+                f"{flag} {folder}: its tokenizer_config.json holds a JSON {json_kind(settings)}, not an "
                 "object of settings; copy the model folder again (or export it again)"
             )
 
