@@ -155,6 +155,24 @@ def test_bad_input_is_one_error_line(tmp_path, capsys, tiny_model_dir, multi_mod
     assert existing.read_bytes() == b"mine" and not wav.exists() and not (tmp_path / "f").exists()
 
 
+def test_a_text_file_in_another_encoding_is_named_with_its_line_and_utf16_is_read(
+    tmp_path, capsys, tiny_model_dir
+):
+    # a Latin-1 file was "not UTF-8 text (... at byte 7)": no line, no fix; Notepad's UTF-16 was refused
+    latin1 = tmp_path / "latin1.txt"
+    latin1.write_bytes("abc\ncafé abc\n".encode("latin-1"))
+    code, _, err = speak(capsys, "--model", tiny_model_dir, "--text_file", latin1, "--out", tmp_path / "a")
+    assert code == 2 and err.startswith("error:") and len(err.splitlines()) == 1, err
+    assert f"--text_file {latin1}: line 2 is not UTF-8 text" in err and "save it as UTF-8" in err, err
+    utf16 = tmp_path / "utf16.txt"
+    utf16.write_text("abc de\nfgh ij\n", encoding="utf-16")  # with its byte-order mark
+    code, stdout, err = speak(
+        capsys, "--model", tiny_model_dir, "--text_file", utf16, "--out", tmp_path / "b"
+    )
+    assert code == 0, err
+    assert sorted(p.name for p in (tmp_path / "b").iterdir()) == ["0001.wav", "0002.wav"]
+
+
 @pytest.mark.parametrize("how", ["script", "module"])
 def test_in_a_subprocess_as_the_script_from_any_folder_and_as_a_module(tmp_path, tiny_model_dir, how):
     env = dict(os.environ, HF_HUB_OFFLINE="1")

@@ -21,6 +21,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from .data.metadata import decode_text
 from .errors import ArgumentParser, UserError, run_command
 from .hub import read_model_config, resolve_model_dir
 from .model.speakers import is_bare_id
@@ -56,8 +57,8 @@ def build_parser() -> argparse.ArgumentParser:
     text.add_argument("--text", help="one sentence to speak; --out is then a .wav file")
     text.add_argument(
         "--text_file",
-        help="UTF-8 file, one sentence per line (blank lines skipped); --out is then a folder that gets "
-        "0001.wav, 0002.wav, ...",
+        help="UTF-8 file (or UTF-16 with its byte-order mark), one sentence per line (blank lines skipped); "
+        "--out is then a folder that gets 0001.wav, 0002.wav, ...",
     )
     parser.add_argument("--out", required=True, help="output .wav file (--text) or folder (--text_file)")
     voice = parser.add_mutually_exclusive_group()
@@ -100,12 +101,7 @@ def read_sentences(args: argparse.Namespace) -> list[Sentence]:
     source = Path(args.text_file).expanduser()
     if not source.is_file():
         raise UserError(f"--text_file {args.text_file}: no such file")
-    try:
-        lines = source.read_text(encoding="utf-8-sig").splitlines()
-    except UnicodeDecodeError as err:
-        raise UserError(
-            f"--text_file {args.text_file}: not UTF-8 text ({err.reason} at byte {err.start})"
-        ) from None
+    lines = decode_text(source.read_bytes(), f"--text_file {args.text_file}").splitlines()
     numbered = [(n, line.strip()) for n, line in enumerate(lines, 1) if line.strip()]
     if not numbered:
         raise UserError(f"--text_file {args.text_file}: no sentences (every line is blank)")

@@ -47,6 +47,23 @@ def text_encoding(head: bytes) -> str:
     return "utf-16" if head[:2] in (b"\xff\xfe", b"\xfe\xff") else "utf-8-sig"
 
 
+def decode_text(data: bytes, name: str) -> str:
+    """A text file's bytes as text (UTF-8, or UTF-16 with its byte-order mark: Notepad's "Unicode");
+    one error line starting with `name` when they are neither."""
+    encoding = text_encoding(data)
+    try:
+        return data.decode(encoding)
+    except UnicodeDecodeError as err:
+        if encoding == "utf-16":
+            raise UserError(f"{name}: not UTF-16 text ({err.reason} at byte {err.start})") from None
+        # a file saved by Excel or an older editor is often Windows-1252 or Latin-1
+        line = data[: err.start].count(b"\n") + 1
+        raise UserError(
+            f"{name}: line {line} is not UTF-8 text ({err.reason} at byte {err.start}); a file saved by Excel "
+            "or an older editor is often Windows-1252 or Latin-1: save it as UTF-8 and run again"
+        ) from None
+
+
 def read_metadata(path: str | Path) -> tuple[list[MetaRow], list[tuple[int, str]]]:
     """Return (rows, problems); problems are (line number, reason) for lines that cannot be used.
 
@@ -58,21 +75,9 @@ def read_metadata(path: str | Path) -> tuple[list[MetaRow], list[tuple[int, str]
     rows: list[MetaRow] = []
     problems: list[tuple[int, str]] = []
     seen: set[str] = set()
-    data = path.read_bytes()
-    encoding = text_encoding(data)  # Notepad's "Unicode" too, as prepare_data.py reads it
-    try:
-        # utf-8-sig: a metadata.csv edited in Notepad or Excel (a transcript fixed by hand) starts with a
-        # byte-order mark, which became part of the first id: its clip was then reported missing
-        lines = data.decode(encoding).splitlines()
-    except UnicodeDecodeError as err:
-        if encoding == "utf-16":
-            raise UserError(f"{path}: not UTF-16 text ({err.reason} at byte {err.start})") from None
-        # a file saved by Excel or an older editor is often Windows-1252 or Latin-1
-        line = data[: err.start].count(b"\n") + 1
-        raise UserError(
-            f"{path}: line {line} is not UTF-8 text ({err.reason} at byte {err.start}); a file saved by Excel "
-            "or an older editor is often Windows-1252 or Latin-1: save it as UTF-8 and run again"
-        ) from None
+    # utf-8-sig: a metadata.csv edited in Notepad or Excel (a transcript fixed by hand) starts with a
+    # byte-order mark, which became part of the first id: its clip was then reported missing
+    lines = decode_text(path.read_bytes(), str(path)).splitlines()
     for number, line in enumerate(lines, start=1):
         if not line.strip():
             continue
