@@ -686,6 +686,20 @@ def test_an_empty_metadata_csv_beside_the_clips_is_named_as_empty(tmp_path, cont
     assert f"{src / 'metadata.csv'} is empty" in message and "Pass it as --source" not in message, message
 
 
+def test_a_table_whose_first_64_kib_are_blank_is_not_called_empty(tmp_path):
+    # only the first 64 KiB were read: a clip listed after them was in a table "is empty"
+    src = tmp_path / "lj"
+    write_audio(src / "wavs" / "a.wav", speech("abc", 16000), 16000)
+    (src / "metadata.csv").write_text(" \n" * 40000 + "a|some text\n", encoding="utf-8")
+    with pytest.raises(UserError) as err:
+        run_prepare(src, tmp_path / "out")
+    message = str(err.value)
+    assert "is empty" not in message and f"Are the transcripts in {src / 'metadata.csv'}" in message, message
+    (src / "metadata.csv").write_text(" \n" * 40000, encoding="utf-8")  # blank to its end: empty
+    with pytest.raises(UserError, match="metadata.csv is empty"):
+        run_prepare(src, tmp_path / "out2")
+
+
 @pytest.mark.parametrize("sep", ["\t", ","], ids=["tabs", "commas"])
 def test_a_table_of_ids_without_a_header_says_its_first_line_is_a_clip(tmp_path, sep):
     # LJSpeech's id|text written with tabs: its first clip was read as the header, and the error listed

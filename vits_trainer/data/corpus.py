@@ -711,10 +711,14 @@ def transcript_tables_hint(source: Source) -> str:
 
 
 def _is_empty_text(path: Path) -> bool:
-    """A text file with nothing but blank lines (and a byte-order mark) in its first 64 KiB."""
+    """A text file with nothing but blank lines (and a byte-order mark); read in chunks up to the first
+    character that is not blank, so a large table is never read whole."""
     try:
         with open(path, encoding=_encoding(path)[0], errors="replace") as f:
-            return not f.read(65536).strip("\ufeff \t\r\n")
+            while chunk := f.read(65536):
+                if chunk.strip("\ufeff \t\r\n"):
+                    return False
+            return True
     except OSError:
         return False
 
