@@ -842,6 +842,15 @@ def test_the_best_evaluation_is_the_best_model_folders_else_the_first_lowest_fin
     assert best_eval(evals, "val_mel", {"best_step": 99}, best_model_step=98)["step"] == 20  # neither found
 
 
+def test_a_true_or_false_score_is_no_metric_as_it_is_no_point_of_a_chart():
+    # metric_of took `true` for 1.0 where the charts' is_finite_number skips it: best at step 5
+    from vits_trainer.training.report import best_eval, metric_of
+
+    evals = [{"step": 5, "val_mel": True}, {"step": 10, "val_mel": 2.0}]
+    assert metric_of(evals[0], "val_mel") is None and metric_of(evals[1], "val_mel") == 2.0
+    assert best_eval(evals, "val_mel", None)["step"] == 10
+
+
 def test_durations_read_hours_minutes_seconds():
     from vits_trainer.training.report import _duration
 

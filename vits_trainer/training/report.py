@@ -301,7 +301,7 @@ def metric_of(record: dict, metric: str) -> float | None:
     value = primary(record, metric)
     if value is None:  # a record from before best_key, of a run whose first set is not "val"
         value = next((v for k, v in record.items() if k.endswith("_" + metric)), None)
-    return value if isinstance(value, int | float) and math.isfinite(value) else None
+    return value if is_finite_number(value) else None  # as the charts take it: a bool is no score
 
 
 # ---- status and resume ----------------------------------------------------------------------------
