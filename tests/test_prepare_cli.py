@@ -190,6 +190,18 @@ def test_no_surviving_row_fails_but_writes_the_report(tmp_path, small_pairs):
     assert (out / "prepare_report.json").is_file() and not (out / "metadata.csv").exists()
 
 
+@pytest.mark.parametrize(("table", "fmt"), [("list.csv", "csv"), ("metadata.csv", "ljspeech")])
+def test_a_table_that_lists_no_clip_says_so(tmp_path, table, fmt):
+    # a header row alone (or an empty metadata.csv) ended in "no usable clips (none)"
+    src = tmp_path / "corpus"
+    write_audio(src / "wavs" / "a.wav", speech("abc def", 22050), 22050)
+    (src / table).write_text("file,text\n" if fmt == "csv" else "", encoding="utf-8")
+    given = src / table if fmt == "csv" else src
+    proc = cli("--source", str(given), "--format", fmt, "--data_dir", str(tmp_path / "out"), "--no_progress")
+    assert_one_error_line(proc, f"no usable clips: {given} (read as {fmt}) lists no clip")
+    assert "(none)" not in proc.stderr
+
+
 def test_no_surviving_row_claims_no_character_is_in_the_vocabulary(tmp_path, small_pairs):
     # the texts have a 'p' the model lacks; with no row kept, none was checked against the vocabulary
     out = tmp_path / "out"

@@ -156,6 +156,11 @@ def _prepare(settings: PrepareSettings, data_dir: Path, log: Callable[[str], Non
     write_json_atomic(report_path, report)
     if not rows:
         log(format_summary(report, data_dir))
+        if not source.rows:  # a header row alone, an empty metadata.csv: no row to give a reason for
+            raise UserError(
+                f"no usable clips: {source.location} (read as {source.format}) lists no clip; add the clips "
+                f"to it, or pass the table that lists them as --source (see {report_path})"
+            )
         reasons_by = report["counts"]["skipped_by_reason"]
         reasons = ", ".join(f"{k} {v}" for k, v in {**reasons_by, **filtered}.items()) or "none"
         no_text = "missing_text" in reasons_by and set(reasons_by) <= {"missing_text", "missing_audio"}
