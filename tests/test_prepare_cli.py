@@ -169,6 +169,19 @@ def test_a_wavs_folder_given_names_the_table_above_it_but_no_hidden_file(tmp_pat
     assert "Are the transcripts" not in proc.stderr, proc.stderr
 
 
+def test_a_folder_of_clips_without_transcripts_says_what_to_add(tmp_path):
+    # "no usable clips (missing_text 2)" alone: which file each clip lacks was not said
+    src = tmp_path / "recordings"
+    for name in ("my clip 1", "my clip 2"):
+        write_audio(src / f"{name}.wav", speech("abc", 16000), 16000)
+    proc = cli("--source", str(src), "--data_dir", str(tmp_path / "out"), "--no_progress")
+    assert_one_error_line(proc, "no usable clips (missing_text 2)")
+    assert (
+        "no clip has an x.txt or x.lab transcript beside it (my clip 1.txt for my clip 1.wav)" in proc.stderr
+    )
+    assert "pass it as --source" in proc.stderr and "Are the transcripts" not in proc.stderr
+
+
 def test_output_piped_into_head_ends_without_a_traceback(tmp_path, small_pairs):
     script = (
         f"{shlex.quote(sys.executable)} {shlex.quote(str(ROOT / 'prepare_data.py'))} --source "

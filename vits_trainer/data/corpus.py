@@ -705,7 +705,13 @@ def transcript_tables_hint(source: Source) -> str:
     if not tables:
         if empty:
             return f"; no clip has an x.txt or x.lab beside it, and {empty[0]} is empty"
-        return ""
+        missing = (r for r in source.rows if isinstance(r, Problem) and r.reason == "missing_text")
+        lacking = next((Path(r.origin) for r in missing), None)
+        example = f" ({lacking.with_suffix('.txt').name} for {lacking.name})" if lacking else ""
+        return (
+            f"; no clip has an x.txt or x.lab transcript beside it{example}: write them, or list the clips "
+            "and their texts in a table (columns file_name, text) and pass it as --source"
+        )
     names = ", ".join(map(str, tables[:3]))
     return f"; no clip has an x.txt or x.lab beside it. Are the transcripts in {names}? Pass it as --source"
 
