@@ -16,7 +16,7 @@ from tests.helpers import ROOT, cli_args, cli_settings, tiny_config, train_tiny,
 from vits_trainer.errors import UserError
 from vits_trainer.training import loop as loop_module
 from vits_trainer.training import microbatch_choice as choice_module
-from vits_trainer.training.microbatch import merge_batches, micro_batches
+from vits_trainer.training.microbatch import merge_batches, micro_batches, whole_step_samples
 from vits_trainer.training.microbatch_choice import MicroBatchTrial, candidates
 from vits_trainer.training.step import GanStep
 
@@ -168,6 +168,28 @@ def trial_policy(sizes, steps, step_clips=16, batch_size=8):
     policy.step_clips = policy.effective_step_clips = step_clips
     policy.trial, policy.trial_steps = MicroBatchTrial(sizes, steps), []
     return policy
+
+
+def test_a_whole_steps_clips_are_one_rule_for_the_budget_and_each_process():
+    """An epoch of 5 clips, smaller than a step of 8 clips per process on 2 processes: each step trains
+    the whole epoch, 5 samples (the budget's full step), and the busiest process at least 3 of them. The
+    per-process count was the epoch divided rounding down, min(8, 5 // 2) = 2: 4 samples a step, fewer
+    than the budget's 5. With one process, or an epoch of whole steps, the rules always agreed."""
+    from types import SimpleNamespace
+
+    def policy(processes: int, epoch: int):
+        session = SimpleNamespace(
+            cfg=SimpleNamespace(step_clips=8),
+            accelerator=SimpleNamespace(num_processes=processes),
+            data=SimpleNamespace(samples_per_epoch=epoch),
+        )
+        return choice_module.MicroBatchPolicy(session, metrics=None, agreement=None)
+
+    small = policy(2, 5)
+    assert small.whole_step_samples == whole_step_samples(8, 2, 5) == 5
+    assert small.clips_trained_per_step() == 3
+    assert policy(1, 5).clips_trained_per_step() == 5
+    assert policy(2, 100).whole_step_samples == 16 and policy(2, 100).clips_trained_per_step() == 8
 
 
 def test_an_epochs_short_steps_do_not_take_a_sizes_measured_steps():

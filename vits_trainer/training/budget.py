@@ -194,8 +194,8 @@ class Budget:
         benchmark_skip_steps: first optimizer steps of the session excluded from the throughput
             (compilation, allocator warm-up).
         max_steps: --max_steps (global count; 0: none): a plan never promises steps beyond it.
-        full_step_samples: samples a whole optimizer step trains (every process's); 0: unknown, the
-            largest step seen stands for it.
+        full_step_samples: samples a whole optimizer step trains (every process's:
+            microbatch.whole_step_samples); 0: unknown, the largest step seen stands for it.
     """
 
     def __init__(

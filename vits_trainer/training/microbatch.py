@@ -6,7 +6,8 @@ An optimiser step always trains on the same clips: `--gradient_accumulation_step
 decides how many clips go through the networks at once: the step's loader batches are merged and cut
 into parts of at most that size, each part's gradients accumulated. The sampler, the data order and
 the resume position (`TrainState.batch_in_epoch`, counted in loader batches at step boundaries) are
-therefore the same whatever the micro-batch, and a resumed run may use another one.
+therefore the same whatever the micro-batch, and a resumed run may use another one. An epoch smaller
+than a step is one step (`whole_step_samples`).
 """
 
 from __future__ import annotations
@@ -16,6 +17,12 @@ import math
 import torch
 
 from ..data.shapes import PadLengths, padded_widths
+
+
+def whole_step_samples(step_clips: int, processes: int, samples_per_epoch: int) -> int:
+    """The samples one whole optimiser step trains, every process's together, each counted once (as the
+    loop counts a step's samples): `step_clips` per process, or the whole epoch when it holds fewer."""
+    return min(step_clips * processes, samples_per_epoch)
 
 
 def accumulation_for(clips: int, micro: int) -> int:

@@ -26,7 +26,7 @@ import torch
 
 from ..errors import UserError
 from .config import divisors
-from .microbatch import accumulation_for
+from .microbatch import accumulation_for, whole_step_samples
 
 TRIAL_STEPS = 4  # per candidate: one warm-up step and three measured ones
 TRIAL_STEPS_SHORT = 2  # when the budget is short: one warm-up, one measured
@@ -179,21 +179,25 @@ class MicroBatchPolicy:
         self.s = session
         self.metrics = metrics
         self.agreement = agreement
-        # clips per optimiser step, per process, as configured (clips_trained_per_step: as trained)
+        processes, epoch = session.accelerator.num_processes, session.data.samples_per_epoch
+        # clips per optimiser step, per process, as configured
         self.step_clips = session.cfg.step_clips
-        # the same on all processes together: the effective batch the plan counts, a whole step's samples
-        self.effective_step_clips = self.step_clips * session.accelerator.num_processes
-        # an epoch's training clips per process: when fewer than a step's, every step trains on all of them
-        # (a count; TrainState.epoch_clips is a digest of which clips they are)
-        self.clips_per_epoch = session.data.samples_per_epoch // session.accelerator.num_processes
+        # the same on all processes together: the effective batch the plan counts
+        self.effective_step_clips = self.step_clips * processes
+        # what a whole step trains, all processes together: fewer when the epoch is smaller than a step
+        # (the budget's full_step_samples, from the same rule)
+        self.whole_step_samples = whole_step_samples(self.step_clips, processes, epoch)
+        # an epoch's training clips per process, rounded down (a count; TrainState.epoch_clips is a
+        # digest of which clips they are)
+        self.clips_per_epoch = epoch // processes
         self.trial: MicroBatchTrial | None = None  # the trial while it runs
         self.trial_steps: list[tuple[int, float, int, bool]] = []  # (size, seconds, samples, clean)
         self.last_micro: int | None = None  # the micro-batch size the last step ran at
 
     def clips_trained_per_step(self) -> int:
-        """The clips one optimiser step trains on, per process: `step_clips` (the configured step), or the
-        epoch's when fewer."""
-        return max(1, min(self.step_clips, self.clips_per_epoch))
+        """The clips one optimiser step trains on, per process: a whole step's shared among the processes,
+        rounded up (the busiest process sets the step's time)."""
+        return max(1, math.ceil(self.whole_step_samples / self.s.accelerator.num_processes))
 
     def size(self) -> int:
         """Clips per micro-batch for the next step: the trial's size while it runs, else the chosen one,
@@ -247,7 +251,7 @@ class MicroBatchPolicy:
         if len(options) == 1:
             state.micro_batch_size = options[0]
             return
-        if self.clips_per_epoch < self.step_clips:  # every step is short of clips: no step would be measured
+        if self.whole_step_samples < self.effective_step_clips:  # every step is short: none would be measured
             state.micro_batch_size = cfg.batch_size
             if s.is_main:
                 clips = self.clips_per_epoch

@@ -42,6 +42,7 @@ from .datasplit import (
     split_data,
 )
 from .lr_schedule import BudgetLR, make_scheduler, set_peak_lr
+from .microbatch import whole_step_samples
 from .networks import (
     check_segment_size,
     estimate_checkpoint_bytes,
@@ -379,8 +380,7 @@ def _build_session(
     sampler, loader, val_loaders = make_loaders(cfg, data, accelerator, pad)
     g_opt, d_opt = _make_optimizers(cfg, generator, discriminator, ckpt)
     saved_budget = trainer_state["budget"] if ckpt is not None else None
-    # a whole step's samples, every process's (as the loop counts them); an epoch smaller than a step is one
-    full_step = min(cfg.step_clips * accelerator.num_processes, data.samples_per_epoch)
+    full_step = whole_step_samples(cfg.step_clips, accelerator.num_processes, data.samples_per_epoch)
     budget = _make_budget(cfg, process_start, ckpt_bytes, saved_budget, full_step)
     budget_lr = BudgetLR(budget, cfg.warmup_steps, min_lr_ratio=cfg.min_lr_ratio, max_steps=cfg.max_steps)
     if ckpt is not None:  # checkpoints before the schedule had its own state kept it in the budget's
