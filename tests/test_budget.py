@@ -222,6 +222,15 @@ def test_the_plan_expects_the_evaluations_and_checkpoints_the_loop_makes():
     assert expected(100.0, val=False, save_minutes=0.5) == (0.0, 3.3333333333333335)
 
 
+def test_a_checkpoint_is_due_every_save_minutes_whatever_its_share_of_the_time():
+    """--save_minutes asks for a checkpoint after a step once that much time passed since the last one,
+    even when the epoch-end rule (OVERHEAD_SHARE) would skip it."""
+    from vits_trainer.training.budget import overhead_due, save_minutes_passed
+
+    assert save_minutes_passed(60.0, 1.0) and not save_minutes_passed(59.5, 1.0)
+    assert not overhead_due(60.0, 10.0)  # a 10 s checkpoint a minute after the last: more than 10 %
+
+
 def test_replan_follows_throughput_drift():
     b, clock = make_benchmarked()
     first = b.plan(3200, 16)

@@ -147,7 +147,7 @@ class Plan:
         return d
 
 
-# ---- epoch-end evaluations and checkpoints: the rules (RunOutputs acts on them) -------------------
+# ---- evaluations and checkpoints during the run: when they are due (RunOutputs acts on them) --------
 
 OVERHEAD_SHARE = 0.1  # epoch-end evals/saves are skipped when they would exceed this share of the time
 # Before the first step the budget needs a step time: one training sample costs about what one validation
@@ -167,6 +167,17 @@ def overheads_per_epoch(epoch_seconds: float, cost: float) -> float:
     """How many of those `cost`-second evaluations or checkpoints `overhead_due` allows per epoch of
     `epoch_seconds` (at most one: they come at epoch ends), for the plan."""
     return min(1.0, OVERHEAD_SHARE * epoch_seconds / cost) if cost > 0 else 1.0
+
+
+def save_minutes_passed(since_last: float, save_minutes: float) -> bool:
+    """Whether a checkpoint is due after a step, whatever OVERHEAD_SHARE says: --save_minutes passed in
+    the `since_last` seconds since the last one. Whether it still fits is `Budget.can_afford`'s question."""
+    return since_last >= save_minutes * 60
+
+
+def interval_saves_per_epoch(epoch_seconds: float, save_minutes: float) -> float:
+    """How many checkpoints `save_minutes_passed` asks for per epoch of `epoch_seconds`, for the plan."""
+    return epoch_seconds / (60 * save_minutes) if save_minutes > 0 else 0.0
 
 
 def step_seconds_from_eval(eval_seconds: float, clips_evaluated: int, clips_trained: int) -> float | None:

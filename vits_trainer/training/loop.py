@@ -9,9 +9,10 @@ micro-batches) -> `GanStep.micro_step` (step.py: forward, backward, and after th
 After each step the budget is told how long it took; once the benchmark samples are measured the
 run is planned, and from then on it re-plans each epoch and stops at the last step boundary after
 which the final evaluation, checkpoint and export still fit before the deadline. Evaluations and
-checkpoints in between happen at epoch ends (skipped when they would cost more than ~10 % of the
-training time or no longer fit); checkpoints also every --save_minutes. SIGINT/SIGTERM end the run the
-same way, minus the final evaluation: finish the step, save, export, exit 0.
+checkpoints in between happen at epoch ends, each when it costs at most 10 % of the time since the last
+one (budget.OVERHEAD_SHARE) and still fits; a checkpoint also after any step once --save_minutes have
+passed since the last one, if it fits. SIGINT/SIGTERM end the run the same way, minus the final
+evaluation: finish the step, save, export, exit 0.
 """
 
 from __future__ import annotations

@@ -1,6 +1,7 @@
 """What a run writes while it trains (`RunOutputs`, one part of loop.Trainer): evaluations (with samples,
 alignments and pictures), checkpoints and exports (best_model, and final_model for run_end.py, each with
-its model card); at epoch ends, the ones budget.py's rules (overhead_due) say are due.
+its model card), when budget.py's rules say they are due: at epoch ends (overhead_due) and, for
+checkpoints, after any step (save_minutes_passed).
 """
 
 from __future__ import annotations
@@ -22,7 +23,13 @@ from ..model.discriminator import save_discriminator
 from ..model.vits import export_model
 from ..safety import UnsafeOverwrite
 from .best_model import best_model_score, install_best_model
-from .budget import overhead_due, overheads_per_epoch, step_seconds_from_eval
+from .budget import (
+    interval_saves_per_epoch,
+    overhead_due,
+    overheads_per_epoch,
+    save_minutes_passed,
+    step_seconds_from_eval,
+)
 from .checkpoint import checkpoint_name, prune_checkpoints, write_checkpoint
 from .evaluate import evaluate, set_prefix, synthesize
 from .freerun import dtw_scores, free_running_eval, write_wavs
@@ -405,17 +412,18 @@ class RunOutputs:
     def expected_per_epoch(self, epoch_seconds: float) -> tuple[float, float]:
         """(evaluations, checkpoints) to expect per epoch of `epoch_seconds` of training, for the plan: as
         many as evaluate_and_save_if_due's rule (budget.overheads_per_epoch) allows, and a checkpoint at
-        least every --save_minutes."""
+        least every --save_minutes (budget.interval_saves_per_epoch)."""
         s, budget = self.s, self.s.budget
         evals = overheads_per_epoch(epoch_seconds, budget.eval_seconds()) if s.val_loaders else 0.0
-        interval = epoch_seconds / (60 * s.cfg.save_minutes) if s.cfg.save_minutes > 0 else 0.0
+        interval = interval_saves_per_epoch(epoch_seconds, s.cfg.save_minutes)
         return evals, max(overheads_per_epoch(epoch_seconds, budget.save_seconds()), interval)
 
     def interval_save_due(self) -> bool:
-        """--save_minutes passed since the last checkpoint and one still fits (rank 0's clock: the loop
-        sends the answer to every rank with its stop decision and saves after the step)."""
+        """--save_minutes passed since the last checkpoint (budget.save_minutes_passed) and one still fits
+        (rank 0's clock: the loop sends the answer to every rank with its stop decision and saves after
+        the step)."""
         budget = self.s.budget
-        save_due = time.time() - self.last_save >= self.s.cfg.save_minutes * 60
+        save_due = save_minutes_passed(time.time() - self.last_save, self.s.cfg.save_minutes)
         return save_due and budget.can_afford(budget.save_seconds())
 
     def evaluate_and_save_if_due(self) -> None:
