@@ -62,7 +62,7 @@ def _cpu_name() -> str:
 class MicroBatchTrial:
     """The schedule and the measurements of a trial: `steps` steps at each size, smallest first: a
     warm-up, then whole steps (short ones after the warm-up are counted apart; at most 2 x `steps` steps
-    per size in all)."""
+    per size in all). Its samples are the clips a step put through the networks, every process's."""
 
     sizes: list[int]
     steps: int
@@ -81,7 +81,7 @@ class MicroBatchTrial:
     def current(self) -> int:
         return self.sizes[self._index]
 
-    def observe(self, size: int, seconds: float, samples: int, clean: bool = True, full: bool = True) -> None:
+    def observe(self, size: int, seconds: float, clips: int, clean: bool = True, full: bool = True) -> None:
         """One trial step at `size` ended. `clean`: it ran once, at this size; `full`: on a whole step's
         clips. A short step (fewer clips) measures nothing and takes none of the size's steps, else one
         would take the slot of a measured step (with 2 steps per size, the only one)."""
@@ -90,8 +90,8 @@ class MicroBatchTrial:
         if not full and size in self.times:  # (a short first step still warms the size up)
             self.short[size] = self.short.get(size, 0) + 1
         else:
-            timed = clean and full and samples > 0
-            self.times.setdefault(size, []).append(seconds / samples if timed else None)
+            timed = clean and full and clips > 0
+            self.times.setdefault(size, []).append(seconds / clips if timed else None)
         self._count += 1
         # the size is done with its steps, or gives up (a corpus whose steps are mostly short): bounded
         if len(self.times[size]) >= self.steps or self._count >= 2 * self.steps:
@@ -191,7 +191,7 @@ class MicroBatchPolicy:
         # digest of which clips they are)
         self.clips_per_epoch = epoch // processes
         self.trial: MicroBatchTrial | None = None  # the trial while it runs
-        self.trial_steps: list[tuple[int, float, int, bool]] = []  # (size, seconds, samples, clean)
+        self.trial_steps: list[tuple[int, float, int, bool]] = []  # (size, seconds, clips, clean)
         self.last_micro: int | None = None  # the micro-batch size the last step ran at
 
     def clips_trained_per_step(self) -> int:
@@ -328,9 +328,11 @@ class MicroBatchPolicy:
             fastest if fastest is not None else (trial.sizes or [s.cfg.batch_size])[0]
         )
         s.state.micro_batch_size, s.state.micro_batch_trial = chosen, trial.table()
-        # the chosen size's steps after its warm-up measured the run from here on: the benchmark keeps them
-        ran = [(sec, n, clean) for size, sec, n, clean in self.trial_steps if size == chosen][1:]
-        s.budget.add_measurements([(sec, n) for sec, n, clean in ran if clean])
+        # the chosen size's steps after its warm-up measured the run from here on: the benchmark keeps them,
+        # their clips as its samples (the same in one process; with several, an epoch's last step's can
+        # differ: loop.Trainer.train_step)
+        ran = [(sec, clips, clean) for size, sec, clips, clean in self.trial_steps if size == chosen][1:]
+        s.budget.add_measurements([(sec, clips) for sec, clips, clean in ran if clean])
         requested, rate = trial.seconds_per_sample(s.cfg.batch_size), trial.seconds_per_sample(chosen)
         ratio = f", {requested / rate:.2f}x the requested {s.cfg.batch_size}" if requested and rate else ""
         s.log(trial.describe())
@@ -355,9 +357,9 @@ class MicroBatchPolicy:
             {"event": "micro_batch", "step": s.budget.global_step, "chosen": chosen, "trial": trial.table()}
         )
 
-    def is_full(self, samples: int) -> bool:
-        """Whether a step of `samples` clips (all processes) was a whole step, not an epoch's short last one."""
-        return samples == self.effective_step_clips
+    def is_full(self, clips: int) -> bool:
+        """Whether a step of `clips` clips (all processes) was a whole step, not an epoch's short last one."""
+        return clips == self.effective_step_clips
 
     def trial_seconds_per_sample(self) -> float | None:
         """The eager time per sample this session's trial measured at the chosen size (None without one)."""
@@ -367,11 +369,11 @@ class MicroBatchPolicy:
         rows = [r for r in state.micro_batch_trial if r["micro_batch_size"] == state.micro_batch_size]
         return rows[0]["seconds_per_sample"] if rows else None
 
-    def observe_trial_step(self, size: int, seconds: float, samples: int, clean: bool) -> None:
+    def observe_trial_step(self, size: int, seconds: float, clips: int, clean: bool) -> None:
         """A step of the trial at `size` clips per micro-batch ended; the trial ends after its last."""
         # an epoch's short last step (fewer clips) would skew the time per sample: not measured
-        self.trial.observe(size, seconds, samples, clean, self.is_full(samples))
-        self.trial_steps.append((size, seconds, samples, clean))
+        self.trial.observe(size, seconds, clips, clean, self.is_full(clips))
+        self.trial_steps.append((size, seconds, clips, clean))
         if self.trial.done:
             self.finish_trial()
 
