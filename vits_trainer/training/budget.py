@@ -149,7 +149,7 @@ class Plan:
 
 # ---- evaluations and checkpoints during the run: when they are due (RunOutputs acts on them) --------
 
-OVERHEAD_SHARE = 0.1  # epoch-end evals/saves are skipped when they would exceed this share of the time
+OVERHEAD_SHARE = 0.1  # epoch-end evals/saves are skipped above this share of the time since the last one
 # Before the first step the budget needs a step time: one training sample costs about what one validation
 # clip does (the eval decodes whole clips, training a segment but with backward passes and the
 # discriminator: the same order). Crude, but it only decides whether a first step can still fit.
