@@ -1072,3 +1072,33 @@ def test_listen_along_a_long_run_plays_the_first_newest_best_and_evaluations_spr
     chosen, with_samples = along_the_run_steps(read_run(folder), evals, {"step": 30})
     assert 190 not in chosen and 180 in chosen and with_samples == 19
     assert along_the_run_steps(read_run(folder), evals[:1], None) == ([0], 1)
+
+
+def test_report_zip_holds_the_page_and_every_file_it_plays_shows_and_links(tmp_path):
+    """Kaggle's and Colab's file browsers download a folder file by file: report.zip is the page with
+    its files in one, and the page opened from the unpacked archive finds every one of them."""
+    import zipfile
+
+    from vits_trainer.training.report import ARCHIVE_FILE, write_report_archive
+
+    folder = tmp_path / "run" / "checkpoints"
+    folder.mkdir(parents=True)
+    page = fake_run(folder).read_text(encoding="utf-8")
+    (folder / "step_00000099").mkdir()  # a checkpoint: the page does not refer to it
+    (folder / "step_00000099" / "model.safetensors").write_bytes(b"weights")
+    archive = write_report_archive(folder)
+    assert archive == folder / ARCHIVE_FILE and not list(folder.glob(f".{ARCHIVE_FILE}.tmp-*"))
+    unpacked = tmp_path / "unpacked"
+    with zipfile.ZipFile(archive) as z:
+        names = z.namelist()
+        z.extractall(unpacked)
+    assert all(name.startswith("run-checkpoints/") for name in names), names
+    copy = unpacked / "run-checkpoints"
+    assert (copy / "report.html").read_text(encoding="utf-8") == page
+    played = sources(page)  # every audio and picture the page shows, a clip name with '#' and ' ' too
+    assert played and any(CLIP in unquote(src) for src in played)
+    for src in played:
+        assert (copy / unquote(src)).read_bytes() == (folder / unquote(src)).read_bytes(), src
+    assert (copy / "metrics.jsonl").is_file() and (copy / "train_summary.json").is_file()  # linked files
+    assert not any("step_00000099" in name for name in names)  # nothing the page does not refer to
+    assert len(names) == len(set(names))

@@ -11,6 +11,7 @@ import os
 import signal
 import subprocess
 import time
+import zipfile
 from pathlib import Path
 
 import pytest
@@ -102,6 +103,12 @@ def test_budget_run_writes_models_metrics_and_curve(budget_run):
     report = ckpt / "report.html"
     assert report.stat().st_size > 1000
     assert proc.stdout.count(f"report: {report} (open it in a browser") == 1, proc.stdout[-2000:]
+    # with its files in one archive for a platform whose browser downloads a folder file by file
+    assert "report.zip holds it with its samples, to download as one file" in proc.stdout
+    with zipfile.ZipFile(ckpt / "report.zip") as archive:
+        packed = set(archive.namelist())
+    top = f"{ckpt.parent.name}-{ckpt.name}"
+    assert f"{top}/report.html" in packed and f"{top}/metrics.jsonl" in packed, packed  # (no samples here)
     assert proc.stdout.rstrip().splitlines()[-1].endswith(f"; report: {report}"), proc.stdout[-500:]
 
 

@@ -31,8 +31,9 @@ training/carry.py:carry_history / carry_best_model (a run resumed from another f
 training/runtime.py:LogCopy (train.log)
     appended to, never replaced -> a fixed name in this run's checkpoint dir, once set-up found no bad
         input (a refused run writes nothing)
-training/report.py:write_report / write_references
-    report.html, samples/reference/<clip>.wav, sentences.json -> fixed names in this run's checkpoint dir
+training/report.py:write_report / write_report_archive / write_references
+    report.html, report.zip, samples/reference/<clip>.wav, sentences.json -> fixed names in this run's
+        checkpoint dir
         (locked by the run, never overlapping a data folder or --output_dir: checked up front)
 training/hub_push.py:HubPush (--push_best)
     rmtree `<checkpoint_dir>/.hub_upload.N-<pid>` -> a snapshot (hard links) of best_model this process

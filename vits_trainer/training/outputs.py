@@ -35,7 +35,14 @@ from .evaluate import evaluate, set_prefix, synthesize
 from .freerun import dtw_scores, free_running_eval, write_wavs
 from .model_card import CARD_FILE, Sample, model_card, run_facts
 from .pictures import alignment_paths, log_images_to_trackers, warm_up_pictures, write_pictures
-from .report import BY_SPEAKER, sample_folder, write_references, write_report
+from .report import (
+    ARCHIVE_FILE,
+    BY_SPEAKER,
+    sample_folder,
+    write_references,
+    write_report,
+    write_report_archive,
+)
 from .reporting import log_audio_to_trackers
 from .resume_settings import resume_command
 from .runtime import git_revision
@@ -231,10 +238,16 @@ class RunOutputs:
         except Exception as err:  # a page is never worth losing the run over
             s.log(f"warning: report.html not written ({err})")
             return
+        try:
+            archive = write_report_archive(s.checkpoint_dir)
+        except Exception as err:
+            archive = None
+            s.log(f"warning: {ARCHIVE_FILE} not written ({err})")
         if self.report is None:  # said once: a long run's page can be opened while it trains
+            packed = f"; {archive.name} holds it with its samples, to download as one file" if archive else ""
             s.log(
                 f"report: {written} (open it in a browser: samples, curves, the budget; "
-                "rewritten at each evaluation)"
+                f"rewritten at each evaluation{packed})"
             )
         self.report = written
 

@@ -20,12 +20,14 @@ from __future__ import annotations
 import json
 import math
 import os
+import re
 import statistics
 import time
+import zipfile
 from dataclasses import dataclass, field
-from html import escape
+from html import escape, unescape
 from pathlib import Path
-from urllib.parse import quote
+from urllib.parse import quote, unquote
 
 from ..jsonfile import write_json_atomic, write_text_atomic
 from ..safety import marker_step, read_marker
@@ -33,6 +35,9 @@ from .report_svg import PHASE_COLORS, Timeline, is_finite_number, line_chart, se
 from .runtime import LOG_FILE, wait_policy_words
 
 REPORT_FILE = "report.html"
+# the page and every file of the folder it refers to, in one file: Kaggle's and Colab's file browsers
+# download a folder file by file, and the page without its samples/ plays nothing
+ARCHIVE_FILE = "report.zip"
 REFERENCE_FOLDER = "reference"  # samples/reference/: the validation recordings, written once per run
 SENTENCES_FILE = "sentences.json"  # samples/reference/sentences.json: clip id -> text, speaker
 # an evaluation record's val_mel of each voice of a multi-speaker model (outputs.speaker_scores), on its
@@ -196,6 +201,41 @@ def write_report(
     page = render(read_run(folder), resume_command, best_metric, time.time() if now is None else now)
     out = folder / REPORT_FILE
     write_text_atomic(out, page)
+    return out
+
+
+def referenced_files(folder: Path, page: str) -> list[str]:
+    """The files of `folder` the page refers to (its src and href paths), in page order, each once;
+    folders (best_model/, an older evaluation's samples), addresses and anchors are not files."""
+    root, found = folder.resolve(), []
+    for ref in re.findall(r'(?:src|href)="([^"]+)"', page):
+        rel = unquote(unescape(ref))
+        if rel in found or rel.startswith(("#", "/")) or re.match(r"[a-zA-Z][a-zA-Z0-9+.-]*:", rel):
+            continue
+        path = (folder / rel).resolve()
+        if path.is_file() and path.is_relative_to(root):
+            found.append(rel)
+    return found
+
+
+def write_report_archive(checkpoint_dir: Path | str) -> Path:
+    """<checkpoint_dir>/report.zip: report.html and every file it refers to, under one folder named for
+    the run, so that the page opened from the unpacked archive plays and shows what it does in place
+    (temp file, then rename)."""
+    folder = Path(checkpoint_dir)
+    page = (folder / REPORT_FILE).read_text(encoding="utf-8")
+    resolved = folder.resolve()
+    top = "-".join(part for part in (resolved.parent.name, resolved.name) if part) or "report"
+    out = folder / ARCHIVE_FILE
+    tmp = out.with_name(f".{ARCHIVE_FILE}.tmp-{os.getpid()}")
+    try:
+        with zipfile.ZipFile(tmp, "w", zipfile.ZIP_DEFLATED) as archive:
+            archive.writestr(f"{top}/{REPORT_FILE}", page)
+            for rel in referenced_files(folder, page):
+                archive.write(folder / rel, f"{top}/{rel}")
+        os.replace(tmp, out)
+    finally:
+        tmp.unlink(missing_ok=True)
     return out
 
 
