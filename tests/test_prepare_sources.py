@@ -687,14 +687,13 @@ def test_an_empty_metadata_csv_beside_the_clips_is_named_as_empty(tmp_path, cont
 
 
 def test_a_table_whose_first_64_kib_are_blank_is_not_called_empty(tmp_path):
-    # only the first 64 KiB were read: a clip listed after them was in a table "is empty"
+    # only the first 64 KiB were read: a clip listed after them was in a table "is empty"; the blank
+    # lines are skipped now, and the folder is read as LJSpeech
     src = tmp_path / "lj"
     write_audio(src / "wavs" / "a.wav", speech("abc", 16000), 16000)
     (src / "metadata.csv").write_text(" \n" * 40000 + "a|some text\n", encoding="utf-8")
-    with pytest.raises(UserError) as err:
-        run_prepare(src, tmp_path / "out")
-    message = str(err.value)
-    assert "is empty" not in message and f"Are the transcripts in {src / 'metadata.csv'}" in message, message
+    run_prepare(src, tmp_path / "out")
+    assert output_rows(tmp_path / "out") == {"a": ("some text", "0")}
     (src / "metadata.csv").write_text(" \n" * 40000, encoding="utf-8")  # blank to its end: empty
     with pytest.raises(UserError, match="metadata.csv is empty"):
         run_prepare(src, tmp_path / "out2")
@@ -788,3 +787,56 @@ def test_several_tables_beside_transcribed_clips_are_named_in_one_note_as_not_re
     (src / "other.tsv").unlink()
     (note,) = read_pairs(src).notes
     assert "metadata.csv beside them is not read (pass it as --source" in note, note
+
+
+BLANK_TOP = "\n \r\n\t\n"  # blank and whitespace-only lines above the header or the first row
+
+
+@pytest.mark.parametrize(
+    ("name", "header", "sep", "source"),
+    [
+        ("list.csv", ["file", "text"], ",", "table"),
+        ("list.tsv", ["path", "sentence"], "\t", "table"),
+        ("list.csv", ["file", "text"], ",", "folder"),
+        ("list.txt", [], "|", "table"),  # no header row: the first clip after the blank lines
+        ("metadata.csv", ["file_name", "text"], ",", "folder"),  # an audiofolder
+    ],
+)
+def test_blank_lines_above_a_tables_header_are_skipped(tmp_path, name, header, sep, source):
+    # the header was taken from the first (blank) line: "no audio column found (... columns: )"
+    src = tmp_path / "corpus"
+    rows = _corpus_with_table(src, name, header or ["file", "text"], sep)
+    table = src / name
+    lines = table.read_text(encoding="utf-8").splitlines(keepends=True)[0 if header else 1 :]
+    if name == "metadata.csv":  # an audiofolder's names are from its folder
+        lines = [line.replace("wavs/", "", 1) for line in lines]
+        for r in rows:
+            (src / "wavs" / f"{r['id']}.wav").rename(src / f"{r['id']}.wav")
+        (src / "wavs").rmdir()
+    table.write_text(BLANK_TOP + "".join(lines), encoding="utf-8")
+    _, printed = run_prepare(table if source == "table" else src, tmp_path / "out")
+    assert sorted(t for t, _ in output_rows(tmp_path / "out").values()) == sorted(r["text"] for r in rows)
+    assert skipped_reasons(tmp_path / "out") == {}
+
+
+def test_blank_lines_above_an_ljspeech_metadata_csv_keep_it_ljspeech(tmp_path):
+    # a folder with such a metadata.csv was read as audio + .txt pairs (every clip missing its text)
+    rows = make_corpus(tmp_path / "lj", num_clips=3)
+    meta = tmp_path / "lj" / "metadata.csv"
+    meta.write_text(BLANK_TOP + "id|text\n" + meta.read_text(encoding="utf-8"), encoding="utf-8")
+    assert detect_format(str(tmp_path / "lj"))[0] == "ljspeech"
+    for source, out in ((tmp_path / "lj", "out"), (meta, "out2")):
+        _, printed = run_prepare(source, tmp_path / out)
+        assert len(output_rows(tmp_path / out)) == len(rows)
+        assert skipped_reasons(tmp_path / out) == {}
+        assert any("first line (id|text) is a header row" in line for line in printed), printed
+
+
+def test_a_bad_row_after_blank_lines_is_reported_at_its_own_line(tmp_path):
+    src = tmp_path / "table"
+    write_audio(src / "a.wav", speech("abc", 16000), 16000)
+    (src / "list.csv").write_text("\n\nfile,text\na.wav,one\nb.wav\n", encoding="utf-8")
+    run_prepare(src / "list.csv", tmp_path / "out")
+    assert skipped_reasons(tmp_path / "out") == {"b": "malformed_row"}
+    report = json.loads((tmp_path / "out" / "prepare_report.json").read_text(encoding="utf-8"))
+    assert [s["origin"] for s in report["skipped_rows"]] == ["list.csv:5"]

@@ -201,11 +201,12 @@ def read_ljspeech(root: Path) -> Source:
     notes = [] if clips != root else ["no wavs/ folder: the clips are read from beside metadata.csv"]
     if third_is_speaker:
         notes.append("metadata.csv's third column looks like speaker ids (id|text|speaker); used as speaker")
-    if parsed and parsed[0][0] == 1 and _is_header_row(parsed[0][1]):
+    first_line = next((number for number, line in enumerate(lines, start=1) if line.strip()), 0)
+    if parsed and parsed[0][0] == first_line and _is_header_row(parsed[0][1]):
         clip_id, audio = _ljspeech_audio(root, clips, parsed[0][1][0].strip())
         if not audio.is_file():
             notes.append(
-                f"metadata.csv's first line ({lines[0].strip()}) is a header row: not read as a clip"
+                f"metadata.csv's first line ({lines[first_line - 1].strip()}) is a header row: not read as a clip"
             )
             parsed = parsed[1:]
     replaced = 0
@@ -387,7 +388,12 @@ def _table_rows(
     encoding, errors = _encoding(path)
     with open(path, encoding=encoding, errors=errors, newline="") as f:
         reader = csv.reader(f, delimiter=delimiter, quoting=quoting)
-        first = next(reader, [])
+        # blank lines above the header (or the first clip) are skipped, not taken for the header
+        first = next(reader, None)
+        while first is not None and not any(x.strip() for x in first):
+            first = next(reader, None)
+        first = first or []
+        first_line = reader.line_num
         header = [h.strip() for h in first]
         if not header:
             raise UserError(f"{path}: empty file (expected a header row)")
@@ -420,7 +426,7 @@ def _table_rows(
 
         line = reader.line_num + 1  # where the next record starts (a quoted one may span lines)
         for fields in itertools.chain(pending, reader):
-            origin = f"{path.name}:{line if not pending or fields is not pending[0] else 1}"
+            origin = f"{path.name}:{line if not pending or fields is not pending[0] else first_line}"
             line = reader.line_num + 1
             if not any(x.strip() for x in fields):
                 continue
@@ -777,11 +783,16 @@ def _first_line(path: Path) -> str:
 
 
 def _first_lines(path: Path, count: int) -> list[str]:
+    """The first `count` lines that are not blank: a table may start with blank lines above its header."""
+    lines: list[str] = []
     try:
         with open(path, encoding=_encoding(path)[0], errors="replace") as f:
-            return [f.readline(65536) for _ in range(count)]
+            while len(lines) < count and (line := f.readline(65536)):
+                if line.strip():
+                    lines.append(line)
     except OSError:
         return []
+    return lines
 
 
 def _encoding(path: Path) -> tuple[str, str]:
