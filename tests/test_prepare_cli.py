@@ -65,6 +65,11 @@ def test_successful_run(tmp_path, small_pairs):
         (["--source", "{src}", "--data_dir", "{tmp}/blocker/training"], "cannot be created"),
         (["--source", "someone/not-cached-dataset"], "hub"),
         (["--data_dir", "{tmp}/out"], "--source"),
+        # one clip: what to pass instead, not --format (no format reads a lone clip)
+        (
+            ["--source", "{src}/p0.wav"],
+            "pass the folder that holds it and its transcript (p0.txt beside p0.wav)",
+        ),
         (
             ["--source", "{src}", "--text_column", "t", "--split", "dev"],
             "--text_column, --split: not used by the pairs layout",

@@ -123,6 +123,12 @@ def detect_format(source: str) -> tuple[str, Path]:
             return "csv", path
         if path.suffix.lower() in HF_DATA_SUFFIXES:
             return "hf", path  # one data file of a hub dataset (e.g. data/train-00000-of-00001.parquet)
+        if path.suffix.lower() in AUDIO_EXTENSIONS:  # one clip: its transcript is beside it or in a table
+            raise UserError(
+                f"--source {source}: one audio file, not a corpus; pass the folder that holds it and its "
+                f"transcript ({path.stem}.txt beside {path.name}), --source {folder}, or a .csv/.tsv table "
+                "listing it (columns file_name, text)"
+            )
         raise UserError(
             f"--source {source}: a file, but not a .csv/.tsv table or a .parquet/.arrow data file; "
             "pass --format or a folder"
