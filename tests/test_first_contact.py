@@ -108,3 +108,29 @@ def test_a_data_dirs_metadata_or_wavs_given_as_the_data_dir_names_the_folder_to_
         ):
             check_data_dir(str(given))
     check_data_dir(str(data))
+
+
+def _probe(cwd, script: str, args: list[str]) -> list[str]:
+    """`script` run with `args` in a fresh interpreter: its stderr lines, after it exited 2 before torch loaded."""
+    code = _PROBE.format(script=script, args=args, path=str(ROOT / script), root=str(ROOT))
+    out = subprocess.run([PYTHON, "-c", code], capture_output=True, text=True, cwd=cwd)
+    assert out.stdout.strip().splitlines()[-1] == "exit 2 False", (out.stdout, out.stderr)
+    return [line for line in out.stderr.splitlines() if line.strip()]
+
+
+def test_a_data_dir_prepare_data_did_not_make_shows_the_command_to_run(tmp_path):
+    # "no such file (run prepare_data.py first)" said neither how, nor that a folder of clips is a corpus
+    empty = tmp_path / "training"
+    empty.mkdir()
+    (lines,) = _probe(tmp_path, "train_vits.py", ["--data_dir", str(empty)])
+    assert lines.startswith(f"error: {empty / 'metadata.csv'}: no such file"), lines
+    assert lines.endswith(f"python prepare_data.py --source YOUR_CORPUS --data_dir {empty}"), lines
+    corpus = tmp_path / "my_corpus"
+    (corpus / "clips").mkdir(parents=True)
+    (corpus / "clips" / "a.wav").write_bytes(b"RIFF")
+    (corpus / "clips" / "a.txt").write_text("hello", encoding="utf-8")
+    (lines,) = _probe(tmp_path, "train_vits.py", ["--data_dir", str(corpus)])
+    prepared = tmp_path.resolve() / "my_corpus_prepared"
+    assert "holds audio files (clips/a.wav)" in lines and "may be the corpus itself" in lines, lines
+    assert f"python prepare_data.py --source {corpus} --data_dir {prepared}" in lines, lines
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["my_corpus", "training"], "nothing may be written"

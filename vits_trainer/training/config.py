@@ -426,8 +426,52 @@ def check_data_dir(value: str) -> Path:
         raise UserError(f"--data_dir {data_dir}: no such folder (run prepare_data.py first)")
     refuse_if_being_written(data_dir, "--data_dir")  # its metadata.csv may not be written yet
     if not (data_dir / METADATA_NAME).is_file():
-        raise UserError(f"{data_dir / METADATA_NAME}: no such file (run prepare_data.py first)")
+        raise UserError(f"{data_dir / METADATA_NAME}: no such file; {_how_to_prepare(data_dir)}")
     return data_dir
+
+
+def _how_to_prepare(data_dir: Path) -> str:
+    """The prepare_data.py command that makes a training set of `data_dir`: a folder holding audio is
+    likely the corpus itself, to be read as --source into a folder of its own."""
+    audio = _some_audio_file(data_dir)
+    if audio is None:
+        return (
+            "--data_dir takes a folder made by prepare_data.py; make it first: "
+            f"python prepare_data.py --source YOUR_CORPUS --data_dir {data_dir}"
+        )
+    target = data_dir.resolve()
+    target = target.parent / f"{target.name or 'corpus'}_prepared"
+    return (
+        f"{data_dir} holds audio files ({audio.relative_to(data_dir)}) but was not made by prepare_data.py: it may be the "
+        f"corpus itself; prepare it into a folder of its own, python prepare_data.py --source {data_dir} "
+        f"--data_dir {target}, then pass --data_dir {target}"
+    )
+
+
+def _some_audio_file(folder: Path, depth: int = 2, budget: int = 2000) -> Path | None:
+    """An audio file in `folder` or up to `depth` folders below it, looking at `budget` entries at most."""
+    from ..data.audio import AUDIO_EXTENSIONS  # only on this error: it imports numpy and soundfile
+
+    level = [folder]
+    for _ in range(depth + 1):
+        below = []
+        for current in level:
+            try:
+                entries = sorted(current.iterdir())
+            except OSError:
+                continue
+            for entry in entries:
+                budget -= 1
+                if budget < 0:
+                    return None
+                if entry.name.startswith("."):
+                    continue
+                if entry.suffix.lower() in AUDIO_EXTENSIONS and entry.is_file():
+                    return entry
+                if entry.is_dir():
+                    below.append(entry)
+        level = below
+    return None
 
 
 def check_resume_path(value: str) -> Path:
