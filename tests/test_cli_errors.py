@@ -349,3 +349,36 @@ def test_a_one_process_tool_says_interrupted_whatever_rank_the_environment_gives
     assert capsys.readouterr().err.strip() == "interrupted"
     assert run_cli(stopped, []) == 130  # a trainer's second process: its main one says it
     assert capsys.readouterr().err.strip() == ""
+
+
+def test_a_metadata_csv_that_cannot_be_read_is_one_error_line(tmp_path, monkeypatch, capsys, tiny_model_dir):
+    # permission denied on the data folder's metadata.csv was a traceback; a folder in its place was
+    # "no such file (run prepare_data.py first)"
+    import train_vits
+    from vits_trainer.data.synthetic import make_corpus
+    from vits_trainer.errors import run_cli
+
+    data = tmp_path / "data"
+    make_corpus(data, num_clips=2)
+    meta = data / "metadata.csv"
+    read_bytes = Path.read_bytes
+
+    def refusing(self):  # as a file without read permission (root reads any)
+        if self == meta:
+            raise PermissionError(13, "Permission denied", str(self))
+        return read_bytes(self)
+
+    monkeypatch.setattr(Path, "read_bytes", refusing)
+    argv = ["--data_dir", str(data), "--model_name", str(tiny_model_dir), "--output_dir", str(tmp_path / "o")]
+    argv += ["--checkpoint_dir", str(tmp_path / "c"), "--cpu"]
+    assert run_cli(train_vits.main, argv) == 2
+    err = capsys.readouterr().err
+    assert len(err.splitlines()) == 1 and "Traceback" not in err, err
+    assert err.startswith(f"error: {meta}: cannot be read (Permission denied)"), err
+    monkeypatch.undo()
+    meta.unlink()
+    meta.mkdir()
+    assert run_cli(train_vits.main, argv) == 2
+    err = capsys.readouterr().err
+    assert len(err.splitlines()) == 1 and err.startswith(f"error: {meta}: is a folder"), err
+    assert not (tmp_path / "o").exists() and not (tmp_path / "c").exists()

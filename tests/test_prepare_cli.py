@@ -318,3 +318,40 @@ def test_a_run_stopped_alone_leaves_no_worker_and_a_rerun_goes_on(tmp_path, sig)
     rerun = cli(*args)
     assert rerun.returncode == 0, rerun.stderr
     assert len(output_rows(out)) == 80
+
+
+@pytest.mark.parametrize("given", ["table", "folder"])
+def test_a_source_table_that_cannot_be_read_is_one_error_line(tmp_path, monkeypatch, capsys, given):
+    # permission denied on the --source table was a traceback; on an LJSpeech folder's metadata.csv the
+    # folder was read as audio + .txt pairs, "no usable clips ... Are the transcripts in metadata.csv?"
+    import builtins
+
+    import prepare_data
+    from vits_trainer.data.synthetic import make_corpus
+    from vits_trainer.errors import run_cli
+
+    make_corpus(tmp_path / "lj", num_clips=2)
+    meta = tmp_path / "lj" / "metadata.csv"
+    if given == "table":
+        meta = tmp_path / "lj" / "list.csv"
+        meta.write_text("file_name,text\nwavs/x.wav,hello\n", encoding="utf-8")
+    real_open = builtins.open
+
+    def refusing(path, *args, **kwargs):  # as a file without read permission (root reads any)
+        if Path(path) == meta:
+            raise PermissionError(13, "Permission denied", str(path))
+        return real_open(path, *args, **kwargs)
+
+    monkeypatch.setattr(builtins, "open", refusing)
+
+    def read_bytes(self):
+        with refusing(self, "rb") as f:
+            return f.read()
+
+    monkeypatch.setattr(Path, "read_bytes", read_bytes)
+    source = meta if given == "table" else meta.parent
+    code = run_cli(prepare_data.main, ["--source", str(source), "--data_dir", str(tmp_path / "out")])
+    err = capsys.readouterr().err
+    assert code == 2 and len(err.splitlines()) == 1 and "Traceback" not in err, err
+    assert err.startswith(f"error: {meta}: cannot be read (Permission denied)"), err
+    assert not (tmp_path / "out").exists()

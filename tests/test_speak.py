@@ -242,3 +242,27 @@ def test_a_speaker_named_by_its_own_id_is_not_named_twice(tmp_path):
     assert _name_of(1, tmp_path, state) == " = bob"
     (tmp_path / "speakers.json").write_text(json.dumps({"0": 0, "1": 1}), encoding="utf-8")
     assert _name_of(1, tmp_path, None) == ""
+
+
+def test_a_text_file_that_cannot_be_read_is_one_error_line(tmp_path, capsys, tiny_model_dir, monkeypatch):
+    # permission denied was a traceback, and a folder given as the file "no such file"
+    lines = tmp_path / "lines.txt"
+    lines.write_text("abc\n", encoding="utf-8")
+    folder = tmp_path / "texts"
+    folder.mkdir()
+    read_bytes = Path.read_bytes
+
+    def refusing(self):  # as a file without read permission (root reads any)
+        if self == lines:
+            raise PermissionError(13, "Permission denied", str(self))
+        return read_bytes(self)
+
+    monkeypatch.setattr(Path, "read_bytes", refusing)
+    for given, expected in (
+        (lines, f"--text_file {lines}: cannot be read (Permission denied); make it readable"),
+        (folder, f"--text_file {folder}: is a folder where a file is expected"),
+    ):
+        code, _, err = speak(capsys, "--model", tiny_model_dir, "--text_file", given, "--out", tmp_path / "o")
+        assert code == 2 and err.startswith("error:") and len(err.splitlines()) == 1, err
+        assert expected in err and "Traceback" not in err, err
+    assert not (tmp_path / "o").exists()

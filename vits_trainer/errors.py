@@ -19,6 +19,22 @@ class UserError(Exception):
     """Bad input from the user (flags, paths, data). The message is shown as is."""
 
 
+def cannot_read(name: str, err: OSError) -> UserError:
+    """The one error line for a file of the user's that is there but cannot be read; `name` names it as the
+    user gave it (`--text_file lines.txt`, a path)."""
+    if isinstance(err, IsADirectoryError):
+        return UserError(f"{name}: is a folder where a file is expected; pass a file")
+    reason = err.strerror or str(err) or type(err).__name__
+    if isinstance(err, PermissionError):
+        return UserError(
+            f"{name}: cannot be read ({reason}); make it readable to this user (chmod a+r) or copy "
+            "it somewhere you own, then run again"
+        )
+    return UserError(
+        f"{name}: cannot be read ({reason}); check the file and the disk it is on, then run again"
+    )
+
+
 def run_cli(
     main: Callable[[list[str] | None], int | None], argv: list[str] | None = None, one_process: bool = False
 ) -> int:

@@ -21,7 +21,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from .data.metadata import decode_text
+from .data.metadata import decode_text, read_file_bytes
 from .errors import ArgumentParser, UserError, run_command
 from .hub import read_model_config, resolve_model_dir
 from .model.speakers import is_bare_id
@@ -99,9 +99,10 @@ def read_sentences(args: argparse.Namespace) -> list[Sentence]:
             raise UserError(f"--out {args.out}: with --text give a .wav file name")
         return [Sentence(args.text.strip(), "--text", out)]
     source = Path(args.text_file).expanduser()
-    if not source.is_file():
+    if not source.exists():
         raise UserError(f"--text_file {args.text_file}: no such file")
-    lines = decode_text(source.read_bytes(), f"--text_file {args.text_file}").splitlines()
+    name = f"--text_file {args.text_file}"
+    lines = decode_text(read_file_bytes(source, name), name).splitlines()  # a folder too: one error line
     numbered = [(n, line.strip()) for n, line in enumerate(lines, 1) if line.strip()]
     if not numbered:
         raise UserError(f"--text_file {args.text_file}: no sentences (every line is blank)")

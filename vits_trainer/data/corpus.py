@@ -17,7 +17,7 @@ import unicodedata
 from collections.abc import Iterable
 from pathlib import Path
 
-from ..errors import UserError
+from ..errors import UserError, cannot_read
 from ..hub import looks_like_path
 from .audio import AUDIO_EXTENSIONS
 from .corpus_rows import (
@@ -391,8 +391,7 @@ def _table_rows(
     plain CSV/TSV): a table without a header row is read too."""
     # tab- and pipe-separated lists (filelists, LJSpeech-like) never quote: a '"' is part of the text
     quoting = csv.QUOTE_NONE if delimiter in ("\t", "|") else csv.QUOTE_MINIMAL
-    encoding, errors = _encoding(path)
-    with open(path, encoding=encoding, errors=errors, newline="") as f:
+    with _open_text(path) as f:
         reader = csv.reader(f, delimiter=delimiter, quoting=quoting)
         # blank lines above the header (or the first clip) are skipped, not taken for the header
         first = next(reader, None)
@@ -769,6 +768,7 @@ def _is_ljspeech(folder: Path) -> bool:
     meta = folder / "metadata.csv"
     if not meta.is_file():
         return False
+    _open_text(meta).close()  # one that cannot be read is said, not taken for another layout's
     first = _first_line(meta)
     if "|" not in first or "file_name" in first:
         return False
@@ -816,7 +816,20 @@ def _encoding(path: Path) -> tuple[str, str]:
 
 def _read_text(path: Path) -> str:
     encoding, errors = _encoding(path)
-    return path.read_bytes().decode(encoding, errors=errors)
+    try:
+        data = path.read_bytes()
+    except OSError as err:  # permission denied, a folder named like the file: one error line
+        raise cannot_read(str(path), err) from None
+    return data.decode(encoding, errors=errors)
+
+
+def _open_text(path: Path):
+    """`path` opened as text for the csv reader; one error line when it cannot be."""
+    encoding, errors = _encoding(path)
+    try:
+        return open(path, encoding=encoding, errors=errors, newline="")
+    except OSError as err:
+        raise cannot_read(str(path), err) from None
 
 
 def _has_bad_utf8(text: str) -> bool:

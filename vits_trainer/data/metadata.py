@@ -11,7 +11,7 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
-from ..errors import UserError
+from ..errors import UserError, cannot_read
 
 METADATA_NAME = "metadata.csv"
 WAVS_DIR = "wavs"
@@ -47,6 +47,14 @@ def text_encoding(head: bytes) -> str:
     return "utf-16" if head[:2] in (b"\xff\xfe", b"\xfe\xff") else "utf-8-sig"
 
 
+def read_file_bytes(path: Path, name: str) -> bytes:
+    """A file of the user's, read whole: one error line naming it (`name`) when it cannot be read."""
+    try:
+        return path.read_bytes()
+    except OSError as err:
+        raise cannot_read(name, err) from None
+
+
 def decode_text(data: bytes, name: str) -> str:
     """A text file's bytes as text (UTF-8, or UTF-16 with its byte-order mark: Notepad's "Unicode");
     one error line starting with `name` when they are neither."""
@@ -70,6 +78,8 @@ def read_metadata(path: str | Path) -> tuple[list[MetaRow], list[tuple[int, str]
     A line with two fields (`id|text`) gets speaker "0". Blank lines are ignored.
     """
     path = Path(path)
+    if path.is_dir():
+        raise UserError(f"{path}: is a folder, not the file prepare_data.py writes; move it out of the way")
     if not path.is_file():
         raise UserError(f"{path}: no such file (run prepare_data.py first)")
     rows: list[MetaRow] = []
@@ -77,7 +87,7 @@ def read_metadata(path: str | Path) -> tuple[list[MetaRow], list[tuple[int, str]
     seen: set[str] = set()
     # utf-8-sig: a metadata.csv edited in Notepad or Excel (a transcript fixed by hand) starts with a
     # byte-order mark, which became part of the first id: its clip was then reported missing
-    lines = decode_text(path.read_bytes(), str(path)).splitlines()
+    lines = decode_text(read_file_bytes(path, str(path)), str(path)).splitlines()
     for number, line in enumerate(lines, start=1):
         if not line.strip():
             continue

@@ -425,8 +425,14 @@ def check_data_dir(value: str) -> Path:
     if not data_dir.is_dir():
         raise UserError(f"--data_dir {data_dir}: no such folder (run prepare_data.py first)")
     refuse_if_being_written(data_dir, "--data_dir")  # its metadata.csv may not be written yet
-    if not (data_dir / METADATA_NAME).is_file():
-        raise UserError(f"{data_dir / METADATA_NAME}: no such file; {_how_to_prepare(data_dir)}")
+    meta = data_dir / METADATA_NAME
+    if meta.is_dir():
+        raise UserError(
+            f"{meta}: is a folder, not the file prepare_data.py writes; move it out of the way and make the "
+            f"data folder again: python prepare_data.py --source YOUR_CORPUS --data_dir {data_dir}"
+        )
+    if not meta.is_file():
+        raise UserError(f"{meta}: no such file; {_how_to_prepare(data_dir)}")
     return data_dir
 
 
