@@ -65,6 +65,8 @@ def test_successful_run(tmp_path, small_pairs):
         (["--source", "{src}", "--data_dir", "{tmp}/blocker/training"], "cannot be created"),
         (["--source", "someone/not-cached-dataset"], "hub"),
         (["--data_dir", "{tmp}/out"], "--source"),
+        # an archive: unpack it, not --format (no format reads inside one)
+        (["--source", "{tmp}/corpus.zip"], "an archive (.zip); unpack it (unzip "),
         # one clip: what to pass instead, not --format (no format reads a lone clip)
         (
             ["--source", "{src}/p0.wav"],
@@ -79,6 +81,7 @@ def test_successful_run(tmp_path, small_pairs):
 def test_bad_input_is_one_error_line_and_writes_nothing(tmp_path, small_pairs, args, contains):
     (tmp_path / "empty").mkdir()
     (tmp_path / "blocker").write_text("a file, not a folder", encoding="utf-8")
+    (tmp_path / "corpus.zip").write_bytes(b"PK\x05\x06" + bytes(18))  # an empty zip archive
     args = [a.format(tmp=tmp_path, src=small_pairs) for a in args]
     if "--data_dir" not in args:
         args += ["--data_dir", str(tmp_path / "out")]

@@ -36,6 +36,7 @@ from .metadata import text_encoding
 FORMATS = ("auto", "ljspeech", "commonvoice", "csv", "hf", "audiofolder", "pairs")
 AUDIOFOLDER_METADATA = ("metadata.csv", "metadata.jsonl", "metadata.parquet")
 HF_DATA_SUFFIXES = (".parquet", ".arrow")
+ARCHIVE_SUFFIXES = (".zip", ".tar.gz", ".tgz", ".tar.bz2", ".tar.xz", ".tar", ".7z", ".rar")
 TRANSCRIPT_SUFFIXES = (".txt", ".lab")  # pairs: x.wav + x.txt, or x.lab (Montreal Forced Aligner corpora)
 
 
@@ -123,6 +124,16 @@ def detect_format(source: str) -> tuple[str, Path]:
             return "csv", path
         if path.suffix.lower() in HF_DATA_SUFFIXES:
             return "hf", path  # one data file of a hub dataset (e.g. data/train-00000-of-00001.parquet)
+        archive = next((a for a in ARCHIVE_SUFFIXES if path.name.lower().endswith(a)), None)
+        if archive is not None:  # no layout reads inside an archive: --format would not help
+            unpacked = path.with_name(path.name[: -len(archive)])
+            how = {".zip": f" (unzip {path} -d {unpacked})", ".7z": "", ".rar": ""}.get(
+                archive, f" (mkdir {unpacked} && tar -xf {path} -C {unpacked})"
+            )
+            raise UserError(
+                f"--source {source}: an archive ({archive}); unpack it{how} and pass the corpus folder it "
+                "holds as --source"
+            )
         if path.suffix.lower() in AUDIO_EXTENSIONS:  # one clip: its transcript is beside it or in a table
             raise UserError(
                 f"--source {source}: one audio file, not a corpus; pass the folder that holds it and its "
