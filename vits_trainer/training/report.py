@@ -232,7 +232,9 @@ def write_report_archive(checkpoint_dir: Path | str) -> Path:
         with zipfile.ZipFile(tmp, "w", zipfile.ZIP_DEFLATED) as archive:
             archive.writestr(f"{top}/{REPORT_FILE}", page)
             for rel in referenced_files(folder, page):
-                archive.write(folder / rel, f"{top}/{rel}")
+                # audio and pictures gain little from deflate, which would take most of the time
+                packed = zipfile.ZIP_STORED if rel.endswith((".wav", ".png")) else zipfile.ZIP_DEFLATED
+                archive.write(folder / rel, f"{top}/{rel}", compress_type=packed)
         os.replace(tmp, out)
     finally:
         tmp.unlink(missing_ok=True)
