@@ -53,7 +53,7 @@ sys.path.insert(0, str(ROOT))
 from vits_trainer.data.synthetic import make_corpus  # noqa: E402
 from vits_trainer.model.fresh_init import init_like_vits  # noqa: E402
 from vits_trainer.model.tiny import make_tiny_model, make_tokenizer  # noqa: E402
-from vits_trainer.training.budget import Budget  # noqa: E402
+from vits_trainer.training.budget import Budget, TrainingLeft  # noqa: E402
 from vits_trainer.training.config import TrainConfig  # noqa: E402
 
 RESULTS = ROOT / "bench" / "results"
@@ -174,11 +174,11 @@ def train_and_read_metrics(cfg) -> tuple:
 CEILING_SAMPLES_PER_SECOND = 3500.0
 
 
-def training_left_ignoring_max_steps(budget: Budget) -> tuple[float, str]:
+def training_left_ignoring_max_steps(budget: Budget) -> TrainingLeft:
     """Budget.training_left as if --max_steps were unset, in its place while `defaults` measures: the
     micro-batch and compile choices decide for the long run the measurement's few steps stand for.
     Takes every argument Budget.training_left takes (tests/test_gpu_check.py checks it)."""
-    return budget.training_left_by_budget(), ""
+    return TrainingLeft(budget.training_left_by_budget(), 0)
 
 
 def defaults_throughput(

@@ -66,7 +66,7 @@ def test_the_budget_says_what_max_steps_leaves():
     assert b.steps_left() is None and not b.max_steps_reached()
     b.max_steps = 12
     assert b.steps_left() == 2 and not b.max_steps_reached()
-    assert b.training_left() == (pytest.approx(2 * 1.0), " before --max_steps 12")
+    assert b.training_left() == (pytest.approx(2 * 1.0), 12) and b.training_left().ends_at_max_steps
     assert b.training_left_by_budget() == pytest.approx(b.training_end() - clock())
     run_steps(b, clock, 2, 1.0, 8)
     assert b.steps_left() == 0 and b.max_steps_reached()

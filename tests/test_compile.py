@@ -416,6 +416,13 @@ def test_compile_stays_off_where_it_cannot_pay_or_run(
     assert choice.observe(1.0, 8, True) is True  # every later step measures the run
 
 
+def test_the_reason_names_max_steps_when_it_ends_the_time_left():
+    """The budget hands over figures (Budget.training_left); the compile line words them."""
+    choice, _, _ = _choice()
+    assert choice.why_not(10 * 60, 6).startswith("auto: 10 min of training left before --max_steps 6, too")
+    assert choice.why_not(10 * 60).startswith("auto: 10 min of training left, too short")
+
+
 def test_auto_counts_the_training_time_max_steps_leaves(
     tmp_path, tiny_model_dir, tone_corpus, monkeypatch, capsys
 ):

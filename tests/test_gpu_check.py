@@ -102,7 +102,7 @@ def test_bench_train_defaults_replaces_training_left_with_a_compatible_function(
     for _ in range(4):  # a step time, so that --max_steps would shorten what is left
         clock[0] += 10.0
         budget.observe_step(10.0, 8)
-    whole = (budget.training_left_by_budget(), "")
+    whole = (budget.training_left_by_budget(), 0)
     assert budget.training_left() != whole  # --max_steps matters to the real method
     original = list(inspect.signature(Budget.training_left).parameters)[1:]  # after self
     assert list(inspect.signature(training_left_ignoring_max_steps).parameters)[1:] == original

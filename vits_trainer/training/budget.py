@@ -37,7 +37,7 @@ import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from datetime import datetime
-from typing import Any
+from typing import Any, NamedTuple
 
 Clock = Callable[[], float]
 
@@ -78,6 +78,17 @@ class _Stat:
         if self.ema is None or self.last is None:
             return None
         return max(self.ema, self.last)
+
+
+class TrainingLeft(NamedTuple):
+    """`Budget.training_left`'s answer."""
+
+    seconds: float  # training seconds left: the budget's, or fewer when --max_steps ends training first
+    max_steps: int  # --max_steps when it ends training before the budget does (as Plan.max_steps), else 0
+
+    @property
+    def ends_at_max_steps(self) -> bool:
+        return self.max_steps > 0
 
 
 def hhmm(wall: float, now: float) -> str:
@@ -306,23 +317,23 @@ class Budget:
         """Training seconds the budget leaves (to `training_end`), whatever --max_steps leaves."""
         return self.training_end() - self.clock()
 
-    def training_left(self) -> tuple[float, str]:
-        """(training seconds left, what ends them when not the budget: " before --max_steps N"):
-        --max_steps may end training long before the budget does."""
+    def training_left(self) -> TrainingLeft:
+        """Training seconds left and what ends them: --max_steps may end training long before the budget
+        does (its steps at the typical step's time). Figures only: the callers word them."""
         left = self.training_left_by_budget()
         step_seconds = self.median_step_seconds()
         steps = self.steps_left()
         if steps is not None and step_seconds > 0:
             by_steps = steps * step_seconds
             if by_steps < left:
-                return by_steps, f" before --max_steps {self.max_steps}"
-        return left, ""
+                return TrainingLeft(by_steps, self.max_steps)
+        return TrainingLeft(left, 0)
 
     def session_left(self) -> float:
         """Seconds until this session ends: its deadline, or sooner --max_steps's last step and the work
         after it (final evaluation, checkpoint, export: the final reserve)."""
-        left, until = self.training_left()
-        return left + self.final_reserve() if until else self.remaining()
+        left = self.training_left()
+        return left.seconds + self.final_reserve() if left.ends_at_max_steps else self.remaining()
 
     # ---- measurements -----------------------------------------------------------------------------
 

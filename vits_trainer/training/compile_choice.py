@@ -108,9 +108,9 @@ class CompileChoice:
         """The step runs compiled now."""
         return self.phase in ("compiling", "measuring", "on")
 
-    def why_not(self, training_seconds_left: float, until: str = "") -> str | None:
-        """Why this run stays eager, or None when it should try compiling. `until`: what ends the
-        training time left, when not the budget (" before --max_steps N")."""
+    def why_not(self, training_seconds_left: float, max_steps: int = 0) -> str | None:
+        """Why this run stays eager, or None when it should try compiling. `max_steps`: the --max_steps
+        that ends the training time left before the budget does (0: the budget ends it)."""
         if self.setting == "off":
             return "--compile off"
         if self.processes > 1:
@@ -122,6 +122,7 @@ class CompileChoice:
         if self.device_type != "cuda":
             return "auto: only on CUDA (CUDA graphs are what it gains; on a CPU compiling takes minutes)"
         if training_seconds_left < COMPILE_MIN_MINUTES * 60:
+            until = f" before --max_steps {max_steps}" if max_steps else ""
             return (
                 f"auto: {training_seconds_left / 60:.0f} min of training left{until}, too short to earn back "
                 f"the compilation (it tries from {COMPILE_MIN_MINUTES:.0f} min)"
@@ -129,12 +130,12 @@ class CompileChoice:
         return None
 
     def begin(
-        self, training_seconds_left: float, eager_seconds_per_sample: float | None, until: str = ""
+        self, training_seconds_left: float, eager_seconds_per_sample: float | None, max_steps: int = 0
     ) -> None:
         """Start, once the micro-batch size is fixed: off at once when `why_not` says so, else compile
         (first measuring eager steps when the trial measured none at that size: `eager_seconds_per_sample`,
-        the trial's figure); `until` as in why_not. `observe` takes it from there."""
-        reason = self.why_not(training_seconds_left, until)
+        the trial's figure); `max_steps` as in why_not. `observe` takes it from there."""
+        reason = self.why_not(training_seconds_left, max_steps)
         if reason is not None:
             self._off(reason)
             return

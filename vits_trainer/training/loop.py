@@ -412,8 +412,8 @@ class Trainer:
     def begin_compile(self) -> None:
         """The micro-batch size is fixed: the compile decision, with the eager figure the trial of this
         session measured for that size (if it ran one)."""
-        left, until = self.s.budget.training_left()
-        self.compiler.begin(left, self.micro_batching.trial_seconds_per_sample(), until)
+        left = self.s.budget.training_left()
+        self.compiler.begin(left.seconds, self.micro_batching.trial_seconds_per_sample(), left.max_steps)
 
     def end_epoch(self) -> str | None:
         """An epoch ended: count it, re-plan, evaluate/save if due; the stop reason after that."""
