@@ -160,9 +160,7 @@ class Trainer:
         self.metrics = MetricsLog(session.checkpoint_dir / "metrics.jsonl", session.is_main)
         self.agreement = Agreement(session.accelerator)
         self.step_fn = gan_step(session)
-        # one dict, also RunOutputs.threads (stored in every checkpoint): what end_run adds to it reaches
-        # the final checkpoint and the summary
-        self.threads = thread_report()
+        self.threads = thread_report()  # end_run adds the thread changes: the final checkpoint has them
         pinned = "OMP_NUM_THREADS" in (self.threads.get("set_by_user") or "")
         self.cpu_share = cpu_share(self.threads["torch_threads"], pinned)  # follows the machine's load
         self.threads["adaptive"] = self.cpu_share is not None
@@ -176,9 +174,7 @@ class Trainer:
             session.log,
             checkpoint_dir=session.checkpoint_dir,
         )
-        self.outputs = RunOutputs(
-            session, self.metrics, self.agreement, self.threads, self.micro_batching.used
-        )
+        self.outputs = RunOutputs(session, self.metrics, self.agreement, self.checkpoint_figures)
         if session.resumed_from is not None:
             self.outputs.take_over_resumed()
         self.recovery = Recovery(session, self.metrics, lambda: self.outputs.last_checkpoint)
@@ -445,15 +441,19 @@ class Trainer:
         steps)."""
         return self.s.budget.session_samples / self.train_seconds if self.train_seconds else 0.0
 
+    def checkpoint_figures(self) -> dict:
+        """What the loop chose that each checkpoint records beside the session's state (read at each
+        save): the thread settings and the micro-batch in use."""
+        return {"threads": self.threads, **self.micro_batching.used()}
+
     def loop_figures(self) -> dict:
         """What the loop measured and chose, for train_summary.json."""
         return {
             "samples_per_second": self.session_rate(),
-            "threads": self.threads,
             "budget_stop": self.budget_stop,
             "resumed_from_step": self.resumed_from_step,
             "data_wait_fraction": self.data_wait / max(self.train_seconds, 1e-9),
-            **self.micro_batching.used(),
+            **self.checkpoint_figures(),
             "compile": self.compiler.summary(),
         }
 

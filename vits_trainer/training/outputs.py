@@ -58,12 +58,12 @@ class RunOutputs:
     best weights have no best_model/ (`best_model_refused`, main process only: set by the two ways into
     best_model/, run_eval's export and copy_final_to_best)."""
 
-    def __init__(self, session, metrics, agreement, threads: dict, micro_used: Callable[[], dict]) -> None:
+    def __init__(self, session, metrics, agreement, checkpoint_figures: Callable[[], dict]) -> None:
         self.s = session
         self.metrics = metrics
         self.agreement = agreement
-        self.threads = threads  # the thread settings, stored in every checkpoint (the Trainer's own dict)
-        self.micro_used = micro_used  # the micro-batch size and accumulation in use, likewise
+        # the loop's own choices each checkpoint records (loop.Trainer.checkpoint_figures)
+        self.checkpoint_figures = checkpoint_figures
         self.last_eval = self.last_save = time.time()
         self.last_checkpoint: Path | None = session.resumed_from
         self.last_val: dict | None = None
@@ -292,8 +292,7 @@ class RunOutputs:
             "working_dir": os.getcwd(),  # what the config's relative folders are relative to
             "model_source": s.model_source,
             "git_revision": git_revision(),
-            "threads": self.threads,
-            **self.micro_used(),
+            **self.checkpoint_figures(),  # threads, micro_batch_size, micro_batches_per_step
             "versions": {"torch": torch.__version__, "transformers": _version("transformers")},
         }
 
