@@ -100,3 +100,17 @@ def test_a_single_process_run_beside_idle_gpus_says_how_to_use_them(monkeypatch)
     assert "train_feedback.py --base_model" in idle_gpus_note(
         1, 4, ["train_feedback.py", "--base_model", "v"]
     )
+
+
+def test_cudnn_benchmark_is_turned_off_on_cuda_by_its_own_step(monkeypatch):
+    """Set-up turns cuDNN's benchmark mode off on CUDA in a step of its own (describing the start
+    changes no setting); a CPU run leaves it as it was."""
+    import torch
+
+    from vits_trainer.training import session as session_module
+
+    monkeypatch.setattr(torch.backends.cudnn, "benchmark", True)
+    session_module._cudnn_benchmark_off(torch.device("cpu"))
+    assert torch.backends.cudnn.benchmark is True
+    session_module._cudnn_benchmark_off(torch.device("cuda"))
+    assert torch.backends.cudnn.benchmark is False

@@ -355,6 +355,7 @@ def _build_session(
     _check_output_folders(cfg, ckpt_bytes, restored_output=ckpt is not None and _restored(cfg, "output_dir"))
     accelerator = make_accelerator(precision, cfg.cpu, cfg.report_to, Path(cfg.checkpoint_dir))
     log = Logger(accelerator.is_main_process)
+    _cudnn_benchmark_off(accelerator.device)
     _describe_start(accelerator, precision, model, model_source, ckpt, log)
     store, report = load_store(cfg, Path(cfg.data_dir), model.config.sampling_rate, accelerator, log)
     loaded = (_parameters(model), model.config.vocab_size, model.config.num_speakers)
@@ -540,18 +541,23 @@ def _check_output_folders(cfg: TrainConfig, ckpt_bytes: int, restored_output: bo
     check_disk_space([checkpoint_dir, output_dir.parent], 2 * ckpt_bytes + ckpt_bytes // 3 * 2)
 
 
+def _cudnn_benchmark_off(device: torch.device) -> None:
+    """cuDNN's benchmark mode off on CUDA, for the whole process."""
+    if device.type == "cuda":
+        # benchmark mode tunes every conv again for each new shape (3.25 s against 1.00 s per step with a
+        # new shape each step, bench/bench_step.py --cudnn_benchmark); length buckets still give ~100 shapes
+        # over a few epochs (bench/bench_shapes.py), and whether tuning those pays back is not measured yet
+        torch.backends.cudnn.benchmark = False
+
+
 def _describe_start(accelerator, precision: str, model, model_source: str, ckpt, log) -> None:
-    """The device, precision and model lines (and cuDNN's benchmark mode off on CUDA)."""
+    """The device, precision and model lines (and how to use idle GPUs); it changes no setting."""
     device = accelerator.device
     log(
         f"device: {device} ×{accelerator.num_processes}, precision: {precision}"
         + (f", GPU: {torch.cuda.get_device_name(device)}" if device.type == "cuda" else "")
     )
     if device.type == "cuda":
-        # off: benchmark mode tunes every conv again for each new shape (3.25 s against 1.00 s per step with a
-        # new shape each step, bench/bench_step.py --cudnn_benchmark); length buckets still give ~100 shapes
-        # over a few epochs (bench/bench_shapes.py), and whether tuning those pays back is not measured yet
-        torch.backends.cudnn.benchmark = False
         note = idle_gpus_note(accelerator.num_processes, torch.cuda.device_count(), sys.argv)
         if note:
             log(note)
