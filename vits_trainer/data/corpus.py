@@ -261,7 +261,7 @@ def _third_column_is_speaker(rows: list[list[str]]) -> bool:
     the words themselves, and many); otherwise it stays on the LJSpeech reading.
     """
     thirds = [r for r in rows if len(r) == 3]
-    if not thirds:
+    if not any(r[2].strip() for r in thirds):  # none, or all empty (id|text|): no speakers in it
         return False
     short = all(len(r[2].strip()) <= 64 for r in thirds)
     if any(len(r[1].split()) > 1 for r in thirds):
