@@ -62,7 +62,15 @@ def test_successful_run(tmp_path, small_pairs):
         (["--source", "{src}", "--sample_rate", "0"], "--sample_rate"),
         (["--source", "{src}", "--min_seconds", "30", "--max_seconds", "20"], "greater than --max_seconds"),
         (["--source", "{tmp}/empty"], "could not detect the format"),
-        (["--source", "{src}", "--data_dir", "{tmp}/blocker/training"], "cannot be created"),
+        (
+            ["--source", "{src}", "--data_dir", "{tmp}/blocker/training"],
+            "cannot be created ({tmp}/blocker is a file): choose another --data_dir",
+        ),
+        # an existing file: what to do, not only what is wrong
+        (
+            ["--source", "{src}", "--data_dir", "{tmp}/blocker"],
+            "exists and is a file, not a folder: choose another --data_dir (a folder",
+        ),
         (["--source", "someone/not-cached-dataset"], "hub"),
         (["--data_dir", "{tmp}/out"], "--source"),
         # an archive: unpack it, not --format (no format reads inside one)
@@ -83,6 +91,7 @@ def test_bad_input_is_one_error_line_and_writes_nothing(tmp_path, small_pairs, a
     (tmp_path / "blocker").write_text("a file, not a folder", encoding="utf-8")
     (tmp_path / "corpus.zip").write_bytes(b"PK\x05\x06" + bytes(18))  # an empty zip archive
     args = [a.format(tmp=tmp_path, src=small_pairs) for a in args]
+    contains = contains.format(tmp=tmp_path)
     if "--data_dir" not in args:
         args += ["--data_dir", str(tmp_path / "out")]
     proc = cli(*args)

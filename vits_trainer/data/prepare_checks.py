@@ -101,15 +101,23 @@ def validate_settings(s: PrepareSettings) -> None:
 def check_output_folder(data_dir: Path) -> None:
     """Fail early (before anything is written) when the output `data_dir` cannot be created or written."""
     if data_dir.exists() and not data_dir.is_dir():
-        raise UserError(f"--data_dir {data_dir}: exists and is not a folder")
+        raise UserError(
+            f"--data_dir {data_dir}: exists and is a file, not a folder: choose another --data_dir "
+            "(a folder, new or from an earlier run, where the prepared clips go)"
+        )
     wavs = data_dir / WAVS_DIR
     if wavs.exists() and not wavs.is_dir():
-        raise UserError(f"--data_dir {data_dir}: {wavs} exists and is not a folder")
+        raise UserError(
+            f"--data_dir {data_dir}: {wavs} exists and is a file, not a folder: move it away or choose "
+            "another --data_dir"
+        )
     existing = data_dir.absolute()
     while not existing.exists():
         existing = existing.parent
     if not existing.is_dir():
-        raise UserError(f"--data_dir {data_dir}: cannot be created ({existing} is a file)")
+        raise UserError(
+            f"--data_dir {data_dir}: cannot be created ({existing} is a file): choose another --data_dir"
+        )
     if not os.access(existing, os.W_OK | os.X_OK):
         raise UserError(f"--data_dir {data_dir}: {existing} is not writable")
 
