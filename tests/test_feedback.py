@@ -637,6 +637,8 @@ def test_a_wrong_base_model_folder_names_the_one_to_pass(tmp_path, tiny_model_di
         ),
         (root / "v1", f"this version's model is {root / 'v1' / 'model'}"),
         (root / "latest.json", f"is a file, not a model folder; pass {root / 'latest'}"),
+        # a file of a model (its weights, its config.json): its folder
+        (root / "v1" / "model" / "model.safetensors", f"not a model folder; pass {root / 'v1' / 'model'}"),
         (tmp_path / "nowhere", "no such folder"),
     ):
         with pytest.raises(UserError, match=re.escape(expected)):

@@ -199,7 +199,7 @@ def test_in_a_subprocess_as_the_script_from_any_folder_and_as_a_module(tmp_path,
     assert again.stderr.startswith("error:") and len(again.stderr.splitlines()) == 1, again.stderr
 
 
-def test_a_file_of_the_model_given_as_the_model_names_its_folder(tmp_path, tiny_model_dir):
+def test_a_file_of_the_model_given_as_the_model_names_its_folder(tmp_path, tiny_model_dir, monkeypatch):
     # --model_name model/config.json said "folder has no config.json", of the very file given
     from vits_trainer.errors import UserError
     from vits_trainer.hub import resolve_model_dir
@@ -210,6 +210,10 @@ def test_a_file_of_the_model_given_as_the_model_names_its_folder(tmp_path, tiny_
             UserError, match=re.escape(f"is a file, not a model folder: pass {tiny_model_dir}")
         ):
             resolve_model_dir(str(given), "--model_name")
+    # given from inside the model folder: "pass ." read as a sentence cut short; the folder is named
+    monkeypatch.chdir(tiny_model_dir)
+    with pytest.raises(UserError, match=re.escape(f"not a model folder: pass {tiny_model_dir.resolve()}")):
+        resolve_model_dir("model.safetensors", "--model")
     notes = tmp_path / "notes.txt"
     notes.write_text("x", encoding="utf-8")
     with pytest.raises(UserError, match=r"notes\.txt: is a file, not a model folder \(expected"):

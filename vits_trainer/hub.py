@@ -86,7 +86,8 @@ def resolve_model_dir(name: str, purpose: str = "--model_name") -> Path:
     path = Path(name).expanduser()
     if path.is_file():  # a file of the model (its config.json, its weights) given for its folder
         if (path.parent / "config.json").is_file():
-            raise UserError(f"{purpose} {name}: is a file, not a model folder: pass {path.parent}")
+            folder = path.parent if path.parent != Path(".") else Path.cwd()  # "pass ." reads as cut short
+            raise UserError(f"{purpose} {name}: is a file, not a model folder: pass {folder}")
         raise UserError(
             f"{purpose} {name}: is a file, not a model folder (expected a saved VitsModel folder)"
         )

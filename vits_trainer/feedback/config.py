@@ -99,7 +99,12 @@ def check_base_model_folder(value: str) -> Path:
     a version folder, latest.json) get the folder to pass instead."""
     base = Path(value).expanduser()
     if base.is_file():
-        instead = f"; pass {base.with_name('latest')}" if base.name == "latest.json" else ""
+        if base.name == "latest.json":
+            instead = f"; pass {base.with_name('latest')}"
+        elif (base.parent / "config.json").is_file():  # a file of the model (its weights): its folder
+            instead = f"; pass {base.parent if base.parent != Path('.') else Path.cwd()}"
+        else:
+            instead = ""
         raise UserError(f"--base_model {base}: is a file, not a model folder{instead}")
     if not base.is_dir():
         raise UserError(
