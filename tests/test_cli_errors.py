@@ -13,6 +13,7 @@ from vits_trainer.training.runtime import resolve_precision
 
 
 def make_cases(tmp: Path, corpus: Path, model: Path) -> dict[str, tuple[list[str], str]]:
+    (tmp / "notes.txt").write_text("x", encoding="utf-8")
     empty = tmp / "empty_data"
     empty.mkdir()
     junk = tmp / "junk_data"
@@ -31,6 +32,11 @@ def make_cases(tmp: Path, corpus: Path, model: Path) -> dict[str, tuple[list[str
         # in frames, 32 would be the usual segment: it is samples, and shorter than the mel loss's window
         "segment shorter than a window": ([*ok, "--segment_size", "32"], "--segment_size 32: at least "),
         "missing data_dir": (["--data_dir", str(tmp / "nope"), "--model_name", str(model)], "no such folder"),
+        # a file there said "no such folder (run prepare_data.py first)", of a path that exists
+        "data_dir is a file": (
+            ["--data_dir", str(tmp / "notes.txt"), "--model_name", str(model)],
+            "is a file, not a folder: pass the folder prepare_data.py wrote (its --data_dir)",
+        ),
         "empty data_dir": (
             ["--data_dir", str(empty), "--model_name", str(model)],
             "metadata.csv: no such file",

@@ -422,6 +422,10 @@ def check_data_dir(value: str) -> Path:
     if inside and (above / METADATA_NAME).is_file() and (above / WAVS_DIR).is_dir():
         what = "a file" if data_dir.is_file() else "the clips' folder"
         raise UserError(f"--data_dir {data_dir}: is {what} of a data folder, not the folder: pass {above}")
+    if data_dir.is_file():
+        raise UserError(
+            f"--data_dir {data_dir}: is a file, not a folder: pass the folder prepare_data.py wrote (its --data_dir)"
+        )
     if not data_dir.is_dir():
         raise UserError(f"--data_dir {data_dir}: no such folder (run prepare_data.py first)")
     refuse_if_being_written(data_dir, "--data_dir")  # its metadata.csv may not be written yet
