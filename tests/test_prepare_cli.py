@@ -258,6 +258,25 @@ def test_drop_unknown_chars_with_no_row_left_by_speaker_says_none_was_checked(tm
     assert line in proc.stdout.splitlines(), proc.stdout
 
 
+def test_drop_unknown_chars_dropping_every_row_says_what_to_do(tmp_path):
+    # a Kurdish corpus and a model of letters a-o: every row dropped, and the error said only
+    # "no usable clips (unknown_chars 2)", where keeping them for --extend_vocab was the way on
+    model = vocab_model_dir(tmp_path, rate=16000)
+    src = tmp_path / "pairs"
+    for stem, text in {"k1": "rojbaş", "k2": "çawa yî"}.items():
+        write_audio(src / f"{stem}.wav", speech(rate=16000), 16000)
+        (src / f"{stem}.txt").write_text(text, encoding="utf-8")
+    proc = cli(
+        "--source", str(src), "--data_dir", str(tmp_path / "out"), "--model_name", str(model),
+        "--drop_unknown_chars", "--no_progress",
+    )  # fmt: skip
+    assert_one_error_line(
+        proc,
+        "--drop_unknown_chars dropped 2 row(s) for characters the model's vocabulary lacks: leave it out "
+        "to keep them (train_vits.py --extend_vocab adds the characters)",
+    )
+
+
 @pytest.mark.parametrize(("config", "expected"), [("[1, 2]", "holds a JSON list"), ("{", "cannot be read")])
 def test_a_model_whose_config_json_is_no_json_object_is_one_error_line(
     tmp_path, small_pairs, config, expected

@@ -167,6 +167,11 @@ def _prepare(settings: PrepareSettings, data_dir: Path, log: Callable[[str], Non
         hint = transcript_tables_hint(source) if no_text else ""
         if filtered["filtered_speaker"] and not planned:
             hint += f"; --speaker kept no row: {speakers_hint(source)}"
+        if reasons_by.get("unknown_chars"):  # the way on is to keep them, not to look in the report
+            hint += (
+                f"; --drop_unknown_chars dropped {reasons_by['unknown_chars']} row(s) for characters the model's "
+                "vocabulary lacks: leave it out to keep them (train_vits.py --extend_vocab adds the characters)"
+            )
         raise UserError(f"no usable clips ({reasons}); see {report_path}{hint}")
 
     if backup is not None:  # another source's metadata.csv: moved to a fresh name, never overwritten
