@@ -861,3 +861,14 @@ def test_an_empty_third_column_is_no_speaker_column(tmp_path):
     _, printed = run_prepare(src, tmp_path / "out2")
     assert output_rows(tmp_path / "out2") == {i: (t, "0") for i, t in words.items()}
     assert not any("used as speaker" in line for line in printed), printed
+
+
+@pytest.mark.parametrize(("top", "first"), [("", 1), (BLANK_TOP, 4)])
+def test_a_headerless_tables_first_row_spanning_lines_is_reported_at_its_first_line(tmp_path, top, first):
+    # the first row's origin was the line its quoted text ended on (2, not 1): reader.line_num after it
+    from vits_trainer.data.corpus import read_table
+
+    table = tmp_path / "list.csv"
+    table.write_text(top + 'a.wav,"hello\nworld"\nb.wav,second\n', encoding="utf-8")
+    origins = [row.origin for row in read_table(table).rows]
+    assert origins == [f"list.csv:{first}", f"list.csv:{first + 2}"], origins

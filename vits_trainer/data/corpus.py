@@ -405,11 +405,12 @@ def _table_rows(
     with _open_text(path) as f:
         reader = csv.reader(f, delimiter=delimiter, quoting=quoting)
         # blank lines above the header (or the first clip) are skipped, not taken for the header
+        first_line = reader.line_num + 1  # where the record read next starts (a quoted one may span lines)
         first = next(reader, None)
         while first is not None and not any(x.strip() for x in first):
+            first_line = reader.line_num + 1
             first = next(reader, None)
         first = first or []
-        first_line = reader.line_num
         header = [h.strip() for h in first]
         if not header:
             raise UserError(f"{path}: empty file (expected a header row)")
