@@ -1102,3 +1102,21 @@ def test_report_zip_holds_the_page_and_every_file_it_plays_shows_and_links(tmp_p
     assert (copy / "metrics.jsonl").is_file() and (copy / "train_summary.json").is_file()  # linked files
     assert not any("step_00000099" in name for name in names)  # nothing the page does not refer to
     assert len(names) == len(set(names))
+
+
+def test_report_zip_takes_a_file_dated_before_1980(tmp_path):
+    # zipfile refuses such a date ("ZIP does not support timestamps before 1980"): one sample carried over
+    # with copy2 from a folder unpacked without dates cost the whole archive
+    import os
+    import zipfile
+
+    from vits_trainer.training.report import write_report_archive
+
+    folder = tmp_path / "checkpoints"
+    wav = folder / "samples" / "step_00000010" / "a.wav"
+    wav.parent.mkdir(parents=True)
+    tiny_wav(wav)
+    os.utime(wav, (0, 0))
+    (folder / "report.html").write_text('<audio src="samples/step_00000010/a.wav"></audio>', encoding="utf-8")
+    with zipfile.ZipFile(write_report_archive(folder)) as z:
+        assert z.read(f"{tmp_path.name}-checkpoints/samples/step_00000010/a.wav") == wav.read_bytes()

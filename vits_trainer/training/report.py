@@ -229,7 +229,9 @@ def write_report_archive(checkpoint_dir: Path | str) -> Path:
     out = folder / ARCHIVE_FILE
     tmp = out.with_name(f".{ARCHIVE_FILE}.tmp-{os.getpid()}")
     try:
-        with zipfile.ZipFile(tmp, "w", zipfile.ZIP_DEFLATED) as archive:
+        # strict_timestamps=False: a file dated before 1980 (copied with its date from a folder unpacked
+        # without dates) is stored as of 1980, where zipfile refused the whole archive
+        with zipfile.ZipFile(tmp, "w", zipfile.ZIP_DEFLATED, strict_timestamps=False) as archive:
             archive.writestr(f"{top}/{REPORT_FILE}", page)
             for rel in referenced_files(folder, page):
                 # audio and pictures gain little from deflate, which would take most of the time
