@@ -210,6 +210,21 @@ def test_a_checkpoint_folder_holding_results_or_user_files_but_no_checkpoint_is_
         check_fresh_folder(killed)
 
 
+def test_a_checkpoint_folder_holding_a_report_zip_alone_is_refused(tmp_path):
+    """report.zip is the one file of a run to keep (the page with its samples): a new run in a folder
+    holding it alone, an earlier run's or the user's, wrote over it without a word, where report.html
+    alone is refused. A run killed before its first checkpoint left one too: that one starts again."""
+    from vits_trainer.training.session import check_fresh_folder
+
+    kept = tmp_path / "kept"
+    kept.mkdir()
+    (kept / "report.zip").write_bytes(b"PK\x05\x06" + bytes(18))
+    with pytest.raises(UserError, match="holds report.zip but no checkpoint to continue from"):
+        check_fresh_folder(kept)
+    (kept / "metrics.jsonl").write_text('{"event": "session", "step": 0, "resumed_from": null}\n')
+    check_fresh_folder(kept)
+
+
 def test_export_replaces_only_a_readme_it_wrote(tmp_path, tiny_model_dir):
     """export_model's own check, as best_model's export during a run meets it: a user's README.md in
     a folder without the marker is refused and kept; the card of an earlier export is replaced."""

@@ -187,7 +187,15 @@ def find_checkpoint(cfg: TrainConfig, checkpoint_dir: Path, log) -> LoadedCheckp
 
 
 # a run's own files in its checkpoint folder, besides the checkpoints
-RUN_FILES = ("best_model", "train_summary.json", "metrics.jsonl", "report.html", "loss_curve.png", "samples")
+RUN_FILES = (
+    "best_model",
+    "train_summary.json",
+    "metrics.jsonl",
+    "report.html",
+    "report.zip",
+    "loss_curve.png",
+    "samples",
+)
 
 
 def check_fresh_folder(checkpoint_dir: Path) -> None:
