@@ -134,3 +134,19 @@ def test_a_data_dir_prepare_data_did_not_make_shows_the_command_to_run(tmp_path)
     assert "holds audio files (clips/a.wav)" in lines and "may be the corpus itself" in lines, lines
     assert f"python prepare_data.py --source {corpus} --data_dir {prepared}" in lines, lines
     assert sorted(p.name for p in tmp_path.iterdir()) == ["my_corpus", "training"], "nothing may be written"
+
+
+def test_a_data_dir_prepare_data_began_is_to_be_finished_not_read_as_the_corpus(tmp_path):
+    # a prepare_data.py run stopped by Ctrl-C leaves wavs/ and its state, no metadata.csv: the error said
+    # the folder "was not made by prepare_data.py" and proposed it as --source (no transcripts: no clip)
+    import json
+
+    data = tmp_path / "training"
+    (data / "wavs").mkdir(parents=True)
+    (data / "wavs" / "a.wav").write_bytes(b"RIFF")
+    corpus = tmp_path / "my corpus"
+    state = {"version": 1, "source": str(corpus), "clips": {"a": {}}}
+    (data / ".prepare_state.json").write_text(json.dumps(state), encoding="utf-8")
+    (lines,) = _probe(tmp_path, "train_vits.py", ["--data_dir", str(data)])
+    assert "was not made by prepare_data.py" not in lines and "begun by prepare_data.py" in lines, lines
+    assert f"python prepare_data.py --source {corpus} --data_dir {data}" in lines, lines

@@ -442,7 +442,18 @@ def check_data_dir(value: str) -> Path:
 
 def _how_to_prepare(data_dir: Path) -> str:
     """The prepare_data.py command that makes a training set of `data_dir`: a folder holding audio is
-    likely the corpus itself, to be read as --source into a folder of its own."""
+    likely the corpus itself, to be read as --source into a folder of its own; one prepare_data.py began
+    (its state beside the WAVs, written even when it is stopped) is to be finished by running it again."""
+    from ..data.prepare_state import load_state, made_by_prepare  # only on this error
+
+    if made_by_prepare(data_dir):
+        source = load_state(data_dir).get("source")
+        source = source if isinstance(source, str) and source else "YOUR_CORPUS"
+        return (
+            f"{data_dir} was begun by prepare_data.py but not finished (stopped, or its run failed); run it "
+            f"again, python prepare_data.py --source {source} --data_dir {data_dir} (the WAVs it made are "
+            "reused)"
+        )
     audio = _some_audio_file(data_dir)
     if audio is None:
         return (
