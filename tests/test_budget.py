@@ -49,12 +49,37 @@ def test_the_eta_ends_at_max_steps_when_it_comes_first():
     b = Budget(3600, process_start=0.0, clock=clock)
     b.set_estimates(eval_seconds=20.0, save_seconds=30.0, export_seconds=40.0)
     run_steps(b, clock, 10, 1.0, 8)
-    assert b.session_left() == b.remaining()
+    # the budget's end: the deadline less the safety margin and the stop rule's spare step (1 s)
+    assert b.session_left() == pytest.approx(b.remaining() - b.safety_seconds() - 1.0)
     b.max_steps = 10_000
-    assert b.session_left() == b.remaining()
+    assert b.session_left() == pytest.approx(b.remaining() - b.safety_seconds() - 1.0)
     b.max_steps = 20
-    assert b.session_left() == pytest.approx(10 * 1.0 + b.final_reserve())
+    assert b.session_left() == pytest.approx(10 * 1.0 + 20 + 30 + 40)
     assert b.session_left() < b.remaining() / 10
+
+
+def test_the_eta_counts_no_safety_margin():
+    """A tiny model, --max_steps 10 in the default 9.5 h budget: the last step's line read "ETA 5:48" and
+    the run ended ~5 s later; the ETA had counted the final reserve's 342 s safety margin (1 % of the
+    budget), which is kept, not spent. The stop rule still keeps it."""
+    clock = FakeClock(0.0)
+    b = Budget(9.5 * 3600, process_start=0.0, clock=clock, max_steps=10, benchmark_samples=8)
+    b.set_estimates(eval_seconds=3.0, save_seconds=0.5, export_seconds=2.0)
+    run_steps(b, clock, 10, 1.0, 8)
+    assert b.max_steps_reached()
+    assert b.session_left() == pytest.approx(3.0 + 0.5 + 2.0)
+    assert b.final_reserve() == pytest.approx(3.0 + 0.5 + 2.0 + 342.0)  # the reserve keeps its margin
+
+
+@pytest.mark.parametrize("max_steps", [0, 30])
+def test_the_eta_is_the_plans_run_end(max_steps):
+    """The progress line's ETA and the plan's "run ends ~" are one figure, by the budget or by --max_steps."""
+    clock = FakeClock(0.0)
+    b = Budget(600, process_start=0.0, clock=clock, max_steps=max_steps, benchmark_samples=8)
+    b.set_estimates(eval_seconds=5.0, save_seconds=1.0, export_seconds=2.0)
+    run_steps(b, clock, 10, 1.0, 8)
+    plan = b.plan(samples_per_epoch=800, batch_size_effective=8)
+    assert clock() + b.session_left() == pytest.approx(plan.run_end_wall)
 
 
 def test_the_budget_says_what_max_steps_leaves():

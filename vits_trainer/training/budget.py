@@ -329,11 +329,23 @@ class Budget:
                 return TrainingLeft(by_steps, self.max_steps)
         return TrainingLeft(left, 0)
 
+    def end_work_seconds(self) -> float:
+        """What the work after the last step should take: the final reserve less its safety margin,
+        which is slack kept, not time spent (1 % of a 9.5 h budget is 342 s)."""
+        return self.final_reserve() - self.safety_seconds()
+
+    def stop_rule_spare_seconds(self) -> float:
+        """How much earlier than `training_end` the stop rule's headroom ends training (one step)."""
+        return self._step_with_headroom_seconds() - self.median_step_seconds()
+
     def session_left(self) -> float:
-        """Seconds until this session ends: its deadline, or sooner --max_steps's last step and the work
-        after it (final evaluation, checkpoint, export: the final reserve)."""
+        """Seconds until this session is expected to end, for the progress line's ETA (the plan's run
+        end): --max_steps's last step, or the budget's, then the final evaluation, checkpoint and export.
+        Neither the safety margin nor the stop rule's spare step is spent time."""
         left = self.training_left()
-        return left.seconds + self.final_reserve() if left.ends_at_max_steps else self.remaining()
+        if left.ends_at_max_steps:
+            return left.seconds + self.end_work_seconds()
+        return left.seconds - self.stop_rule_spare_seconds() + self.end_work_seconds()
 
     # ---- measurements -----------------------------------------------------------------------------
 
@@ -643,7 +655,7 @@ class Budget:
         # the stop rule's headroom: no step starts unless as much again would still fit, so training
         # ends at least this long before the final reserve (without it the plan promised a step or two
         # more than a run of slow steps makes)
-        spare = self._step_with_headroom_seconds() - self.median_step_seconds()
+        spare = self.stop_rule_spare_seconds()
         train_end = self.deadline() - (ev + sv + ex + after + safety + spare)
         left = max(0.0, train_end - now)
         remaining_epochs = left / seconds_per_epoch
