@@ -60,7 +60,7 @@ def test_the_eta_ends_at_max_steps_when_it_comes_first():
 
 def test_the_eta_counts_no_safety_margin():
     """A tiny model, --max_steps 10 in the default 9.5 h budget: the last step's line read "ETA 5:48" and
-    the run ended ~5 s later; the ETA had counted the final reserve's 342 s safety margin (1 % of the
+    the run ended seconds later; the ETA had counted the final reserve's 342 s safety margin (1 % of the
     budget), which is kept, not spent. The stop rule still keeps it."""
     clock = FakeClock(0.0)
     b = Budget(9.5 * 3600, process_start=0.0, clock=clock, max_steps=10, benchmark_samples=8)
