@@ -80,6 +80,11 @@ def test_successful_run(tmp_path, small_pairs):
             ["--source", "{src}/p0.wav"],
             "pass the folder that holds it and its transcript (p0.txt beside p0.wav)",
         ),
+        # one clip's transcript: the folder, not a table whose header is the sentence
+        (
+            ["--source", "{src}/p0.txt"],
+            "the transcript of one clip (p0.wav beside it), not a corpus; pass the folder",
+        ),
         (
             ["--source", "{src}", "--text_column", "t", "--split", "dev"],
             "--text_column, --split: not used by the pairs layout",

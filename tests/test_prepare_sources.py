@@ -769,6 +769,20 @@ def test_detection_failures(tmp_path, setup, message):
     assert not (tmp_path / "out").exists()
 
 
+@pytest.mark.parametrize("name", ["s01.txt", "s01.lab", "S01.TXT"])
+def test_one_clips_transcript_as_source_names_the_folder(tmp_path, name):
+    src = tmp_path / "corpus"
+    write_audio(src / f"{name[:3]}.{'WAV' if name.isupper() else 'wav'}", speech(rate=16000), 16000)
+    (src / name).write_text("Rojbaş, tu çawa yî?\n", encoding="utf-8")
+    with pytest.raises(UserError, match="transcript of one clip") as err:
+        run_prepare(src / name, tmp_path / "out")
+    assert f"--source {src}" in str(err.value) and "audio column" not in str(err.value)
+    assert not (tmp_path / "out").exists()
+    # a .txt table with no clip of its name beside it is still read as a table
+    (src / "list.txt").write_text(f"file_name|text\n{name[:3]}.wav|hello\n", encoding="utf-8")
+    assert detect_format(str(src / "list.txt"))[0] == "csv"
+
+
 def test_unknown_format_name(tmp_path):
     with pytest.raises(UserError, match="unknown format"):
         run_prepare(tmp_path, tmp_path / "out", format="wav2vec")

@@ -120,6 +120,12 @@ def detect_format(source: str) -> tuple[str, Path]:
             return "ljspeech", folder
         if path.suffix == ".tsv" and (folder / "clips").is_dir() and "client_id" in _first_line(path):
             return "commonvoice", path  # that TSV (read_commonvoice), not the folder's validated.tsv
+        clip = _audio_beside(path) if path.suffix.lower() in TRANSCRIPT_SUFFIXES else None
+        if clip is not None:  # x.txt beside x.wav: one clip's transcript, not a table
+            raise UserError(
+                f"--source {source}: the transcript of one clip ({clip.name} beside it), not a corpus; "
+                f"pass the folder that holds the clips and their transcripts, --source {folder}"
+            )
         if path.suffix.lower() in (".csv", ".tsv", ".txt"):
             return "csv", path
         if path.suffix.lower() in HF_DATA_SUFFIXES:
@@ -675,6 +681,12 @@ def _transcript_of(wav: Path, files: set[Path] | None = None) -> Path | None:
     suffixes = [x for suffix in TRANSCRIPT_SUFFIXES for x in (suffix, suffix.upper())]
     found = (t for t in map(wav.with_suffix, suffixes) if (t in files if files is not None else t.is_file()))
     return next(found, None)
+
+
+def _audio_beside(transcript: Path) -> Path | None:
+    """Audio x.wav (or X.WAV, x.flac, ...) beside transcript x.txt; None when there is none."""
+    suffixes = [x for suffix in AUDIO_EXTENSIONS for x in (suffix, suffix.upper())]
+    return next((a for a in map(transcript.with_suffix, suffixes) if a.is_file()), None)
 
 
 def folder_tables(folder: Path) -> list[Path]:
