@@ -588,6 +588,38 @@ def test_pairs_folder_all_formats(tmp_path):
     }
 
 
+def test_a_data_folder_prepared_inside_a_pairs_source_is_not_read_as_more_clips(tmp_path):
+    """--data_dir inside the pairs folder: the next prepare of that folder read its wavs/ as 3 more
+    clips, each skipped as missing_text ("kept 3 of 6")."""
+    src = tmp_path / "corpus"
+    for i in range(3):
+        write_audio(src / f"s{i}.wav", speech(rate=16000), 16000)
+        (src / f"s{i}.txt").write_text(f"clip {i}\n", encoding="utf-8")
+    run_prepare(src, src / "training")
+    result, lines = run_prepare(src, tmp_path / "out")
+    assert set(output_rows(tmp_path / "out")) == {"s0", "s1", "s2"}
+    assert result.report["counts"]["skipped_by_reason"] == {}
+    assert any(
+        f"{src / 'training'} is not read: a data folder prepare_data.py wrote" in line for line in lines
+    )
+    # the same data_dir again: the output is left out as before, with no note
+    _, lines = run_prepare(src, src / "training")
+    assert not any("is not read" in line for line in lines)
+    # that data folder itself, and an LJSpeech corpus with one inside, still read as before
+    run_prepare(src / "training", tmp_path / "again")
+    assert set(output_rows(tmp_path / "again")) == {"s0", "s1", "s2"}
+    lj = tmp_path / "lj"
+    make_corpus(lj, num_clips=4, sample_rate=16000)
+    run_prepare(lj, lj / "training")
+    run_prepare(lj, tmp_path / "lj_out")
+    assert len(output_rows(tmp_path / "lj_out")) == 4
+    # a folder holding nothing but a data folder of ours: that one is named
+    only = tmp_path / "only"
+    shutil.copytree(src / "training", only / "training")
+    with pytest.raises(UserError, match=f"but {only / 'training'}, a data folder prepare_data.py wrote"):
+        run_prepare(only, tmp_path / "out_only")
+
+
 def _corpus_with_table(folder, name: str, header: list[str], sep: str, clips: str = "wavs") -> list[dict]:
     """make_corpus's clips under `folder/clips`, listed in `folder/name` below a header row instead of
     its own metadata.csv (column order: audio path, text, speaker)."""

@@ -32,6 +32,7 @@ from .corpus_rows import (
     speaker_column_of,
 )
 from .metadata import text_encoding
+from .prepare_state import CLAIMS_NAME, made_by_prepare
 
 FORMATS = ("auto", "ljspeech", "commonvoice", "csv", "hf", "audiofolder", "pairs")
 AUDIOFOLDER_METADATA = ("metadata.csv", "metadata.jsonl", "metadata.parquet")
@@ -158,7 +159,8 @@ def detect_format(source: str) -> tuple[str, Path]:
         return "commonvoice", path
     if _audiofolder_metadata(path):
         return "audiofolder", path
-    files = set(_walk(path, None))
+    prepared: list[Path] = []
+    files = set(_walk(path, None, prepared))
     if any(p.suffix in HF_DATA_SUFFIXES for p in files):
         return "hf", path
     audio = [p for p in files if p.suffix.lower() in AUDIO_EXTENSIONS]
@@ -176,6 +178,11 @@ def detect_format(source: str) -> tuple[str, Path]:
         # else none names an audio column or file (an id|text list whose ids have no clip): pairs, as before
     if audio:
         return "pairs", path
+    if prepared:  # only a data folder of ours inside: that one was meant
+        raise UserError(
+            f"--source {source}: no corpus here but {prepared[0]}, a data folder prepare_data.py wrote; "
+            f"to read that one, pass --source {prepared[0]}"
+        )
     raise UserError(
         f"--source {source}: could not detect the format (looked for metadata.csv + wavs/, "
         "validated.tsv + clips/, a datasets folder, audio + .txt/.lab pairs); pass --format"
@@ -629,7 +636,8 @@ def _audiofolder_metadata(folder: Path) -> list[Path]:
 def read_pairs(root: Path, exclude: Path | None = None) -> Source:
     if not root.is_dir():
         raise UserError(f"--source {root}: --format pairs needs a folder of audio + .txt/.lab files")
-    files = sorted(_walk(root, exclude))
+    prepared: list[Path] = []
+    files = sorted(_walk(root, exclude, prepared))
     audio = [p for p in files if p.suffix.lower() in AUDIO_EXTENSIONS]
     if not audio:
         raise UserError(f"--source {root}: no audio files ({', '.join(AUDIO_EXTENSIONS)}) found")
@@ -672,6 +680,14 @@ def read_pairs(root: Path, exclude: Path | None = None) -> Source:
             f"{root} is read as audio + .txt/.lab transcript pairs; {names} beside them "
             f"{'is' if len(tables) == 1 else 'are'} not read "
             f"(pass {'it' if len(tables) == 1 else 'one'} as --source to read the clips it lists instead)"
+        )
+    if prepared:  # said, not silently left out
+        one = len(prepared) == 1
+        names = ", ".join(map(str, sorted(prepared)[:3])) + ("" if len(prepared) <= 3 else ", ...")
+        notes.append(
+            f"{names} {'is' if one else 'are'} not read: {'a data folder' if one else 'data folders'} "
+            f"prepare_data.py wrote inside --source ({'its' if one else 'their'} clips are prepared copies, "
+            f"not more of the corpus); pass {'it' if one else 'one'} as --source to read it instead"
         )
     return Source("pairs", str(root), rows, folder=root, notes=notes)
 
@@ -767,8 +783,10 @@ def _is_empty_text(path: Path) -> bool:
 # --- helpers ---------------------------------------------------------------------------------------------
 
 
-def _walk(root: Path, exclude: Path | None) -> Iterable[Path]:
-    """Files under `root`, skipping hidden folders and `exclude` (the output folder)."""
+def _walk(root: Path, exclude: Path | None, prepared: list[Path] | None = None) -> Iterable[Path]:
+    """Files under `root`, skipping hidden folders, `exclude` (the output folder) and the data folders
+    prepare_data.py made below `root` (their clips are copies, with no transcripts beside them): those
+    are added to `prepared`, for a note."""
     skip = exclude.resolve() if exclude is not None else None
     stack = [root]
     while stack:
@@ -781,8 +799,13 @@ def _walk(root: Path, exclude: Path | None) -> Iterable[Path]:
             if p.name.startswith("."):
                 continue
             if p.is_dir():
-                if skip is None or p.resolve() != skip:
-                    stack.append(p)
+                if skip is not None and p.resolve() == skip:
+                    continue
+                if made_by_prepare(p) or (p / CLAIMS_NAME).is_file():
+                    if prepared is not None:
+                        prepared.append(p)
+                    continue
+                stack.append(p)
             elif p.is_file():
                 yield p
 
