@@ -509,3 +509,25 @@ def test_a_best_model_left_as_it_was_is_not_named_as_the_best(tmp_path, tiny_mod
     words = best_model_words(summary)
     assert not words.startswith("best model: "), words
     assert "left as it was" in words and str(best) in words, words
+
+
+@pytest.mark.parametrize("extend", [False, True])
+def test_characters_the_vocabulary_lacks_are_said_to_be_added_with_extend_vocab(tiny_model_dir, extend):
+    """With --extend_vocab the list of missing characters said "(the tokenizer drops them)" and the
+    next line "vocabulary extended by 3": the first was untrue."""
+    from types import SimpleNamespace
+
+    from transformers import VitsModel
+
+    from vits_trainer.data.text import TextEncoder
+    from vits_trainer.training.config import TrainConfig
+    from vits_trainer.training.datasplit import check_vocabulary
+
+    lines: list[str] = []
+    cfg = TrainConfig(extend_vocab=extend)
+    model, text = VitsModel.from_pretrained(tiny_model_dir), TextEncoder.from_pretrained(tiny_model_dir)
+    check_vocabulary(cfg, model, text, SimpleNamespace(texts=["abc xyz"]), lines.append)
+    assert lines[0].startswith("characters the model's vocabulary lacks ("), lines
+    assert ("drops them" in lines[0]) != extend, lines
+    if extend:
+        assert "--extend_vocab adds them" in lines[0] and lines[1].startswith("vocabulary extended by 3")

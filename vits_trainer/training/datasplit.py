@@ -59,18 +59,21 @@ def load_store(
     return store, report
 
 
-def report_unknown_characters(text: TextEncoder, texts: list[str], log) -> list[str]:
+def report_unknown_characters(text: TextEncoder, texts: list[str], log, extend: bool = False) -> list[str]:
+    """List the characters the vocabulary lacks; `extend`: --extend_vocab adds them next, so they are
+    not dropped."""
     missing = text.unknown_characters(texts)
     if missing:
         shown = ", ".join(f"{ch!r}×{n}" for ch, n in missing.most_common(15))
         more = f" and {len(missing) - 15} more" if len(missing) > 15 else ""
-        log(f"characters the model's vocabulary lacks (the tokenizer drops them): {shown}{more}")
+        fate = "--extend_vocab adds them" if extend else "the tokenizer drops them"
+        log(f"characters the model's vocabulary lacks ({fate}): {shown}{more}")
     return list(missing)
 
 
 def check_vocabulary(cfg: TrainConfig, model, text: TextEncoder, store: ClipStore, log) -> None:
     """A new run: characters the vocabulary lacks are reported, or added with --extend_vocab."""
-    unknown = report_unknown_characters(text, store.texts, log)
+    unknown = report_unknown_characters(text, store.texts, log, extend=cfg.extend_vocab)
     if unknown and cfg.extend_vocab:
         added = extend_vocabulary(model, text, unknown, Path(tempfile.mkdtemp(prefix="vocab-")))
         log(f"vocabulary extended by {len(added)} character(s): {''.join(added)!r}")
