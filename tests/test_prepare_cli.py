@@ -223,6 +223,9 @@ def test_no_surviving_row_fails_but_writes_the_report(tmp_path, small_pairs):
     )
     assert_one_error_line(proc, "no usable clips (too_short 3)")
     assert (out / "prepare_report.json").is_file() and not (out / "metadata.csv").exists()
+    # no row kept: no empty "speakers (0): " or "characters (0): " line, as no audio: line
+    assert not any(line.rstrip().endswith(":") for line in proc.stdout.splitlines()), proc.stdout
+    assert "speakers (" not in proc.stdout and "characters (" not in proc.stdout, proc.stdout
 
 
 @pytest.mark.parametrize(("table", "fmt"), [("list.csv", "csv"), ("metadata.csv", "ljspeech")])

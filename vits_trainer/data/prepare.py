@@ -345,10 +345,13 @@ def format_summary(report: dict, data_dir: Path) -> str:
         lines.append(
             f"  replaced {counts['replaced_wavs']} WAV(s) an interrupted run had begun in wavs/ (converted again)"
         )
-    speakers = report["speakers"]
-    lines.append(f"  speakers ({len(speakers)}): {_counts(speakers, limit=20)}")
-    chars = report["characters"]
-    lines.append(f"  characters ({len(chars)}): {_counts({repr(k): v for k, v in chars.items()}, limit=80)}")
+    speakers, chars = report["speakers"], report["characters"]
+    if speakers:  # of the kept rows: none kept, no line (as audio:)
+        lines.append(f"  speakers ({len(speakers)}): {_counts(speakers, limit=20)}")
+    if chars:
+        lines.append(
+            f"  characters ({len(chars)}): {_counts({repr(k): v for k, v in chars.items()}, limit=80)}"
+        )
     unknown = report["unknown_characters"]
     dropping = report["settings"]["drop_unknown_chars"]
     if unknown == {} and not counts["kept"] and not dropping:
