@@ -532,6 +532,21 @@ def test_warmup_is_capped_from_the_first_estimate_then_by_the_plan():
     assert BudgetLR(b, warmup_steps=10).warmup_message() is None
 
 
+@pytest.mark.parametrize(
+    ("max_steps", "said"),
+    [
+        (12, "warmup: 1 step (--warmup_steps 500, at most 10% of the 12 optimizer steps of --max_steps)"),
+        (1, "warmup: 0 steps (--warmup_steps 500, at most 10% of the 1 optimizer step of --max_steps)"),
+    ],
+)
+def test_a_warmup_of_one_step_is_said_in_the_singular(max_steps, said):
+    """--max_steps 12 printed "warmup: 1 steps"."""
+    b = Budget(9.5 * 3600, 0.0, clock=FakeClock(0.0))
+    lr = BudgetLR(b, warmup_steps=500, max_steps=max_steps)
+    b.start_training()
+    assert lr.warmup_message() == said
+
+
 def test_a_run_ended_by_max_steps_warms_up_and_decays_within_them():
     """--max_steps 20 inside a 9.5 h budget: the warmup was capped by the 9.5 h plan (26 of 260 steps
     estimated, more than the run had) and the cosine followed the clock, so the run ended at its peak

@@ -100,10 +100,13 @@ class BudgetLR:
         if not self.warmup_capped:
             return None
         planned, steps = self.horizon_steps()
+        warmup = self.effective_warmup_steps
+        if planned == 1:
+            steps = steps.replace("steps", "step", 1)
         # worded as the schedule it is, not a fault: README's own rehearsal command prints it
         return (
-            f"warmup: {self.effective_warmup_steps:,} steps (--warmup_steps {self.warmup_steps:,}, at most "
-            f"{self.max_warmup_fraction:.0%} of the {planned:,} {steps})"
+            f"warmup: {warmup:,} step{'' if warmup == 1 else 's'} (--warmup_steps {self.warmup_steps:,}, "
+            f"at most {self.max_warmup_fraction:.0%} of the {planned:,} {steps})"
         )
 
     def factor(self, optimizer_step: int) -> float:
