@@ -97,6 +97,46 @@ def test_every_bad_input_gives_one_clear_line(tmp_path, tone_corpus, tiny_model_
         assert not out.exists(), f"{name}: wrote {list(out.rglob('*'))}"
 
 
+def test_a_checkpoint_or_output_dir_that_is_a_file_says_so(tmp_path, tone_corpus, tiny_model_dir):
+    """They read "cannot be created (File exists)" and "exists and is not a folder of this tool"."""
+    blocker = tmp_path / "a_file"
+    blocker.write_text("mine", encoding="utf-8")
+    ok = ["--data_dir", str(tone_corpus), "--model_name", str(tiny_model_dir), "--cpu"]
+    cases = {
+        "ckpt": (
+            ["--checkpoint_dir", str(blocker), "--output_dir", str(tmp_path / "o1")],
+            f"--checkpoint_dir {blocker}: exists and is a file, not a folder: choose another --checkpoint_dir",
+        ),
+        "ckpt below": (
+            ["--checkpoint_dir", str(blocker / "c"), "--output_dir", str(tmp_path / "o2")],
+            f"{blocker} is a file, not a folder: choose another --checkpoint_dir",
+        ),
+        "output": (
+            ["--checkpoint_dir", str(tmp_path / "c3"), "--output_dir", str(blocker)],
+            f"--output_dir {blocker}: exists and is a file, not a folder (it is left as it is): choose "
+            "another --output_dir",
+        ),
+    }
+    env = dict(os.environ, HF_HUB_OFFLINE="1")
+    procs = {
+        name: subprocess.Popen(
+            [PYTHON, str(ROOT / "train_vits.py"), *ok, *args],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            env=env,
+        )
+        for name, (args, _) in cases.items()
+    }
+    for name, proc in procs.items():
+        stdout, stderr = proc.communicate(timeout=600)
+        lines = [line for line in stderr.splitlines() if line.strip()]
+        assert proc.returncode == 2 and "Traceback" not in stderr + stdout, (name, stderr)
+        assert len(lines) == 1 and cases[name][1] in lines[0], (name, lines)
+    assert blocker.read_text(encoding="utf-8") == "mine"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["a_file"]
+
+
 def test_resume_none_refuses_to_mix_with_an_earlier_run(tmp_path, tone_corpus, tiny_model_dir):
     ckpt = tmp_path / "ckpt" / "step_00000005"
     ckpt.mkdir(parents=True)

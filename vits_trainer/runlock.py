@@ -99,6 +99,10 @@ class RunLock:
             return None
         # the folders this run creates (the missing ancestors too): removed again if left empty
         created = [p for p in (folder, *folder.parents) if not p.exists()]
+        existing = next(p for p in (folder.absolute(), *folder.absolute().parents) if p.exists())
+        if not existing.is_dir():  # mkdir would say only "File exists" or "Not a directory"
+            where = "exists and is a file" if existing == folder.absolute() else f"{existing} is a file"
+            raise UserError(f"{flag} {folder}: {where}, not a folder: choose another {flag}")
         try:
             folder.mkdir(parents=True, exist_ok=True)
         except OSError as err:

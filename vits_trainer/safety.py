@@ -243,6 +243,11 @@ def check_replaceable(folder: Path, flag: str = "") -> None:
     if not folder.exists() and not folder.is_symlink():
         return
     what = f"{flag} {folder}" if flag else str(folder)
+    if folder.is_file():  # a file is not taken for a folder: a plain word on what to do
+        raise UnsafeOverwrite(
+            f"{what}: exists and is a file, not a folder (it is left as it is): choose another "
+            f"{flag or 'folder'}"
+        )
     if not folder.is_dir() or folder.is_symlink():
         raise UnsafeOverwrite(f"{what}: exists and is not a folder of this tool; it is left as it is")
     entries = sorted(p.name for p in folder.iterdir())
