@@ -190,3 +190,16 @@ def all_finite(*modules) -> bool:
     import torch
 
     return all(bool(torch.isfinite(p).all()) for m in modules for p in m.parameters())
+
+
+def refuse_reading(monkeypatch, *paths: Path) -> None:
+    """`Path.read_bytes` of `paths` raises PermissionError, as for a file without read permission (root,
+    who runs these tests, reads any file whatever its mode)."""
+    read_bytes = Path.read_bytes
+
+    def refusing(self):
+        if self in paths:
+            raise PermissionError(13, "Permission denied", str(self))
+        return read_bytes(self)
+
+    monkeypatch.setattr(Path, "read_bytes", refusing)

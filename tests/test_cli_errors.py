@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.helpers import PYTHON, ROOT
+from tests.helpers import PYTHON, ROOT, refuse_reading
 from vits_trainer.training.runtime import resolve_precision
 
 
@@ -407,14 +407,7 @@ def test_a_metadata_csv_that_cannot_be_read_is_one_error_line(tmp_path, monkeypa
     data = tmp_path / "data"
     make_corpus(data, num_clips=2)
     meta = data / "metadata.csv"
-    read_bytes = Path.read_bytes
-
-    def refusing(self):  # as a file without read permission (root reads any)
-        if self == meta:
-            raise PermissionError(13, "Permission denied", str(self))
-        return read_bytes(self)
-
-    monkeypatch.setattr(Path, "read_bytes", refusing)
+    refuse_reading(monkeypatch, meta)
     argv = ["--data_dir", str(data), "--model_name", str(tiny_model_dir), "--output_dir", str(tmp_path / "o")]
     argv += ["--checkpoint_dir", str(tmp_path / "c"), "--cpu"]
     assert run_cli(train_vits.main, argv) == 2

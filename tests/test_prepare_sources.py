@@ -891,22 +891,16 @@ def test_a_bad_row_after_blank_lines_is_reported_at_its_own_line(tmp_path):
 def test_an_empty_third_column_is_no_speaker_column(tmp_path):
     """id|text| on every line (CRLF, as some exporters write): the texts were right, but a note said the
     empty third column looked like speaker ids and was used as speaker."""
-    src = tmp_path / "lj"
-    rows = {"a0": "silav tu çawa yî", "a1": "roja me xweş e", "a2": "ez baş im spas"}
-    for clip_id in rows:
-        write_audio(src / "wavs" / f"{clip_id}.wav", speech("abc de", 16000), 16000)
-    (src / "metadata.csv").write_bytes("".join(f"{i}|{t}|\r\n" for i, t in rows.items()).encode())
-    _, printed = run_prepare(src, tmp_path / "out")
-    assert output_rows(tmp_path / "out") == {i: (t, "0") for i, t in rows.items()}
-    assert not any("used as speaker" in line for line in printed), printed
-    # a single-word corpus read the same way
-    words = {f"w{i}": w for i, w in enumerate(["yek", "du", "sê", "çar"])}
-    for clip_id in words:
-        write_audio(src / "wavs" / f"{clip_id}.wav", speech("abc de", 16000), 16000)
-    (src / "metadata.csv").write_bytes("".join(f"{i}|{t}|\r\n" for i, t in words.items()).encode())
-    _, printed = run_prepare(src, tmp_path / "out2")
-    assert output_rows(tmp_path / "out2") == {i: (t, "0") for i, t in words.items()}
-    assert not any("used as speaker" in line for line in printed), printed
+    sentences = {"a0": "silav tu çawa yî", "a1": "roja me xweş e", "a2": "ez baş im spas"}
+    words = {f"w{i}": w for i, w in enumerate(["yek", "du", "sê", "çar"])}  # single words: read the same
+    for k, rows in enumerate((sentences, words)):
+        src, out = tmp_path / f"lj{k}", tmp_path / f"out{k}"
+        for clip_id in rows:
+            write_audio(src / "wavs" / f"{clip_id}.wav", speech("abc de", 16000), 16000)
+        (src / "metadata.csv").write_bytes("".join(f"{i}|{t}|\r\n" for i, t in rows.items()).encode())
+        _, printed = run_prepare(src, out)
+        assert output_rows(out) == {i: (t, "0") for i, t in rows.items()}
+        assert not any("used as speaker" in line for line in printed), printed
 
 
 @pytest.mark.parametrize(("top", "first"), [("", 1), (BLANK_TOP, 4)])

@@ -18,7 +18,7 @@ import numpy as np
 import pytest
 import soundfile as sf
 
-from tests.helpers import PYTHON, ROOT
+from tests.helpers import PYTHON, ROOT, refuse_reading
 from vits_trainer.errors import run_cli
 from vits_trainer.speak import main
 from vits_trainer.training.checkpoint import MANIFEST
@@ -254,14 +254,7 @@ def test_a_text_file_that_cannot_be_read_is_one_error_line(tmp_path, capsys, tin
     lines.write_text("abc\n", encoding="utf-8")
     folder = tmp_path / "texts"
     folder.mkdir()
-    read_bytes = Path.read_bytes
-
-    def refusing(self):  # as a file without read permission (root reads any)
-        if self == lines:
-            raise PermissionError(13, "Permission denied", str(self))
-        return read_bytes(self)
-
-    monkeypatch.setattr(Path, "read_bytes", refusing)
+    refuse_reading(monkeypatch, lines)
     for given, expected in (
         (lines, f"--text_file {lines}: cannot be read (Permission denied); make it readable"),
         (folder, f"--text_file {folder}: is a folder where a file is expected"),
