@@ -6,12 +6,16 @@ import fcntl
 import os
 import pty
 import struct
+import subprocess
 import sys
 import termios
+from pathlib import Path
 
 import pytest
 
-from vits_trainer.training.runtime import is_interactive
+from tests.helpers import PYTHON, ROOT
+from tests.test_prepare_fixtures import speech, write_audio
+from vits_trainer.terminal import is_interactive
 
 
 @pytest.fixture
@@ -113,3 +117,60 @@ def test_a_longer_plan_says_why_the_percentage_fell(monkeypatch, capsys):
     drawn = capsys.readouterr().err.replace("\r", "\n").strip().splitlines()[-1]
     assert "plan" not in drawn and "420/700" in drawn, drawn
     progress.close()
+
+
+def piped(script: str, *args: str, cwd: Path) -> str:
+    """stdout and stderr of a CLI whose output goes to a pipe, as on Kaggle or Colab; the libraries'
+    own switches are left unset and their caches fresh, so a bar they would draw is drawn."""
+    env = {k: v for k, v in os.environ.items() if not k.endswith("_DISABLE_PROGRESS_BARS")}
+    env.update(HF_HOME=str(cwd / "hf_home"), HF_HUB_OFFLINE="1")
+    proc = subprocess.run(
+        [PYTHON, str(ROOT / script), *args],
+        cwd=cwd,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        timeout=600,
+    )
+    log = proc.stdout.decode()  # not text=True: it reads each "\r" as a line end
+    assert proc.returncode == 0, log[-3000:]
+    return log
+
+
+def assert_no_bar(log: str) -> None:
+    # a bar in a log file: each redraw after a "\r", "reading wavs:  50%|#####     | 80/160 [...]"
+    assert "\r" not in log and "%|" not in log, log[:3000]
+
+
+def test_a_training_log_has_no_progress_bar(tmp_path):
+    # the clip cache's "reading wavs" bar came before the plain step lines
+    log = piped("train_vits.py", "--demo", "--max_steps", "2", cwd=tmp_path)
+    assert_no_bar(log)
+    assert "160 clips, 0.07 hours" in log  # what the bar showed, said once
+
+
+def test_a_prepare_log_has_no_progress_bar(tmp_path):
+    # datasets drew "Generating train split" for a parquet source
+    from datasets import Audio, Dataset
+
+    clips = [str(write_audio(tmp_path / f"c{i}.wav", speech(), 22050)) for i in range(3)]
+    rows = Dataset.from_dict({"audio": clips, "text": ["abc", "def", "gh"]})
+    rows.cast_column("audio", Audio(decode=False)).to_parquet(str(tmp_path / "train.parquet"))
+    log = piped("prepare_data.py", "--source", "train.parquet", "--data_dir", "out", cwd=tmp_path)
+    assert_no_bar(log)
+    assert "kept 3 of 3 rows" in log
+
+
+def test_library_bars_are_switched_off_only_off_a_terminal(terminal, monkeypatch):
+    from vits_trainer.terminal import LIBRARY_BAR_SWITCHES, no_library_bars_off_a_terminal
+
+    for name in LIBRARY_BAR_SWITCHES:
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("HF_DATASETS_DISABLE_PROGRESS_BARS", "0")  # the user's choice is kept
+    no_library_bars_off_a_terminal()  # pytest's captured output: no terminal
+    assert os.environ["HF_HUB_DISABLE_PROGRESS_BARS"] == "1"
+    assert os.environ["HF_DATASETS_DISABLE_PROGRESS_BARS"] == "0"
+    monkeypatch.delenv("HF_HUB_DISABLE_PROGRESS_BARS")
+    terminal(40, 120)
+    no_library_bars_off_a_terminal()
+    assert "HF_HUB_DISABLE_PROGRESS_BARS" not in os.environ

@@ -13,6 +13,7 @@ import traceback
 from collections.abc import Callable
 
 from .launch import process_rank
+from .terminal import no_library_bars_off_a_terminal
 
 
 class UserError(Exception):
@@ -78,8 +79,10 @@ def run_command(main: Callable[[list[str] | None], int | None], one_process: boo
     """A script's entry point: run_cli, with SIGTERM (a job manager, `kill PID`, a notebook's stop)
     stopping as Ctrl-C does until the training loop takes the signal over (it saves and prints the
     resume command): set-up and the run's end release the run's lock and say "interrupted", where
-    Python's default ended the process with no word, its lock left behind."""
+    Python's default ended the process with no word, its lock left behind. Off a terminal, the
+    libraries' progress bars are switched off for the process, as its own are."""
     signal.signal(signal.SIGTERM, stop_as_ctrl_c)
+    no_library_bars_off_a_terminal()
     return run_cli(main, one_process=one_process)
 
 

@@ -30,6 +30,7 @@ import soundfile as sf
 from ..errors import UserError
 from ..launch import local_processes
 from ..runlock import refuse_if_being_written
+from ..terminal import is_interactive
 from .metadata import METADATA_NAME, WAVS_DIR, MetaRow, read_metadata
 from .prepare_state import REPORT_NAME, made_by_prepare
 
@@ -222,7 +223,9 @@ def _read_all(
 
     failures: list[tuple[int, str]] = []
     resampled = 0
-    bar = tqdm(total=len(paths), unit="clip", desc="reading wavs", disable=not progress, mininterval=1.0)
+    # off a terminal the lines after it say how many clips were read, and in how long
+    shown = progress and is_interactive()
+    bar = tqdm(total=len(paths), unit="clip", desc="reading wavs", disable=not shown, mininterval=1.0)
 
     def handle(i: int, result: tuple[np.ndarray | None, str | None, bool]) -> None:
         nonlocal resampled

@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from ..errors import UserError
+from ..terminal import is_interactive
 from .audio import AudioReadError, audio_duration, read_audio, resample, write_wav
 from .corpus_rows import Source
 from .prepare_state import claim, save_state
@@ -234,7 +235,8 @@ def convert_all(
         if workers > 1 and len(planned) > chunk
         else None
     )
-    bar = tqdm(total=len(planned), unit="clip", desc="preparing", disable=None if settings.progress else True)
+    shown = settings.progress and is_interactive()  # a bar on a terminal only, as training's
+    bar = tqdm(total=len(planned), unit="clip", desc="preparing", disable=not shown)
     in_flight: set[Future] = set()
 
     def collect(outcomes: list[Outcome]) -> None:

@@ -9,8 +9,9 @@ from pathlib import Path
 
 import torch
 
+from ..terminal import is_interactive
 from .report import current_history, primary, read_metrics
-from .runtime import Logger, is_interactive
+from .runtime import Logger
 
 
 def _fmt_seconds(seconds: float) -> str:

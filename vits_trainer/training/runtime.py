@@ -274,15 +274,3 @@ class Logger:
         else:
             print(message, flush=True)
         Logger.copy.add(message)
-
-
-def is_interactive() -> bool:
-    """A terminal tqdm can draw on. A pseudo-terminal of size 0 (`docker run -t` or `script` without
-    a terminal behind them) is none: tqdm draws nothing there, so the run gets plain step lines."""
-    if not sys.stderr.isatty() or os.environ.get("TERM") == "dumb":
-        return False
-    try:
-        size = os.get_terminal_size(sys.stderr.fileno())
-    except (OSError, ValueError):
-        return False
-    return size.columns > 0 and size.lines > 0
