@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import shlex
 import signal
@@ -11,7 +12,17 @@ import time
 from pathlib import Path
 
 import pytest
-from test_prepare_fixtures import output_rows, skipped_reasons, speech, vocab_model_dir, write_audio
+from test_prepare_fixtures import (
+    output_rows,
+    run_prepare,
+    skipped_reasons,
+    speech,
+    vocab_model_dir,
+    write_audio,
+)
+
+from vits_trainer.data.prepare import format_summary
+from vits_trainer.errors import UserError
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -394,3 +405,20 @@ def test_a_source_table_that_cannot_be_read_is_one_error_line(tmp_path, monkeypa
     assert code == 2 and len(err.splitlines()) == 1 and "Traceback" not in err, err
     assert err.startswith(f"error: {meta}: cannot be read (Permission denied)"), err
     assert not (tmp_path / "out").exists()
+
+
+def test_the_summary_leaves_out_counts_of_zero(tmp_path, small_pairs):
+    # "skipped 0: -" and "(0 converted, 0 reused from an earlier run)" were printed where other
+    # lines of nothing (filtered, warnings) are left out
+    out = tmp_path / "out"
+    _, lines = run_prepare(small_pairs, out)
+    assert f"kept 3 of 3 rows in {out} (3 converted)" in lines[-1].splitlines(), lines
+    assert "skipped" not in lines[-1], lines
+    _, lines = run_prepare(small_pairs, out)
+    assert f"kept 3 of 3 rows in {out} (3 reused from an earlier run)" in lines[-1].splitlines(), lines
+    none = tmp_path / "none"
+    with pytest.raises(UserError, match="no usable clips"):
+        run_prepare(small_pairs, none, min_seconds=10.0, max_seconds=20.0)
+    report = json.loads((none / "prepare_report.json").read_text(encoding="utf-8"))
+    lines = format_summary(report, none).splitlines()
+    assert lines[:2] == [f"kept 0 of 3 rows in {none}", "  skipped 3: too_short 3"], lines

@@ -326,16 +326,18 @@ def build_report(
 
 def format_summary(report: dict, data_dir: Path) -> str:
     counts, d = report["counts"], report["durations"]
-    lines = [
-        f"kept {counts['kept']} of {counts['source_rows']} rows in {data_dir} "
-        f"({counts.get('converted', 0)} converted, {counts.get('reused', 0)} reused from an earlier run)"
-    ]
+    # a count of nothing is left out, in a line as a line of nothing is (filtered, warnings)
+    made = {"converted": counts.get("converted", 0), "reused from an earlier run": counts.get("reused", 0)}
+    how = ", ".join(f"{n} {what}" for what, n in made.items() if n)
+    kept = f"kept {counts['kept']} of {counts['source_rows']} rows in {data_dir}"
+    lines = [f"{kept} ({how})" if how else kept]
     if counts["kept"]:
         lines.append(
             f"  audio: {d['total_hours']:.3f} h; clip duration min {d['min_seconds']:.2f} s, "
             f"median {d['median_seconds']:.2f} s, max {d['max_seconds']:.2f} s"
         )
-    lines.append(f"  skipped {counts['skipped']}: {_counts(counts['skipped_by_reason']) or '-'}")
+    if counts["skipped"]:
+        lines.append(f"  skipped {counts['skipped']}: {_counts(counts['skipped_by_reason'])}")
     if counts["filtered"]:
         lines.append(f"  filtered {counts['filtered']}: {_counts(counts['filtered_by_reason'])}")
     if report["warnings"]:
