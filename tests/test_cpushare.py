@@ -74,6 +74,29 @@ def test_one_busy_window_does_not_change_the_count():
     assert applied == [] and share.threads == 2
 
 
+def test_settle_applies_one_window_at_once_before_the_start_evaluation():
+    """The start evaluation's time is the budget's estimate: under load it is measured at the count the
+    load calls for, not at 2 until two 10 s windows of training agree."""
+    m, applied = FakeMachine(), []
+    share = governor(m, applied)
+    m.run(0.5, others=1.4, own=0.6)
+    assert share.settle() is None and applied == []  # under a second: too short to judge
+    m.run(1.0, others=1.4, own=0.6)
+    line = share.settle()
+    assert applied == [1] and share.threads == 1 and line.startswith("threads: 2 -> 1")
+    m.run(10, others=0.0, own=1.0)  # later polls follow the load with their usual two windows
+    assert share.poll() is None
+    m.run(10, others=0.0, own=1.0)
+    assert share.poll().startswith("threads: 1 -> 2") and applied == [1, 2]
+
+
+def test_settle_on_a_quiet_machine_changes_nothing():
+    m, applied = FakeMachine(), []
+    share = governor(m, applied)
+    m.run(2, others=0.1, own=1.9)
+    assert share.settle() is None and applied == [] and share.threads == 2 and share.changes == 0
+
+
 def test_wanted_threads_are_the_free_cpus_rounded_within_the_configured_count():
     share = CpuShare({0, 1, 2, 3}, 4, busy_ticks=lambda: 0, own_ticks=lambda: 0, apply=lambda n: None)
     assert [share.wanted(x) for x in (0.0, 0.4, 0.6, 2.2, 3.6, 9.0)] == [4, 4, 3, 2, 1, 1]

@@ -94,10 +94,7 @@ class CpuShare:
     def poll(self) -> str | None:
         if self.clock() - self._mark[0] < self.interval:
             return None
-        now = self._read()
-        (t0, busy0, own0), (t1, busy1, own1) = self._mark, now
-        self._mark = now
-        self.others = max(0.0, ((busy1 - busy0) - (own1 - own0)) / self.hz / max(t1 - t0, 1e-9))
+        t0, t1 = self._measure()
         want = self.wanted(self.others)
         if want == self.threads:
             self._pending = None
@@ -105,12 +102,35 @@ class CpuShare:
         if self._pending != want:  # the first window that disagrees: wait for a second one
             self._pending = want
             return None
+        return self._change(want, t1 - t0)
+
+    def settle(self, min_window: float = 1.0) -> str | None:
+        """Once, before the start evaluation: the count for the load since the governor was made, applied
+        at once (no second window). That evaluation's time is the budget's estimate for later ones; at 2
+        threads on busy CPUs it took 2-2.7x the final one at 1 (docs/performance.md, "Evaluation
+        warm-up"). None when the window is shorter than `min_window` s or nothing changes."""
+        if self.clock() - self._mark[0] < min_window:
+            return None
+        t0, t1 = self._measure()
+        want = self.wanted(self.others)
+        self._pending = None
+        return None if want == self.threads else self._change(want, t1 - t0)
+
+    def _measure(self) -> tuple[float, float]:
+        """`others` over the window since the last mark, and a new mark; the window's (start, end)."""
+        now = self._read()
+        (t0, busy0, own0), (t1, busy1, own1) = self._mark, now
+        self._mark = now
+        self.others = max(0.0, ((busy1 - busy0) - (own1 - own0)) / self.hz / max(t1 - t0, 1e-9))
+        return t0, t1
+
+    def _change(self, want: int, window: float) -> str:
         old, self.threads, self._pending = self.threads, want, None
         self.apply(want)
         self.changes += 1
         return (
             f"threads: {old} -> {want} (other processes, this run's data-loading workers included, used "
-            f"{self.others:.1f} of this run's {len(self.cpus)} CPUs over the last {t1 - t0:.0f} s)"
+            f"{self.others:.1f} of this run's {len(self.cpus)} CPUs over the last {window:.0f} s)"
         )
 
 
