@@ -139,3 +139,27 @@ def test_real_proc_files_give_a_plausible_share():
     share.poll()
     # others' use of our CPUs: never negative, never more than the CPUs (plus a clock tick's rounding)
     assert share.others is not None and 0.0 <= share.others <= len(cpus) + 0.1
+
+
+def test_the_start_evaluation_runs_at_the_settled_count(tmp_path, tone_corpus, tiny_model_dir, monkeypatch):
+    """The run settles the thread count (a fake governor, loaded before training) before it times the
+    start evaluation; the old run timed it at 2 threads and changed the count during training."""
+    from helpers import train_tiny
+
+    from vits_trainer.training import loop
+    from vits_trainer.training.outputs import RunOutputs
+
+    m, order = FakeMachine(), []
+    share = governor(m, [])
+    share.apply = lambda n: order.append(("threads", n))
+    m.run(2, others=1.4, own=0.6)  # the fake clock stops here: no poll during training
+    monkeypatch.setattr(loop, "cpu_share", lambda threads, pinned: share)
+    run_eval = RunOutputs.run_eval
+
+    def recorded(self, tag, **kwargs):
+        order.append(("eval", tag))
+        return run_eval(self, tag, **kwargs)
+
+    monkeypatch.setattr(RunOutputs, "run_eval", recorded)
+    train_tiny(tmp_path, tone_corpus, tiny_model_dir, max_steps=1)
+    assert order[:2] == [("threads", 1), ("eval", "start")]

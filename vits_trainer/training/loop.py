@@ -359,6 +359,7 @@ class Trainer:
         s.log(describe_threads(self.threads))
         if s.resumed_from is None and s.val_loaders:
             self.outputs.warm_up_first_calls()
+            self.follow_load(settle=True)  # timed at the count training starts with, not 2 on busy CPUs
             self.outputs.run_eval("start", export_best=False)  # baseline, and an eval time for the plan
             self.outputs.estimate_step_from_eval(self.micro_batching.clips_trained_per_step())
         warning = s.budget_lr.horizon_warning()
@@ -485,11 +486,12 @@ class Trainer:
             lr.share_progress(lr_progress, int(warmup))  # every rank, rank 0 too: one LR for all
         return STOP_REASONS[code], want_save
 
-    def follow_load(self) -> None:
-        """Fewer threads while other processes keep this run's CPUs busy, all of them again once they stop."""
+    def follow_load(self, settle: bool = False) -> None:
+        """Fewer threads while other processes keep this run's CPUs busy, all of them again once they stop;
+        `settle`: the one measurement before the start evaluation (CpuShare.settle)."""
         if self.cpu_share is None:
             return
-        message = self.cpu_share.poll()
+        message = self.cpu_share.settle() if settle else self.cpu_share.poll()
         if message:
             self.s.log(message)
             self.metrics.write(
