@@ -31,7 +31,7 @@ from .corpus_rows import (
     resolve_in,
     speaker_column_of,
 )
-from .metadata import text_encoding
+from .metadata import read_file_bytes, text_encoding
 from .prepare_state import CLAIMS_NAME, made_by_prepare
 
 FORMATS = ("auto", "ljspeech", "commonvoice", "csv", "hf", "audiofolder", "pairs")
@@ -863,11 +863,8 @@ def _encoding(path: Path) -> tuple[str, str]:
 
 def _read_text(path: Path) -> str:
     encoding, errors = _encoding(path)
-    try:
-        data = path.read_bytes()
-    except OSError as err:  # permission denied, a folder named like the file: one error line
-        raise cannot_read(str(path), err) from None
-    return data.decode(encoding, errors=errors)
+    # permission denied, a folder named like the file: one error line
+    return read_file_bytes(path, str(path)).decode(encoding, errors=errors)
 
 
 def _open_text(path: Path):

@@ -836,12 +836,15 @@ def sample_folder(folder: Path, step) -> Path | None:
     return path if path.is_dir() else None
 
 
+def steps_with_samples(run: RunFiles, evals: list[dict]) -> list[int]:
+    """The steps of the evaluations whose sample folder exists, oldest first, each once."""
+    return sorted({e["step"] for e in evals if sample_folder(run.folder, e.get("step"))})
+
+
 def player_steps(run: RunFiles, evals: list[dict], best: dict | None) -> list[int]:
     """Steps whose samples get players: the newest RECENT_WITH_PLAYERS evaluations with samples, and the
     best one; newest first."""
-    with_samples = sorted(
-        {e["step"] for e in evals if sample_folder(run.folder, e.get("step"))}, reverse=True
-    )
+    with_samples = steps_with_samples(run, evals)[::-1]
     chosen = with_samples[:RECENT_WITH_PLAYERS]
     if best is not None and best.get("step") in with_samples and best["step"] not in chosen:
         chosen.append(best["step"])
@@ -852,7 +855,7 @@ def along_the_run_steps(run: RunFiles, evals: list[dict], best: dict | None) -> 
     """(steps of the evaluations "listen along the run" plays, oldest first; how many have samples):
     every one with samples, or with more than ALONG_THE_RUN of them the first, the newest, the best and
     the rest spread evenly over the evaluations between."""
-    with_samples = sorted({e["step"] for e in evals if sample_folder(run.folder, e.get("step"))})
+    with_samples = steps_with_samples(run, evals)
     if len(with_samples) <= ALONG_THE_RUN:
         return with_samples, len(with_samples)
     kept = {with_samples[0], with_samples[-1]}
