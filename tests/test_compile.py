@@ -196,10 +196,12 @@ def test_a_part_with_float_attributes_is_traced_once():
     assert part.graphs == 1 and part.recompiles == 0
 
 
-def test_a_new_shape_under_cuda_graphs_counts_as_compiling():
-    """With "graphs" a part records a CUDA graph the first time it meets a shape: the step meeting it is
-    slower, so compilations() counts it and compile_choice takes that step for compilation. Only inductor
-    with CUDA graphs on a GPU records; without a GPU here the aot_eager part is taken as one that does."""
+def test_a_new_path_of_shapes_under_cuda_graphs_counts_as_compiling_until_it_is_recorded():
+    """With "graphs", CUDA graph trees run each new path of shapes (the graphs a micro-step runs, in
+    order) once to warm up and record it the next time, both slower than eager: compilations() counts
+    those calls and compile_choice takes their steps for compilation. A part's shape seen before, after
+    another shape of the part before it, is a new path. Only inductor with CUDA graphs on a GPU records;
+    without a GPU here aot_eager parts are taken as ones that do."""
     made = {
         (device, backend, graphs): compiled_module.LengthChecked(
             "flow", _FloatAttributes(), device, backend, graphs, print
@@ -210,18 +212,30 @@ def test_a_new_shape_under_cuda_graphs_counts_as_compiling():
     }
     assert [key for key, records in made.items() if records] == [("cuda", "inductor", True)]
     torch._dynamo.reset()
-    part = compiled_module.LengthChecked("flow", _FloatAttributes(), "cpu", "aot_eager", True, print)
-    part.records_graphs = True
+    first, second = (
+        compiled_module.LengthChecked(name, _FloatAttributes(), "cpu", "aot_eager", True, print)
+        for name in ("text_encoder", "flow")
+    )
+    first.records_graphs = second.records_graphs = True
     counts = [compiled_module.compilations()]
-    for length in (5, 5, 6, 5):
-        part(torch.ones(2, length))
+    steps = [(5, 7)] * 3 + [(6, 7)] * 3 + [(5, 8)] * 3 + [(5, 7)]
+    for lengths in steps:
+        compiled_module.mark_step_begin("cpu")
+        for part, length in zip((first, second), lengths, strict=True):
+            part(torch.ones(2, length))
         counts.append(compiled_module.compilations())
     assert [b - a for a, b in zip(counts[:-1], counts[1:], strict=True)] == [
+        4,  # both parts compiled (symbolic lengths) and warmed up
+        2,  # recorded
+        0,  # replayed
+        2,  # (6, 7): the flow's 7 after a new 6 is a new path too
         2,
         0,
+        1,  # (5, 8): only the flow's part of the path is new
         1,
         0,
-    ]  # compiled+recorded, recorded
+        0,  # (5, 7) again: replayed
+    ]
 
 
 def test_inductor_compiles_a_1d_convolution_and_its_backward_once_for_every_length(tmp_path, monkeypatch):

@@ -15,8 +15,12 @@ spectrograms stay eager between them. What is compiled is a scope (SCOPES):
   fused kernels without CUDA graphs (a graph would be recorded, and its memory held, per shape).
   Each is LengthChecked: a part that new lengths compile again goes back to eager.
 - "graphs": as "fused", with CUDA graphs for the utterance parts too: compiled once with symbolic
-  lengths, then a graph recorded for each padded shape a part meets (data/shapes.py keeps them to a
-  few dozen in a run), replayed when the shape comes again.
+  lengths, then graphs recorded for each path of padded shapes a micro-step takes (CUDA graph trees:
+  the graphs one micro-step runs, in order, under one memory pool; a part's shape met after other
+  shapes of the parts before it is a new path), replayed when the path comes again. A new path runs
+  once to warm up, is recorded the next time, and replays from the third (WARMUP_AND_RECORD):
+  data/shapes.py ties the token width to the frame width, so a run meets about one path per frame
+  edge.
 
 On an H100 (MMS size, micro-batch 32, bf16) a step took 0.260 s eager, 0.221 s with "segments" and
 0.084 s with "graphs" (docs/performance.md); "fused" was no faster than "segments". The trainer
@@ -175,6 +179,11 @@ def keep_saved_strides_symbolic() -> None:
     output_code.set_tracing_context_output_strides = report
 
 
+# CUDA graph trees run a new path of graphs once eagerly (warm-up), record it the next time and replay
+# it from the third: the first two micro-steps on a path are slower than eager ones
+WARMUP_AND_RECORD = 2
+
+
 class LengthChecked:
     """An utterance part compiled for every length, which goes back to eager when new lengths compile
     it again: some operators make torch fix a symbolic length to the batch's (a torch release's
@@ -187,12 +196,17 @@ class LengthChecked:
     compiled step"). They are constants, so Dynamo is told to fix them from the start."""
 
     RECOMPILES = 2  # compilations on new lengths tolerated after the first call
-    recorded = 0  # CUDA graphs recorded for new shapes, by every instance in this process
+    recorded = 0  # calls that warmed up or recorded CUDA graphs, by every instance in this process
+    path: tuple = ()  # this micro-step's (part, shape) calls so far under CUDA graphs (mark_step_begin)
+    paths: dict[tuple, int] = {}  # how often each path (prefix) was taken in this process
+    made = 0  # instances made in this process: each one's number keys its calls in a path
 
     def __init__(self, name: str, module, device_type: str, backend: str | None, graphs: bool, log):
         self.name, self.module, self.log = name, module, log
+        LengthChecked.made += 1
+        self.number = LengthChecked.made  # not id(): a later part could reuse a collected one's
         self.graphs = 0  # graphs Dynamo handed to the backend
-        # a new shape records a CUDA graph (a warm-up run and a capture: the step meeting it is slower)
+        # a new path of shapes warms up, then records CUDA graphs (the steps meeting it are slower)
         self.records_graphs = (backend or BACKEND) == "inductor" and (
             compile_mode(device_type, graphs) == "reduce-overhead"
         )
@@ -228,14 +242,25 @@ class LengthChecked:
         self.shapes.add(shape)
         with torch._dynamo.config.patch(specialize_float=True):  # the modules' floats are constants
             out = self.compiled(*args, **kwargs)
-        if new_shape and self.records_graphs:
-            LengthChecked.recorded += 1
+        if self.records_graphs:
+            self._follow_path(shape)
         if new_shape and len(self.shapes) > 1 and self.graphs > before:
             self.recompiles += 1
             if self.recompiles > self.RECOMPILES:
                 self.eager_reason = f"new lengths compiled it again {self.recompiles} times"
                 self.log(f"compile: the {self.name.replace('_', ' ')} runs eager: {self.eager_reason}")
         return out
+
+    def _follow_path(self, shape: tuple) -> None:
+        """Count this call as recording when its path (this micro-step's calls up to here) was taken
+        fewer than WARMUP_AND_RECORD times before: a shape seen before, but after other shapes of the
+        parts before it, is a new path for CUDA graph trees."""
+        path = (*LengthChecked.path, (self.number, shape))
+        LengthChecked.path = path
+        seen = LengthChecked.paths.get(path, 0) + 1
+        LengthChecked.paths[path] = seen
+        if seen <= WARMUP_AND_RECORD:
+            LengthChecked.recorded += 1
 
 
 def compiled_parts(
@@ -283,14 +308,17 @@ def describe(scope: str) -> str:
 
 
 def compilations() -> int:
-    """Graphs torch.compile has compiled in this process (each compilation and recompilation), and CUDA
-    graphs recorded for an utterance part's new shape ("graphs"): each makes the step meeting it slower."""
+    """Graphs torch.compile has compiled in this process (each compilation and recompilation), and calls
+    of an utterance part that warmed up or recorded CUDA graphs for a new path of shapes ("graphs"):
+    each makes the step meeting it slower."""
     from torch._dynamo.utils import counters
 
     return counters["stats"]["unique_graphs"] + LengthChecked.recorded
 
 
 def mark_step_begin(device_type: str) -> None:
-    """Tell CUDA graphs a new step begins: the outputs of the previous one may be overwritten."""
+    """Tell CUDA graphs a new step begins: the outputs of the previous one may be overwritten, and the
+    utterance parts' calls start a new path."""
+    LengthChecked.path = ()
     if device_type == "cuda":
         torch.compiler.cudagraph_mark_step_begin()

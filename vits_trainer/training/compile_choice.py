@@ -12,7 +12,8 @@ other, so:
 - The scopes (TRIED, widest first) are compiled at once: the first COMPILE_STEPS compiled steps are
   the compilation (they train, but the budget does not take their time as a step's); so is a later
   step during which something compiled again (a new micro-batch size, a part meeting new lengths) or
-  recorded a CUDA graph for a new shape, up to LATE_COMPILE_STEPS of them.
+  warmed up or recorded CUDA graphs for a new path of shapes (model/compiled.py), up to
+  LATE_COMPILE_STEPS of them.
 - Each scope's next MEASURE_STEPS steps are measured, the widest first, then each narrower one from
   the parts already compiled, and compared with eager steps at the same micro-batch size (the
   trial's, else EAGER_STEPS measured first). With `auto` the fastest scope is kept when it is faster
@@ -48,8 +49,9 @@ EAGER_STEPS = 3  # eager steps measured first when no trial measured the size (t
 COMPILE_STEPS = 2  # the first compiles, the second records CUDA graphs (one more warm-up elsewhere)
 MEASURE_STEPS = 3  # compiled steps compared with the eager ones
 # steps after those that compiled again, taken as compilation, not measured: with "graphs" each new
-# bucket of text or frame lengths (data/shapes.py: a few dozen in a run) records graphs once
-LATE_COMPILE_STEPS = 48
+# path of padded lengths (data/shapes.py: about one per frame edge, ~18 in a run of 1-10 s clips) is
+# warmed up in one step and recorded in another (5-8 s a step for the MMS-size model on an H200)
+LATE_COMPILE_STEPS = 64
 FASTER = 0.97  # kept when a compiled step takes less than this share of an eager one (per sample)
 
 
@@ -167,8 +169,8 @@ class CompileChoice:
             if len(self.compile_steps) >= COMPILE_STEPS:
                 self.phase = "measuring"
             return False
-        # a step that compiled again (a new micro-batch size, new lengths) or recorded a CUDA graph for a
-        # new shape, measured or kept compiled
+        # a step that compiled again (a new micro-batch size, new lengths) or warmed up or recorded CUDA
+        # graphs for a new path of shapes, measured or kept compiled
         if compiled_again and len(self.compile_steps) < COMPILE_STEPS + LATE_COMPILE_STEPS:
             self.compile_steps.append(seconds)
             return False
@@ -240,7 +242,7 @@ class CompileChoice:
         graphs = ""
         if self.device_type == "cuda":
             graphs = (
-                " (as CUDA graphs, one per batch shape)"
+                " (as CUDA graphs, one per path of batch shapes)"
                 if self.scope == "graphs"
                 else " (the decoder and discriminator passes as CUDA graphs)"
             )
