@@ -5,7 +5,9 @@
 Lengths only, no audio: a corpus shaped like LJSpeech (13,100 clips, 1-10 s, ~6.6 s on average, about
 15 characters a second, MMS's blank between characters: 2n+1 tokens) goes through the trainer's
 `BucketBatchSampler` for --epochs epochs; each batch is padded as the loader pads it, to its longest
-clip (`--length_buckets off`) or to the bucket edges (`on`, data/shapes.py). Printed per batch size:
+clip (`--length_buckets off`), to the bucket edges each length on its own (`edges`, how `on` padded
+before token widths followed frame widths) or as `on` pads (data/shapes.py: the token width tied to the
+frame edge). Printed per batch size:
 - padding: padded frames (tokens) over real ones, minus 1: the extra work of the frame-length
   (text-length) parts of the step, i.e. the encoders and the flow; the decoder and discriminator run
   on fixed segments and do not see it;
@@ -75,7 +77,8 @@ def main(argv: list[str] | None = None) -> int:
     print(f"{args.clips} clips, {samples.sum() / SAMPLE_RATE / 3600:.1f} h, {args.epochs} epochs")
     print("batch | buckets | frame padding | token padding | distinct shapes / batches")
     for b in (int(x) for x in args.batch_sizes.split(",")):
-        for name, pad in (("off", None), ("on", PadLengths(HOP))):
+        tied = PadLengths.for_items(HOP, tokens, samples)
+        for name, pad in (("off", None), ("edges", PadLengths(HOP)), ("on", tied)):
             row = {"batch_size": b, "length_buckets": name, **measure(tokens, samples, b, args.epochs, pad)}
             rows.append(row)
             print(

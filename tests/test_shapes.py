@@ -11,7 +11,8 @@ import torch
 
 from tests.helpers import tiny_config, train_tiny
 from vits_trainer.data.loader import ClipDataset, collate_batch
-from vits_trainer.data.shapes import PadLengths, bucket_edge
+from vits_trainer.data.sampler import BucketBatchSampler
+from vits_trainer.data.shapes import PadLengths, bucket_edge, padded_widths
 from vits_trainer.training.microbatch import micro_batches, split_batch
 from vits_trainer.training.session import build_session
 
@@ -34,6 +35,39 @@ def test_pad_lengths_rounds_audio_to_whole_frames_of_a_bucket_width():
     assert pad.audio(256 * 100 + 1) == 256 * 104  # 101 frames (rounded up) -> 104
     assert pad.audio(256 * 128) == 256 * 128
     assert pad.text(17) == 18 and pad.text(100) == 104
+
+
+def test_the_token_width_follows_the_frame_edge():
+    # frame edge 104 (97-104 frames) holds clips of up to 61 tokens: its batches pad tokens to 64
+    pad = PadLengths.for_items(256, [30, 61, 20, 90], [256 * 100, 256 * 101, 256 * 40, 256 * 200])
+    assert padded_widths(pad, 30, 256 * 100) == (64, 256 * 104)
+    assert padded_widths(pad, 20, 256 * 40) == (20, 256 * 40)
+    # more tokens than its frame edge's widest clip (a cut micro-batch, another corpus): its own edge
+    assert padded_widths(pad, 70, 256 * 100) == (72, 256 * 104)
+    assert padded_widths(pad, 30, 256 * 300) == (30, 256 * 320)  # a frame edge no clip has
+    assert padded_widths(PadLengths(256), 30, 256 * 100) == (30, 256 * 104)  # no table: edges only
+
+
+def test_a_run_meets_about_one_shape_per_frame_edge():
+    """Token and frame widths each on their own edges made most pairs a shape of their own; tied, a run
+    meets about one per frame edge: under CUDA graphs each shape is a path to warm up and record."""
+    rng = np.random.default_rng(0)
+    seconds = np.clip(rng.normal(6.6, 2.2, 3000), 1.0, 10.0)
+    samples = (seconds * 16000).astype(np.int64)
+    tokens = (2 * np.round(seconds * 15 * rng.lognormal(0.0, 0.12, 3000)) + 1).astype(np.int64)
+    sampler = BucketBatchSampler(samples, 32, seed=0)
+
+    def shapes(pad):
+        met = set()
+        for epoch in range(3):
+            sampler.set_epoch(epoch)
+            met |= {padded_widths(pad, int(tokens[b].max()), int(samples[b].max())) for b in sampler}
+        return met
+
+    tied, untied = shapes(PadLengths.for_items(256, tokens, samples)), shapes(PadLengths(256))
+    frame_edges = {width for _, width in untied}
+    assert {width for _, width in tied} == frame_edges
+    assert len(tied) <= len(frame_edges) + 2 and len(untied) > 2 * len(tied)
 
 
 def _items(n: int, text_lengths, audio_lengths):
@@ -124,7 +158,8 @@ def test_padding_does_not_change_what_the_losses_measure(session, monkeypatch):
 def test_a_run_with_length_buckets_trains_on_bucketed_batches(
     tmp_path, tiny_model_dir, tone_corpus, monkeypatch
 ):
-    """--length_buckets on: every micro-batch the step receives has bucket-edge widths."""
+    """--length_buckets on: every micro-batch the step receives has bucket-edge widths, its tokens at
+    least as wide as its frame edge asks."""
     from vits_trainer.training.step import GanStep
 
     seen = []
@@ -140,4 +175,5 @@ def test_a_run_with_length_buckets_trains_on_bucketed_batches(
     )
     assert summary["length_buckets"] is True and summary["steps"] == 6
     pad = session.pad
-    assert seen and all(t == pad.text(t) and a == pad.audio(a) for t, a in seen), seen
+    assert pad.token_widths  # from the training clips
+    assert seen and all(t == pad.text(t, a) and a == pad.audio(a) for t, a in seen), seen

@@ -4,8 +4,16 @@ A length-bucketed batch padded to its own longest clip has a new shape almost ev
 new shape costs host time: cuDNN chooses its algorithms again, the caching allocator looks for new
 blocks, a compiled graph is compiled again. With `PadLengths`, a batch's token and frame counts are
 padded up to the next bucket edge instead. The edges keep the top 4 bits of a length (8 edges per
-octave: ..., 64, 72, 80, ..., 120, 128, 144, ...), so padding adds at most 1/8 to a length and a
-corpus of 1-15 s clips meets a few dozen shapes in a whole run.
+octave: ..., 64, 72, 80, ..., 120, 128, 144, ...), so padding adds at most 1/8 to a length.
+
+The token width also follows the frame width (`PadLengths.for_items`): a batch whose frames pad to an
+edge pads its tokens to at least the widest clip of that frame bucket. Token and frame counts each met
+a few dozen edges, and a run met most of their pairs as its own shape (72 over three epochs of an
+LJSpeech-sized corpus at batch 32); tied, one shape per frame edge is the rule (18). Under CUDA graphs
+each new pair of lengths is a new path of graphs, run once to warm up and once more to record
+(model/compiled.py), each a slow step. The cost: more padded tokens (35 % -> 60 % there), for the
+text encoder and duration predictor only, ~14 % of an eager step's kernel time on an H200
+(`python bench/bench_shapes.py`, docs/performance.md).
 
 Padding hardly changes a loss: every part of the step masks by the true lengths. The one trace: the
 longest clip's last two spectrogram frames see zeros past its end where the STFT's reflect padding
@@ -30,12 +38,27 @@ def bucket_edge(n: int) -> int:
 
 @dataclass(frozen=True)
 class PadLengths:
-    """How wide a batch is padded: tokens to a bucket edge, audio to a bucket edge of frames."""
+    """How wide a batch is padded: tokens to a bucket edge, audio to a bucket edge of frames, and
+    tokens to at least `token_widths`' width for that frame edge."""
 
     hop: int  # audio samples per spectrogram frame
+    # (frame edge, token width) pairs: the bucket edge of the most tokens of any clip in that frame bucket
+    token_widths: tuple[tuple[int, int], ...] = ()
 
-    def text(self, tokens: int) -> int:
-        return bucket_edge(tokens)
+    @classmethod
+    def for_items(cls, hop: int, token_counts, audio_lengths) -> PadLengths:
+        """Bucket edges for a training set: each frame edge's token width from its clips."""
+        widest: dict[int, int] = {}
+        for tokens, samples in zip(token_counts, audio_lengths, strict=True):
+            edge = bucket_edge(-(-int(samples) // hop))
+            widest[edge] = max(widest.get(edge, 0), int(tokens))
+        return cls(hop, tuple(sorted((edge, bucket_edge(t)) for edge, t in widest.items())))
+
+    def text(self, tokens: int, audio_width: int = 0) -> int:
+        """Tokens padded to a bucket edge, and to the frame edge's token width (`audio_width`: the
+        batch's padded audio samples, 0 for none)."""
+        tied = dict(self.token_widths).get(audio_width // self.hop, 0) if audio_width else 0
+        return max(bucket_edge(tokens), tied)
 
     def audio(self, samples: int) -> int:
         frames = -(-int(samples) // self.hop)
@@ -47,4 +70,5 @@ def padded_widths(pad: PadLengths | None, text_max: int, audio_max: int) -> tupl
     padded to: the bucket edges with `pad`, the longest item itself without."""
     if pad is None:
         return text_max, audio_max
-    return pad.text(text_max), pad.audio(audio_max)
+    audio_width = pad.audio(audio_max)
+    return pad.text(text_max, audio_width), audio_width

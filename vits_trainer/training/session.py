@@ -385,7 +385,11 @@ def _build_session(
     note_earlier_clips(state, key, resumed=ckpt is not None)
     restart_epoch_if_regrouped(state, key, log, cfg.batch_size, saved_batch)
     rescale_epoch_position(state, accelerator.num_processes, log)  # a position kept: in this process count
-    pad = PadLengths(generator.hop_length) if cfg.buckets_on(accelerator.device.type) else None
+    pad = None
+    if cfg.buckets_on(accelerator.device.type):
+        pad = PadLengths.for_items(
+            generator.hop_length, [len(t) for t in data.train.token_ids], data.train.audio_lengths()
+        )
     sampler, loader, val_loaders = make_loaders(cfg, data, accelerator, pad)
     g_opt, d_opt = _make_optimizers(cfg, generator, discriminator, ckpt)
     saved_budget = trainer_state["budget"] if ckpt is not None else None
