@@ -97,7 +97,7 @@ for stage in "${stages[@]}"; do
       --label gpu --top 30 --out "$out/ops.json" ;;
     nhwc) run nhwc python bench/bench_ops.py --device cuda --models mms --batch_size 16 --precision bf16 \
       --channels_last --label gpu_nhwc --top 30 --out "$out/ops.json" ;;
-    defaults) run defaults python bench/bench_train.py defaults --models mms --steps 60 --clips 640 ;;
+    defaults) run defaults python bench/bench_train.py defaults --models mms --steps 100 --clips 640 ;;
     compile) run compile python bench/bench_compile.py --device cuda --models mms --batch_sizes 32 \
       --scopes segments,graphs --precision bf16 --steps 9 --out "$out/compile.json" ;;
     step) run step python bench/bench_step.py --device cuda --models mms --precisions no,bf16 \

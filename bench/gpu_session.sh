@@ -9,8 +9,9 @@
 # STAGE     gpu_check.sh's stages; none: probe defaults compiled tests ops nhwc, ordered for a
 #           15-minute lease (a ~10-minute call, then a ~4-minute one on the still-warm machine with the
 #           stages the first did not reach): first the runner at default flags against the naive loop,
-#           now that `--compile auto` tries "graphs" (CUDA graphs for the utterance parts too: 3.09x
-#           the eager step in bench_compile.py on an H100, docs/performance.md), with its compilation
+#           with `--compile auto` trying "graphs" (CUDA graphs for the utterance parts too: 3.09x the
+#           eager step in bench_compile.py on an H100; in the run it must replay recorded paths of
+#           shapes, docs/performance.md), 100 steps so that it reaches them, with its compilation
 #           inside; then the CUDA tests of the compiled step, then all of them, whose log names each
 #           test as it ends; then how much of a micro-step the GPU is busy, and with which kernels, with
 #           the discriminator in NCHW, then in NHWC (about a minute each). The shorter call runs the
