@@ -50,7 +50,7 @@ def test_the_token_width_follows_the_frame_edge():
 
 def test_a_run_meets_about_one_shape_per_frame_edge():
     """Token and frame widths each on their own edges made most pairs a shape of their own; tied, a run
-    meets about one per frame edge: under CUDA graphs each shape is a path to warm up and record."""
+    meets one per frame edge: under CUDA graphs each shape is a path to warm up and record."""
     rng = np.random.default_rng(0)
     seconds = np.clip(rng.normal(6.6, 2.2, 3000), 1.0, 10.0)
     samples = (seconds * 16000).astype(np.int64)
@@ -67,7 +67,19 @@ def test_a_run_meets_about_one_shape_per_frame_edge():
     tied, untied = shapes(PadLengths.for_items(256, tokens, samples)), shapes(PadLengths(256))
     frame_edges = {width for _, width in untied}
     assert {width for _, width in tied} == frame_edges
-    assert len(tied) <= len(frame_edges) + 2 and len(untied) > 2 * len(tied)
+    assert len(tied) == len(frame_edges) and len(untied) > 2 * len(tied)
+
+
+def test_a_micro_batch_cut_from_a_batch_has_its_frame_edges_token_width():
+    """A part cut to a lower frame edge is only sliced, never widened: its frame edge may not ask for
+    more tokens than a higher edge does, or its shape would be one the table does not give."""
+    # a clip of 61 tokens at edge 104, one of 30 at edge 208: edge 208's batches hold both kinds
+    pad = PadLengths.for_items(256, [61, 30, 20], [256 * 100, 256 * 200, 256 * 100])
+    assert pad.token_widths == ((104, 64), (208, 64))
+    batch = collate_batch(_items(2, [30, 20], [256 * 200, 256 * 100]), pad)
+    for part in split_batch(batch, 2, pad):
+        width, audio = part["input_ids"].size(1), part["audio"].size(-1)
+        assert width == pad.text(width, audio) == 64
 
 
 def _items(n: int, text_lengths, audio_lengths):

@@ -7,12 +7,13 @@ padded up to the next bucket edge instead. The edges keep the top 4 bits of a le
 octave: ..., 64, 72, 80, ..., 120, 128, 144, ...), so padding adds at most 1/8 to a length.
 
 The token width also follows the frame width (`PadLengths.for_items`): a batch whose frames pad to an
-edge pads its tokens to at least the widest clip of that frame bucket. Token and frame counts each met
+edge pads its tokens to at least the most tokens of any clip at or below that edge. Token and frame counts each met
 a few dozen edges, and a run met most of their pairs as its own shape (72 over three epochs of an
-LJSpeech-sized corpus at batch 32); tied, one shape per frame edge is the rule (18). Under CUDA graphs
+LJSpeech-sized corpus at batch 32); tied, a run meets one shape per frame edge (17). Under CUDA graphs
 each new pair of lengths is a new path of graphs, run once to warm up and once more to record
-(model/compiled.py), each a slow step. The cost: more padded tokens (35 % -> 60 % there), for the
-text encoder and duration predictor only, ~14 % of an eager step's kernel time on an H200
+(model/compiled.py), slow steps. The cost: more padded tokens (35 % -> 61 % there; a few clips with
+far more tokens than their length widen their edge and those above), for the text encoder and
+duration predictor only, ~14 % of an eager step's kernel time on an H200
 (`python bench/bench_shapes.py`, docs/performance.md).
 
 Padding hardly changes a loss: every part of the step masks by the true lengths. The one trace: the
@@ -42,17 +43,23 @@ class PadLengths:
     tokens to at least `token_widths`' width for that frame edge."""
 
     hop: int  # audio samples per spectrogram frame
-    # (frame edge, token width) pairs: the bucket edge of the most tokens of any clip in that frame bucket
+    # (frame edge, token width) pairs: the bucket edge of the most tokens of any clip at or below it
     token_widths: tuple[tuple[int, int], ...] = ()
 
     @classmethod
     def for_items(cls, hop: int, token_counts, audio_lengths) -> PadLengths:
-        """Bucket edges for a training set: each frame edge's token width from its clips."""
+        """Bucket edges for a training set: each frame edge's token width is the edge of the most
+        tokens of any clip at or below that frame edge. A batch (or a micro-batch cut from it) holds
+        only such clips, so its shape follows from its frame edge alone."""
         widest: dict[int, int] = {}
         for tokens, samples in zip(token_counts, audio_lengths, strict=True):
             edge = bucket_edge(-(-int(samples) // hop))
             widest[edge] = max(widest.get(edge, 0), int(tokens))
-        return cls(hop, tuple(sorted((edge, bucket_edge(t)) for edge, t in widest.items())))
+        widths, most = [], 0
+        for edge in sorted(widest):
+            most = max(most, widest[edge])
+            widths.append((edge, bucket_edge(most)))
+        return cls(hop, tuple(widths))
 
     def text(self, tokens: int, audio_width: int = 0) -> int:
         """Tokens padded to a bucket edge, and to the frame edge's token width (`audio_width`: the

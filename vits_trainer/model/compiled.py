@@ -180,7 +180,8 @@ def keep_saved_strides_symbolic() -> None:
 
 
 # CUDA graph trees run a new path of graphs once eagerly (warm-up), record it the next time and replay
-# it from the third: the first two micro-steps on a path are slower than eager ones
+# it from the third: the first two micro-steps on a path are slower than eager ones. (A new path made
+# only of graphs warmed up before is recorded at once: its second step, a replay, is counted too.)
 WARMUP_AND_RECORD = 2
 
 

@@ -49,8 +49,8 @@ EAGER_STEPS = 3  # eager steps measured first when no trial measured the size (t
 COMPILE_STEPS = 2  # the first compiles, the second records CUDA graphs (one more warm-up elsewhere)
 MEASURE_STEPS = 3  # compiled steps compared with the eager ones
 # steps after those that compiled again, taken as compilation, not measured: with "graphs" each new
-# path of padded lengths (data/shapes.py: about one per frame edge, ~18 in a run of 1-10 s clips) is
-# warmed up in one step and recorded in another (5-8 s a step for the MMS-size model on an H200)
+# path of padded lengths (data/shapes.py: one per frame edge, ~17 in a run of 1-10 s clips) is warmed
+# up in one step and recorded in another (0.5-0.7 s and 5-8 s for the MMS-size model on an H200)
 LATE_COMPILE_STEPS = 64
 FASTER = 0.97  # kept when a compiled step takes less than this share of an eager one (per sample)
 
