@@ -219,6 +219,36 @@ def test_the_plan_ends_at_max_steps_when_it_comes_first():
     )
 
 
+def test_the_reserve_line_says_the_safety_margin_is_not_spent_when_max_steps_ends_training():
+    """--demo --max_steps 10 in the 9.5 h default budget printed "final reserve: ... + safety 342 s", as if
+    the run would wait 6 minutes: the margin guards the budget's end, which --max_steps never reaches."""
+    b, _ = make_benchmarked()
+    free = b.plan(3200, 16)
+    reserve = (
+        f"plan: {free.seconds_per_epoch:,.0f} s per epoch; final reserve: eval {free.eval_seconds:.0f} s "
+        f"+ save {free.save_seconds:.0f} s + export {free.export_seconds:.0f} s + safety 36 s"
+    )
+    assert free.describe().split("\n")[1] == reserve  # the budget ends training: the line as it was
+    b.max_steps = 30
+    plan = b.plan(3200, 16)
+    assert plan.describe().split("\n")[1] == (
+        reserve + " (not spent: --max_steps 30 ends training before the budget)"
+    )
+    # the safety figure and the stop rule's arithmetic stay the budget's
+    assert plan.safety_seconds == free.safety_seconds == b.safety_seconds() == pytest.approx(36.0)
+    assert plan.run_end_wall - plan.train_end_wall == pytest.approx(
+        plan.eval_seconds + plan.save_seconds + plan.export_seconds
+    )
+    plan.after_loop_seconds = 5.0  # what comes after the export keeps its place at the end
+    assert (
+        plan.describe()
+        .split("\n")[1]
+        .endswith(
+            "+ safety 36 s (not spent: --max_steps 30 ends training before the budget) + after the export 5 s"
+        )
+    )
+
+
 def test_plan_counts_per_epoch_evals_and_saves():
     b, _ = make_benchmarked()
     plan = b.plan(3200, 16, evals_per_epoch=1, saves_per_epoch=0.5)
@@ -536,7 +566,16 @@ def test_warmup_is_capped_from_the_first_estimate_then_by_the_plan():
     ("max_steps", "said"),
     [
         (12, "warmup: 1 step (--warmup_steps 500, at most 10% of the 12 optimizer steps of --max_steps)"),
-        (1, "warmup: 0 steps (--warmup_steps 500, at most 10% of the 1 optimizer step of --max_steps)"),
+        (
+            1,
+            "warmup: 0 steps (--warmup_steps 500, at most 10% of the 1 optimizer step of --max_steps): "
+            "no warmup, --warmup_steps has no effect in so short a run",
+        ),
+        (
+            4,
+            "warmup: 0 steps (--warmup_steps 500, at most 10% of the 4 optimizer steps of --max_steps): "
+            "no warmup, --warmup_steps has no effect in so short a run",
+        ),
     ],
 )
 def test_a_warmup_of_one_step_is_said_in_the_singular(max_steps, said):

@@ -144,6 +144,12 @@ class Plan:
             f"plan: {self.seconds_per_epoch:,.0f} s per epoch; final reserve: eval {self.eval_seconds:.0f} s "
             f"+ save {self.save_seconds:.0f} s + export {self.export_seconds:.0f} s "
             f"+ safety {self.safety_seconds:.0f} s"
+            # the margin guards the budget's end; a run that --max_steps ends first never reaches it
+            + (
+                f" (not spent: --max_steps {self.max_steps:,} ends training before the budget)"
+                if self.max_steps
+                else ""
+            )
             + (f" + after the export {self.after_loop_seconds:.0f} s" if self.after_loop_seconds else ""),
         ]
         if self.epochs < 1.0:  # --max_steps, when set here, is what ends training, not the budget

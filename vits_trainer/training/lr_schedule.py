@@ -107,6 +107,8 @@ class BudgetLR:
         return (
             f"warmup: {warmup:,} step{'' if warmup == 1 else 's'} (--warmup_steps {self.warmup_steps:,}, "
             f"at most {self.max_warmup_fraction:.0%} of the {planned:,} {steps})"
+            # capped to nothing, the flag does nothing: say so rather than leave it to be inferred
+            + (": no warmup, --warmup_steps has no effect in so short a run" if warmup == 0 else "")
         )
 
     def factor(self, optimizer_step: int) -> float:
