@@ -105,7 +105,9 @@ def build_parser() -> argparse.ArgumentParser:
         "--speaker", nargs="+", default=None, help="keep only these speaker ids (default: all)"
     )
     checks.add_argument("--max_samples", type=int, default=0, help="keep at most this many rows (0 = all)")
-    checks.add_argument("--no_progress", action="store_true", help="no progress bar")
+    checks.add_argument(
+        "--no_progress", action="store_true", help="no progress bar, nor progress lines off a terminal"
+    )
     return parser
 
 

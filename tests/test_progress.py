@@ -159,6 +159,7 @@ def test_a_prepare_log_has_no_progress_bar(tmp_path):
     log = piped("prepare_data.py", "--source", "train.parquet", "--data_dir", "out", cwd=tmp_path)
     assert_no_bar(log)
     assert "kept 3 of 3 rows" in log
+    assert "preparing:" not in log  # done within the first 30 s: no progress line either
 
 
 def test_library_bars_are_switched_off_only_off_a_terminal(terminal, monkeypatch):
@@ -174,3 +175,98 @@ def test_library_bars_are_switched_off_only_off_a_terminal(terminal, monkeypatch
     terminal(40, 120)
     no_library_bars_off_a_terminal()
     assert "HF_HUB_DISABLE_PROGRESS_BARS" not in os.environ
+
+
+def ticking(step: float):
+    """A clock that moves `step` seconds each time it is read: a run as slow as wanted, at no cost."""
+    now = [1000.0]
+
+    def clock() -> float:
+        now[0] += step
+        return now[0]
+
+    return clock
+
+
+def prepare_in_process(tmp_path: Path, monkeypatch, capsys, step: float | None, on_terminal: bool):
+    """prepare_data.py on a 10-clip corpus in this process, its conversion's clock moving `step` s a
+    read (None: the real clock); (stdout, stderr)."""
+    import functools
+
+    import prepare_data
+    from vits_trainer.data import prepare_convert
+    from vits_trainer.data.synthetic import make_corpus
+    from vits_trainer.errors import run_cli
+
+    make_corpus(tmp_path / "lj", num_clips=10)
+    monkeypatch.setattr(prepare_convert, "is_interactive", lambda: on_terminal)
+    if step is not None:
+        lines = functools.partial(prepare_convert.ProgressLines, clock=ticking(step))
+        monkeypatch.setattr(prepare_convert, "ProgressLines", lines)
+    args = ["--source", str(tmp_path / "lj"), "--data_dir", str(tmp_path / "out"), "--num_workers", "1"]
+    assert run_cli(prepare_data.main, args) == 0
+    captured = capsys.readouterr()
+    return captured.out, captured.err
+
+
+def test_a_long_prepare_off_a_terminal_says_how_far_it_is(tmp_path, monkeypatch, capsys):
+    # a notebook cell or `| tee log` showed nothing between the first line and the summary for the
+    # minutes of a large corpus's conversion: working or stuck?
+    out, err = prepare_in_process(tmp_path, monkeypatch, capsys, step=31.0, on_terminal=False)
+    assert "\r" not in out + err and "%|" not in err, (out, err)
+    lines = [line for line in out.splitlines() if line.startswith("preparing:")]
+    assert lines, out
+    counts = []
+    for line in lines:
+        done, total = (int(n.replace(",", "")) for n in line.split()[1:4:2])
+        assert total == 10 and "so far" in line, line
+        counts.append(done)
+    assert counts == sorted(set(counts)) and counts[-1] < 10, lines  # the summary says the end
+    assert "about" in lines[-1] and "left" in lines[-1], lines
+    assert out.index(lines[-1]) < out.index("kept 10 of 10 rows"), out
+
+
+def test_a_short_prepare_off_a_terminal_is_the_summary_alone(tmp_path, monkeypatch, capsys):
+    # the real clock: a 10-clip run ends long before the first line would be due
+    out, _ = prepare_in_process(tmp_path, monkeypatch, capsys, step=None, on_terminal=False)
+    assert "preparing:" not in out, out
+    slow, _ = prepare_in_process(tmp_path / "again", monkeypatch, capsys, step=29.0, on_terminal=False)
+    assert "preparing:" in slow, slow  # the same run, 29 s a clock read: there would be lines
+
+
+def test_a_prepare_on_a_terminal_has_the_bar_not_the_lines(tmp_path, monkeypatch, capsys):
+    out, err = prepare_in_process(tmp_path, monkeypatch, capsys, step=31.0, on_terminal=True)
+    assert "preparing:" not in out, out
+    assert "preparing:" in err and "10/10" in err, err  # tqdm's bar
+
+
+def test_progress_lines_are_due_every_interval_and_never_at_the_end():
+    from vits_trainer.data.prepare_convert import ProgressLines
+
+    said: list[str] = []
+    now = [0.0]
+    lines = ProgressLines(13_100, said.append, clock=lambda: now[0])
+    for seconds, settled, converted in [(10, 0, 100), (45, 1_000, 200), (50, 0, 100), (80, 0, 100)]:
+        now[0] = seconds
+        lines.update(converted, settled)
+    # rows settled without converting (reused WAVs) say nothing of the rate: 300 converted in 45 s
+    assert said == [
+        "preparing: 1,300 of 13,100 clips (9 %), 0:45 so far, about 29:30 left",
+        "preparing: 1,500 of 13,100 clips (11 %), 1:20 so far, about 30:56 left",
+    ], said
+    now[0] = 200
+    lines.update(11_600)
+    assert len(said) == 2  # the last clip: the summary follows
+
+
+def test_prepare_lines_are_sent_at_once(monkeypatch):
+    # piped, print's buffer kept a run's lines until it ended: its progress lines came with the summary
+    import io
+
+    from vits_trainer.data.prepare import prepare, say
+
+    raw = io.BytesIO()
+    monkeypatch.setattr(sys, "stdout", io.TextIOWrapper(raw, encoding="utf-8"))  # a pipe's buffering
+    assert prepare.__defaults__ == (say,)
+    say("preparing: 1 of 2 clips (50 %), 0:31 so far, about 0:31 left")
+    assert raw.getvalue() == b"preparing: 1 of 2 clips (50 %), 0:31 so far, about 0:31 left\n"

@@ -59,7 +59,13 @@ class PrepareResult:
 # --- public entry point ------------------------------------------------------------------------------
 
 
-def prepare(settings: PrepareSettings, log: Callable[[str], None] = print) -> PrepareResult:
+def say(message: str) -> None:
+    """A line of prepare_data.py's output, sent at once: piped (a notebook cell, `| tee log`), print's
+    buffer held the first line and the progress lines until the run ended."""
+    print(message, flush=True)
+
+
+def prepare(settings: PrepareSettings, log: Callable[[str], None] = say) -> PrepareResult:
     """Run the whole preparation; raise UserError for bad input (nothing written) or when no row survives."""
     validate_settings(settings)
     data_dir = Path(settings.data_dir).expanduser()
@@ -118,7 +124,7 @@ def _prepare(settings: PrepareSettings, data_dir: Path, log: Callable[[str], Non
     metadata_from = None
     if (data_dir / METADATA_NAME).is_file():
         metadata_from = old_state.get("metadata_source", old_state.get("source"))
-    run = convert_all(planned, source, target, wavs_dir, old_state, settings, metadata_from)
+    run = convert_all(planned, source, target, wavs_dir, old_state, settings, metadata_from, log)
 
     rows: list[MetaRow] = []
     warnings: list[dict] = []

@@ -11,6 +11,8 @@ import hashlib
 import math
 import signal
 import sys
+import time
+from collections.abc import Callable
 from concurrent.futures import FIRST_COMPLETED, Future, ProcessPoolExecutor, wait
 from concurrent.futures.process import BrokenProcessPool
 from dataclasses import dataclass, field
@@ -190,6 +192,53 @@ def _dbfs(x: float) -> float:
     return 20 * math.log10(max(x, 1e-10))
 
 
+# --- progress off a terminal ---------------------------------------------------------------------------
+
+
+class ProgressLines:
+    """Where the bar is off (a notebook cell, `| tee log`), a plain line at most every `every` seconds,
+    `preparing: 1,200 of 13,100 clips (9 %), 0:45 so far, about 7:30 left`, so a long conversion is seen
+    to go on. None in a run done within the first interval (its log stays the first line and the
+    summary), none for the last clip (the summary follows)."""
+
+    def __init__(
+        self,
+        total: int,
+        log: Callable[[str], None],
+        every: float = 30.0,
+        clock: Callable[[], float] = time.monotonic,
+    ):
+        self.total, self.log, self.every, self.clock = total, log, every, clock
+        self.start = clock()
+        self.due = self.start + every
+        self.done = 0
+        self.settled = 0  # rows settled without converting (reused WAVs, missing files): no rate
+
+    def update(self, finished: int, settled: int = 0) -> None:
+        """`finished` clips converted (or failed converting), `settled` rows done without converting."""
+        self.done += finished + settled
+        self.settled += settled
+        now = self.clock()
+        if now < self.due or self.done >= self.total:
+            return
+        self.due = now + self.every
+        elapsed = now - self.start
+        line = (
+            f"preparing: {self.done:,} of {self.total:,} clips ({100 * self.done // self.total} %), "
+            f"{_duration(elapsed)} so far"
+        )
+        if self.done > self.settled:  # the rows left at the rate of those converted so far
+            left = elapsed / (self.done - self.settled) * (self.total - self.done)
+            line += f", about {_duration(left)} left"
+        self.log(line)
+
+
+def _duration(seconds: float) -> str:
+    minutes, s = divmod(max(0, round(seconds)), 60)
+    h, m = divmod(minutes, 60)
+    return f"{h}:{m:02d}:{s:02d}" if h else f"{m}:{s:02d}"
+
+
 # --- parallel run with reuse of earlier results ------------------------------------------------------
 
 
@@ -212,10 +261,12 @@ def convert_all(
     old_state: dict,
     settings: PrepareSettings,
     metadata_source: str | None = None,
+    log: Callable[[str], None] = print,
 ) -> RunResult:
     """Convert every planned row (reusing WAVs whose source and settings are unchanged); keep order-free results.
 
     `metadata_source`: the source the metadata.csv in place was written from, kept in the state.
+    `log`: where progress lines go off a terminal, where the bar is off (ProgressLines).
     Rows go out in chunks, with at most two chunks per worker in flight, so audio held as bytes in a
     dataset is fetched a chunk at a time instead of all at once.
     """
@@ -237,6 +288,13 @@ def convert_all(
     )
     shown = settings.progress and is_interactive()  # a bar on a terminal only, as training's
     bar = tqdm(total=len(planned), unit="clip", desc="preparing", disable=not shown)
+    lines = ProgressLines(len(planned), log) if settings.progress and not shown else None
+
+    def advance(finished: int, settled: int = 0) -> None:
+        bar.update(finished + settled)
+        if lines is not None and finished + settled:
+            lines.update(finished, settled)
+
     in_flight: set[Future] = set()
 
     def collect(outcomes: list[Outcome]) -> None:
@@ -247,7 +305,7 @@ def convert_all(
                 run.converted += 1
                 run.written.add(outcome.clip_id)
                 run.state[outcome.clip_id] = {"source": fingerprint, "target": target.key(), **outcome.kept()}
-        bar.update(len(outcomes))
+        advance(len(outcomes))
 
     def drain(limit: int) -> None:
         while len(in_flight) > limit:
@@ -260,7 +318,7 @@ def convert_all(
         for start in range(0, len(planned), chunk):
             block = planned[start : start + chunk]
             jobs = _block_jobs(block, source, target, wavs_dir, old_clips, run, pending_fingerprints)
-            bar.update(len(block) - len(jobs))
+            advance(0, len(block) - len(jobs))
             if not jobs:
                 continue
             ids = [job.clip_id for job in jobs]
