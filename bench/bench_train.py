@@ -182,12 +182,20 @@ def training_left_ignoring_max_steps(budget: Budget) -> TrainingLeft:
 
 
 def defaults_throughput(
-    tmp: Path, data: Path, model: Path, width: float, steps: int, compile_mode: str | None = None
+    tmp: Path,
+    data: Path,
+    model: Path,
+    width: float,
+    steps: int,
+    compile_mode: str | None = None,
+    precision: str | None = None,
 ) -> dict:
     """The naive loop on the clips of one of train_vits.py's default steps, then the runner at its
     defaults for `steps` optimiser steps; the steady state is the second half of the runner's steps.
     `compile_mode` replaces the default --compile (off: the eager runner alone, without minutes of
-    compilation). The naive loop goes first and its figure is printed at once: a lent GPU machine's
+    compilation), `precision` the default --mixed_precision (fp16 on a GPU that has bf16: what a T4
+    trains in, with its loss scaler; the losses at the start and end and the skipped steps say whether
+    it trains). The naive loop goes first and its figure is printed at once: a lent GPU machine's
     call may end during the runner's compilation, and its log then still has both loops' rates."""
 
     out = Path(tempfile.mkdtemp(dir=tmp))
@@ -209,6 +217,7 @@ def defaults_throughput(
         log_every=1,
         cpu=not torch.cuda.is_available(),
         compile=compile_mode or defaults.compile,
+        mixed_precision=precision or defaults.mixed_precision,
     )
     # --max_steps only ends the measurement: `auto` decides for the 10-hour run it stands for
     with mock.patch.object(Budget, "training_left", training_left_ignoring_max_steps):
@@ -218,6 +227,8 @@ def defaults_throughput(
     runner = statistics.median(r["samples_per_second"] for r in steady)
     wall = wall_samples_per_second(steps_logged, len(steps_logged) // 2)
     vram = max((r.get("vram_gb", 0.0) for r in records), default=0.0)
+    losses = [r["loss_g"] for r in steps_logged]
+    ends = max(1, min(5, len(losses) // 4))
     return {
         "clips_per_step": clips,
         "samples_per_second": runner,
@@ -236,6 +247,10 @@ def defaults_throughput(
         "peak_vram_gb": vram or None,
         "steps": summary["steps"],
         "steady_steps": len(steady),
+        # whether it trains: the mean generator loss of the first and the last few steps, steps skipped
+        "loss_first": statistics.mean(losses[:ends]) if losses else None,
+        "loss_last": statistics.mean(losses[-ends:]) if losses else None,
+        "skipped_steps": summary.get("skipped_steps"),
     }
 
 
@@ -472,6 +487,11 @@ def main() -> None:
     parser.add_argument(
         "--compile", choices=["auto", "on", "off"], help="defaults: replaces the default --compile"
     )
+    parser.add_argument(
+        "--precision",
+        choices=["auto", "no", "fp16", "bf16"],
+        help="defaults: replaces the default --mixed_precision",
+    )
     args = parser.parse_args()
     RESULTS.mkdir(parents=True, exist_ok=True)
     rows = []
@@ -491,7 +511,7 @@ def main() -> None:
                 model, width = make_model(kind, tmp / kind)
                 row = {
                     "model": kind,
-                    **defaults_throughput(tmp, data, model, width, args.steps, args.compile),
+                    **defaults_throughput(tmp, data, model, width, args.steps, args.compile, args.precision),
                 }
                 print(json.dumps(row), flush=True)
                 wall = row["wall_samples_per_second"]
@@ -505,7 +525,9 @@ def main() -> None:
                         f"x{row['wall_vs_naive']:.2f}"
                         if wall
                         else "no wall-clock rate (too few steps)"
-                    ),
+                    )
+                    + f"; {row['precision']}, loss {row['loss_first']:.1f} -> {row['loss_last']:.1f}, "
+                    f"{row['skipped_steps']} steps skipped",
                     flush=True,
                 )
                 rows.append(row)

@@ -21,6 +21,8 @@
 # eager    the runner at default flags but --compile off, MMS size, against the naive loop (minutes
 #          sooner than defaults: no compilation)
 # defaults the runner at train_vits.py's default flags, MMS size, against the naive loop (bench_train.py defaults)
+# fp16     as defaults, in fp16 with its loss scaler (what a T4 trains in) and --compile off: whether the
+#          MMS-size model trains so (its loss at the start and the end, the steps skipped)
 # naive    the runner against a naive loop, MMS size, fp32 batch 16 (bench_train.py baseline)
 # demo     train_vits.py --demo on the GPU with its defaults
 # budget   a 10-minute budget on the GPU (bench_train.py budget; BUDGET_MINUTES sets another)
@@ -41,7 +43,7 @@ out=${1:?usage: bash bench/gpu_check.sh LOG_DIR [STAGE ...]}
 shift
 mkdir -p "$out"
 stages=("$@")
-[ ${#stages[@]} -eq 0 ] && stages=(probe tests compiled eager syncs ops nhwc defaults compile step naive demo budget)
+[ ${#stages[@]} -eq 0 ] && stages=(probe tests compiled eager syncs ops nhwc defaults fp16 compile step naive demo budget)
 [ "${stages[0]}" = probe ] || stages=(probe "${stages[@]}")
 export PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1 PYTHONFAULTHANDLER=1
 timeout -k 5 30 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv >"$out/gpu.txt" 2>&1
@@ -98,6 +100,8 @@ for stage in "${stages[@]}"; do
     nhwc) run nhwc python bench/bench_ops.py --device cuda --models mms --batch_size 16 --precision bf16 \
       --channels_last --label gpu_nhwc --top 30 --out "$out/ops.json" ;;
     defaults) run defaults python bench/bench_train.py defaults --models mms --steps 100 --clips 640 ;;
+    fp16) run fp16 python bench/bench_train.py defaults --models mms --steps 40 --clips 640 --compile off \
+      --precision fp16 ;;
     compile) run compile python bench/bench_compile.py --device cuda --models mms --batch_sizes 32 \
       --scopes segments,graphs --precision bf16 --steps 9 --out "$out/compile.json" ;;
     step) run step python bench/bench_step.py --device cuda --models mms --precisions no,bf16 \
