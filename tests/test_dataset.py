@@ -720,6 +720,10 @@ def test_the_data_line_of_a_feedback_round_counts_what_an_epoch_trains():
     assert lines[1].startswith(
         "data: 14 clips trained per epoch, drawn from 151 training clips (0.13 h), 3 feedback"
     )
+    # --val_fraction 0 printed "data: 151 training clips (0.13 h), ; loaded in ..."
+    for val_sets in ({}, {"val": Items(0)}):
+        describe_data(DataSplit(None, Items(151), val_sets, []), report, lines.append)
+        assert lines[-1].startswith("data: 151 training clips (0.13 h), no validation clips; loaded in")
 
 
 def test_a_folder_prepare_data_did_not_make_gets_no_cache_written_into_it(tmp_path: Path) -> None:

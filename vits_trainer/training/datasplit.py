@@ -169,9 +169,9 @@ def describe_data(data: DataSplit, report, log) -> None:
     trained = f"{len(data.train)} training clips ({_hours(data.train):.2f} h)"
     if data.samples_per_epoch != len(data.train):  # a feedback round: its clips and a replay draw
         trained = f"{data.samples_per_epoch} clips trained per epoch, drawn from {trained}"
+    held_out = ", ".join(f"{len(v)} {k}" for k, v in data.val_sets.items() if len(v))
     log(
-        f"data: {trained}, "
-        + ", ".join(f"{len(v)} {k}" for k, v in data.val_sets.items())
+        f"data: {trained}, {held_out or 'no validation clips'}"
         + f"; loaded in {report.seconds:.1f} s ({_cache_word(report)}, "
         f"{'RAM' if report.in_ram else 'memory-mapped'})"
     )  # clips that could not be read were named when the clip store was loaded
