@@ -103,6 +103,43 @@ def test_runner_cli_on_the_gpu_keeps_its_budget(tmp_path, tiny_model_dir, tone_c
     VitsModel.from_pretrained(tmp_path / "final_model")
 
 
+def test_free_running_evaluation_and_a_second_voice_on_the_gpu(tmp_path, tiny_model_dir):
+    """What the CPU tests check of free-running evaluation (speech from text alone, its scores and
+    pictures: tests/test_freerun.py) and of a voice added to a single-speaker model
+    (tests/test_speakers.py), in one run on the GPU."""
+    import math
+
+    from vits_trainer.data.synthetic import make_corpus
+
+    corpus = tmp_path / "corpus"
+    make_corpus(corpus, num_clips=24, num_speakers=2, seed=3)
+    session, summary = gpu_run(
+        tmp_path,
+        corpus,
+        tiny_model_dir,
+        max_steps=4,
+        num_speakers="auto",
+        val_fraction=0.2,
+        eval_samples=2,
+        freerun_samples=2,
+    )
+    assert session.device.type == "cuda" and summary["steps"] == 4
+    evals = [
+        r
+        for r in map(json.loads, (tmp_path / "checkpoints" / "metrics.jsonl").read_text().splitlines())
+        if r.get("event") == "eval"
+    ]
+    assert [e["tag"] for e in evals] == ["start", "final"]
+    for record in evals:
+        for key in ("val_mel_dtw", "val_mcd", "val_duration_ratio"):
+            assert math.isfinite(record[key]) and record[key] >= 0, record
+        assert sorted(record["by_speaker"]) == ["0", "1"], record
+    final = tmp_path / "checkpoints" / "samples" / f"step_{evals[-1]['step']:08d}"
+    assert list(final.glob("*_alignment.png")) and list(final.glob("*_mel.png")) and list(final.glob("*.wav"))
+    model = VitsModel.from_pretrained(tmp_path / "final_model")
+    assert model.config.num_speakers == 2
+
+
 @pytest.mark.parametrize("scope", ["segments", "fused", "graphs"])
 def test_compiled_step_with_cuda_graphs_gives_the_eager_losses(
     tmp_path, tiny_model_dir, tone_corpus, monkeypatch, scope
