@@ -7,11 +7,11 @@ padded up to the next bucket edge instead. The edges keep the top 4 bits of a le
 octave: ..., 64, 72, 80, ..., 120, 128, 144, ...), so padding adds at most 1/8 to a length.
 
 The token width also follows the frame width (`PadLengths.for_items`): a batch whose frames pad to an
-edge pads its tokens to at least the most tokens of any clip at or below that edge. Token and frame counts each met
-a few dozen edges, and a run met most of their pairs as its own shape (72 over three epochs of an
-LJSpeech-sized corpus at batch 32); tied, a run meets one shape per frame edge (17). Under CUDA graphs
-each new pair of lengths is a new path of graphs, run once to warm up and once more to record
-(model/compiled.py), slow steps. The cost: more padded tokens (35 % -> 61 % there; a few clips with
+edge pads its tokens to at least the most tokens of any clip at or below that edge. Token and frame
+counts each met a few dozen edges, and a run met most of their pairs as its own shape (72 over three
+epochs of an LJSpeech-sized corpus at batch 32); tied, a run meets one shape per frame edge (17).
+Under CUDA graphs each new pair of lengths is a new path of graphs, run once to warm up and once more
+to record (model/compiled.py), slow steps. The cost: more padded tokens (35 % -> 61 % there; a few clips with
 far more tokens than their length widen their edge and those above), for the text encoder and
 duration predictor only, ~14 % of an eager step's kernel time on an H200
 (`python bench/bench_shapes.py`, docs/performance.md).
