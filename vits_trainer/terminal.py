@@ -1,5 +1,6 @@
 """Whether output goes to a terminal: progress bars there, plain lines in a log file (Kaggle, Colab and
-CI keep the output in one, where each redraw of a bar is a line of "\\r" noise)."""
+CI keep the output in one, where each redraw of a bar is a line of "\\r" noise); and how a duration
+reads in those lines."""
 
 from __future__ import annotations
 
@@ -21,6 +22,13 @@ def is_interactive() -> bool:
     except (OSError, ValueError):
         return False
     return size.columns > 0 and size.lines > 0
+
+
+def clock_text(seconds: int) -> str:
+    """A whole number of seconds as a clock reads: m:ss, or h:mm:ss from an hour (negative: 0:00)."""
+    minutes, s = divmod(max(0, seconds), 60)
+    h, m = divmod(minutes, 60)
+    return f"{h}:{m:02d}:{s:02d}" if h else f"{m}:{s:02d}"
 
 
 def no_library_bars_off_a_terminal() -> None:

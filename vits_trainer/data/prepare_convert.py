@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from ..errors import UserError
-from ..terminal import is_interactive
+from ..terminal import clock_text, is_interactive
 from .audio import AudioReadError, audio_duration, read_audio, resample, write_wav
 from .corpus_rows import Source
 from .prepare_state import claim, save_state
@@ -225,18 +225,12 @@ class ProgressLines:
         elapsed = now - self.start
         line = (
             f"preparing: {self.done:,} of {self.total:,} clips ({100 * self.done // self.total} %), "
-            f"{_duration(elapsed)} so far"
+            f"{clock_text(round(elapsed))} so far"
         )
         if self.done > self.settled:  # the rows left at the rate of those converted so far
             left = elapsed / (self.done - self.settled) * (self.total - self.done)
-            line += f", about {_duration(left)} left"
+            line += f", about {clock_text(round(left))} left"
         self.log(line)
-
-
-def _duration(seconds: float) -> str:
-    minutes, s = divmod(max(0, round(seconds)), 60)
-    h, m = divmod(minutes, 60)
-    return f"{h}:{m:02d}:{s:02d}" if h else f"{m}:{s:02d}"
 
 
 # --- parallel run with reuse of earlier results ------------------------------------------------------

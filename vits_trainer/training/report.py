@@ -31,6 +31,7 @@ from urllib.parse import quote, unquote
 
 from ..jsonfile import write_json_atomic, write_text_atomic
 from ..safety import marker_step, read_marker
+from ..terminal import clock_text
 from .report_svg import PHASE_COLORS, Timeline, is_finite_number, line_chart, series, timeline_svg
 from .runtime import LOG_FILE, wait_policy_words
 
@@ -289,12 +290,7 @@ def _clock(wall: float | None) -> str:
 
 
 def _duration(seconds: float | None) -> str:
-    if seconds is None:
-        return "–"
-    seconds = max(0, int(round(seconds)))
-    h, rest = divmod(seconds, 3600)
-    m, s = divmod(rest, 60)
-    return f"{h}:{m:02d}:{s:02d}" if h else f"{m}:{s:02d}"
+    return "–" if seconds is None else clock_text(round(seconds))
 
 
 def _table(header: list[str], rows: list[list[str]], css: list[str] | None = None) -> str:

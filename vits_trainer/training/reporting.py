@@ -9,16 +9,13 @@ from pathlib import Path
 
 import torch
 
-from ..terminal import is_interactive
+from ..terminal import clock_text, is_interactive
 from .report import current_history, primary, read_metrics
 from .runtime import Logger
 
 
 def _fmt_seconds(seconds: float) -> str:
-    seconds = max(0, int(seconds))
-    h, rest = divmod(seconds, 3600)
-    m, s = divmod(rest, 60)
-    return f"{h}:{m:02d}:{s:02d}" if h else f"{m}:{s:02d}"
+    return clock_text(int(seconds))
 
 
 def _fmt(value: float | None) -> str:
