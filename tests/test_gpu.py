@@ -140,6 +140,53 @@ def test_free_running_evaluation_and_a_second_voice_on_the_gpu(tmp_path, tiny_mo
     assert model.config.num_speakers == 2
 
 
+def sigterm_then_resume(tmp, data, model, cpu: bool, precision: str, monkeypatch) -> dict:
+    """A run stopped by SIGTERM at its 6th batch, then resumed for 3 more steps: what a Kaggle or Colab
+    session's end and the next session do. Checks the stop and the resume; returns what the checkpoint
+    held and the resumed session saw (on the CPU too: `cpu=True`, for the test's own check)."""
+    from tests.helpers import sigterm_at_batch, tiny_config
+    from vits_trainer.training.checkpoint import find_resumable
+    from vits_trainer.training.loop import Trainer
+    from vits_trainer.training.session import build_session
+    from vits_trainer.training.trainstate import LoadedCheckpoint
+
+    settings = dict(mixed_precision=precision, log_every=1, save_minutes=60)
+    real_move = sigterm_at_batch(monkeypatch, 6)
+    _, first = train_tiny(tmp, data, model, cpu=cpu, max_steps=50, **settings)
+    monkeypatch.setattr("vits_trainer.training.loop.move_batch", real_move)
+    assert first["stopped_reason"] == "signal" and 1 <= first["steps"] < 50, first
+    saved, manifest = find_resumable(tmp / "checkpoints", log=lambda *a: None)
+    assert manifest is not None and manifest["step"] == first["steps"], manifest
+    ckpt = LoadedCheckpoint(saved, manifest)
+    seen = {"saved": saved, "first": first, "cuda_rng": "cuda" in ckpt.object("rng.pt")}
+    if ckpt.has("scaler.pt"):
+        seen["saved_scale"] = float(ckpt.object("scaler.pt")["scale"])
+    cfg = tiny_config(tmp, data, model, cpu=cpu, max_steps=first["steps"] + 3, resume="auto", **settings)
+    torch.manual_seed(0)
+    session = build_session(cfg, time.time())
+    if session.accelerator.scaler is not None:
+        seen["resumed_scale"] = float(session.accelerator.scaler.get_scale())
+    second = Trainer(session).train()
+    assert second["resumed_from_step"] == first["steps"] and second["steps"] == first["steps"] + 3, second
+    assert second["stopped_reason"] != "signal" and all_finite(session.model, session.discriminator_raw)
+    VitsModel.from_pretrained(tmp / "final_model")
+    seen["second"] = second
+    return seen
+
+
+@pytest.mark.parametrize("precision", ["fp16", "bf16"])
+def test_sigterm_and_resume_on_the_gpu(tmp_path, tiny_model_dir, tone_corpus, monkeypatch, precision):
+    """SIGTERM mid-run on the GPU saves a checkpoint that resumes there: the GPU's random state is in
+    it, and in fp16 the loss scaler's scale comes back as it was (a fresh scaler would start high again
+    and skip steps while it calibrates)."""
+    seen = sigterm_then_resume(tmp_path, tone_corpus, tiny_model_dir, False, precision, monkeypatch)
+    assert seen["cuda_rng"]
+    if precision == "fp16":
+        assert seen["resumed_scale"] == seen["saved_scale"], seen
+    else:
+        assert "saved_scale" not in seen and "resumed_scale" not in seen
+
+
 @pytest.mark.parametrize("scope", ["segments", "fused", "graphs"])
 def test_compiled_step_with_cuda_graphs_gives_the_eager_losses(
     tmp_path, tiny_model_dir, tone_corpus, monkeypatch, scope
