@@ -6,6 +6,7 @@
     python bench/bench_train.py loader --batch_sizes 16
     python bench/bench_train.py micro --steps 14 --rounds 2
     python bench/bench_train.py defaults --models mms --steps 60 --clips 640
+    python bench/bench_train.py loop --steps 300 --clips 640
 
 throughput: the real Trainer (train_vits.py's loop, no evaluation) for a fixed number of steps on a
     generated tone-language corpus; samples/s is the median step's after 2 warm-up steps (as the naive
@@ -26,6 +27,16 @@ defaults: the naive loop on the clips of one default step (fp32, eager; printed 
     trial and compilation, against the naive loop's, and the share of the estimated ceiling. The same
     half on the wall clock (metrics.jsonl's samples_seen over time: the loop's logging and decisions
     between steps counted too, which a step's own time leaves out) is printed beside it.
+loop: what the runner's loop itself costs per optimiser step: the real Trainer at the default batch
+    settings (8 x 4 clips a step, as one micro-batch of 32, the micro-batch a fast GPU's trial keeps;
+    length buckets; no evaluation, no compile) with `GanStep.micro_step` replaced by a step that does no
+    work but wait --step_ms (as the host waits at a GPU step's one read of its results; meanwhile the
+    loader's workers prepare the next batches). The networks are left out, nothing else is: reading and
+    merging the step's loader batches, moving them to the device, the budget, the stop decision, the LR
+    schedules and the logging. The time between the ends of consecutive steps less that wait (median and
+    90th percentile over --steps steps, the first 20 left out), with the loader in the process and with
+    2 workers (train_vits.py's default). With --step_ms 0 the loop runs as fast as the batches come:
+    32 clips over that median is then the most samples/s the data path and the loop deliver here.
 budget: train_vits.py as a subprocess with --target_hours set to N minutes; wall time / target.
 Writes bench/results/train_<what>.json. CUDA is used when present (fp16 and bf16 rows added).
 """
@@ -254,6 +265,65 @@ def defaults_throughput(
     }
 
 
+def loop_overhead(
+    tmp: Path, data: Path, model: Path, width: float, steps: int, workers: int, step_seconds: float
+) -> dict:
+    """The `loop` mode's figures for one --num_workers and a step that waits `step_seconds` (the module
+    docstring)."""
+    import warnings
+
+    from vits_trainer.model.losses import LOSS_KEYS
+    from vits_trainer.training.step import GanStep, StepResult
+
+    ends: list[float] = []  # when each optimiser step's networks would have been done
+
+    def no_work(self, batch, first, last, scale):
+        zero = torch.zeros((), device=batch["input_ids"].device)
+        metrics = dict.fromkeys((*LOSS_KEYS, "loss_g", "loss_d"), zero)
+        if last:
+            metrics.update(grad_norm_d=zero, grad_norm_g=zero)
+            time.sleep(step_seconds)
+            ends.append(time.perf_counter())
+        return StepResult(synced=last, metrics=metrics)
+
+    out = Path(tempfile.mkdtemp(dir=tmp))
+    defaults = TrainConfig()
+    cfg = dataclasses.replace(
+        defaults,
+        data_dir=str(data),
+        model_name=str(model),
+        checkpoint_dir=str(out / "ckpt"),
+        output_dir=str(out / "final"),
+        discriminator_width=width,
+        micro_batch_size=str(defaults.step_clips),
+        length_buckets="on",
+        compile="off",
+        val_fraction=0.0,
+        max_steps=steps,
+        save_minutes=1e6,
+        num_workers=workers,
+        cpu=not torch.cuda.is_available(),
+    )
+    with mock.patch.object(GanStep, "micro_step", no_work), warnings.catch_warnings():
+        # the LR schedules step after an optimiser step that never runs here
+        warnings.filterwarnings("ignore", message="Detected call of `lr_scheduler.step()`")
+        train_and_read_metrics(cfg)
+    gaps = sorted(b - a - step_seconds for a, b in zip(ends[20:], ends[21:], strict=False))
+    if not gaps:
+        raise SystemExit(f"loop: {len(ends)} steps ran; give more --steps (and --clips) than 21")
+    median = statistics.median(gaps)
+    return {
+        "workers": workers,
+        "step_ms": step_seconds * 1e3,
+        "clips_per_step": defaults.step_clips,
+        "steps_timed": len(gaps),
+        "ms_per_step": median * 1e3,
+        "ms_per_step_p90": gaps[int(0.9 * (len(gaps) - 1))] * 1e3,
+        # with no wait: what the data path and the loop deliver at most
+        "loop_samples_per_second": defaults.step_clips / median if not step_seconds else None,
+    }
+
+
 def micro_comparison(tmp: Path, data: Path, steps: int, rounds: int) -> list[dict]:
     """Default flags (8 x 4), automatic micro-batch vs forced 8, interleaved: a busy spell hits both."""
     model, width = make_model("tiny", tmp / "tiny")
@@ -477,13 +547,16 @@ def budget_run(tmp: Path, data: Path, model: Path, minutes: float) -> dict:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("what", choices=["throughput", "baseline", "budget", "loader", "micro", "defaults"])
+    parser.add_argument(
+        "what", choices=["throughput", "baseline", "budget", "loader", "loop", "micro", "defaults"]
+    )
     parser.add_argument("--models", default="tiny")
     parser.add_argument("--batch_sizes", default="8")
     parser.add_argument("--steps", type=int, default=12)
     parser.add_argument("--clips", type=int, default=160)
     parser.add_argument("--minutes", default="2,5,10")
     parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--step_ms", type=float, default=100.0, help="loop: what a step waits (besides 0)")
     parser.add_argument(
         "--compile", choices=["auto", "on", "off"], help="defaults: replaces the default --compile"
     )
@@ -505,6 +578,21 @@ def main() -> None:
             for batch in [int(b) for b in args.batch_sizes.split(",")]:
                 for row in loader_throughput(data, model, batch):
                     print(json.dumps(row), flush=True)
+                    rows.append(row)
+        elif args.what == "loop":
+            model, width = make_model("tiny", tmp / "tiny")  # never run: the step does no work
+            for step_ms in sorted({0.0, args.step_ms}):
+                for workers in (0, 2):
+                    row = loop_overhead(tmp, data, model, width, args.steps, workers, step_ms / 1e3)
+                    print(json.dumps(row), flush=True)
+                    most = row["loop_samples_per_second"]
+                    print(
+                        f"loop, {workers} workers, a step waiting {step_ms:.0f} ms: the loop's own "
+                        f"{row['ms_per_step']:.1f} ms per step of {row['clips_per_step']} clips (90th "
+                        f"percentile {row['ms_per_step_p90']:.1f} ms)"
+                        + (f": at most {most:,.0f} samples/s" if most else ""),
+                        flush=True,
+                    )
                     rows.append(row)
         elif args.what == "defaults":
             for kind in args.models.split(","):

@@ -24,6 +24,9 @@
 # fp16     as defaults, in fp16 with its loss scaler (what a T4 trains in) and --compile off: whether the
 #          MMS-size model trains so (its loss at the start and the end, the steps skipped)
 # naive    the runner against a naive loop, MMS size, fp32 batch 16 (bench_train.py baseline)
+# loop     the runner's loop alone, its step replaced by a wait of 0 or 100 ms: what reading, merging
+#          and copying a step's batches and the bookkeeping cost the host per step (bench_train.py
+#          loop; about a minute)
 # demo     train_vits.py --demo on the GPU with its defaults
 # budget   a 10-minute budget on the GPU (bench_train.py budget; BUDGET_MINUTES sets another)
 #
@@ -43,7 +46,7 @@ out=${1:?usage: bash bench/gpu_check.sh LOG_DIR [STAGE ...]}
 shift
 mkdir -p "$out"
 stages=("$@")
-[ ${#stages[@]} -eq 0 ] && stages=(probe tests compiled eager syncs ops nhwc defaults fp16 compile step naive demo budget)
+[ ${#stages[@]} -eq 0 ] && stages=(probe tests compiled eager syncs ops nhwc defaults fp16 compile step naive loop demo budget)
 [ "${stages[0]}" = probe ] || stages=(probe "${stages[@]}")
 export PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1 PYTHONFAULTHANDLER=1
 timeout -k 5 30 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv >"$out/gpu.txt" 2>&1
@@ -107,6 +110,7 @@ for stage in "${stages[@]}"; do
     step) run step python bench/bench_step.py --device cuda --models mms --precisions no,bf16 \
       --mms_batch_sizes 8,16,32 --steps 4 --warmup 2 --out "$out/step.json" ;;
     naive) run naive python bench/bench_train.py baseline --models mms --batch_sizes 16 --steps 10 ;;
+    loop) run loop python bench/bench_train.py loop --steps 300 --clips 640 ;;
     demo) run demo python train_vits.py --demo ;;
     budget) run budget python bench/bench_train.py budget --minutes "${BUDGET_MINUTES:-10}" ;;
     *) echo "unknown stage: $stage" | tee -a "$out/summary.txt" ;;
