@@ -8,6 +8,7 @@ C++ compilation on 2 cores. tests/test_gpu.py runs the default backend with CUDA
 
 from __future__ import annotations
 
+import json
 import math
 import os
 import re
@@ -319,6 +320,12 @@ def test_compile_on_trains_compiled_and_reports_the_comparison(
     assert summary["steps"] == COMPILE_ON_STEPS and summary["skipped_steps"] == 0
     kept = {"graphs": {"decoder", *compiled_module.UTTERANCE_PARTS}, "segments": {"decoder"}}
     assert set(session.generator_raw.compiled) == kept[report["scope"]]
+    # the lines whose steps compiled say for how long: their samples/s is mostly the compiler's time
+    lines = [r for r in map(json.loads, (tmp_path / "checkpoints" / "metrics.jsonl").open()) if "lr" in r]
+    compiling = [r for r in lines if "compile_seconds" in r]
+    assert compiling and all(0 < r["compile_seconds"] for r in compiling), lines
+    assert len(compiling) < len(lines)  # the measured steps' lines have none
+    assert re.search(r"^step \d+ \| .* \| samples/s [\d.]+ \| compiling \d+:\d\d \| wait ", out, re.M), out
 
 
 def test_a_failing_compiled_step_falls_back_to_eager_and_the_run_goes_on(

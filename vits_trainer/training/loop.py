@@ -111,6 +111,7 @@ class StepWindow:
     samples: int = 0
     seconds: float = 0.0
     wait: float = 0.0  # waiting for the loader
+    compiling: float = 0.0  # of `seconds`, the steps that compiled or recorded CUDA graphs
     steps: int = 0
     sums: dict = field(default_factory=dict)  # per metric: the sum of its values (on the device)
     counts: dict = field(default_factory=dict)  # per metric: how many values that sum holds
@@ -137,10 +138,12 @@ class StepWindow:
         sums = torch.stack([self.sums[k] for k in names]).tolist() if names else []  # one read
         return {k: v / self.counts[k] for k, v in zip(names, sums, strict=True)}
 
-    def add_step(self, seconds: float, samples: int) -> None:
+    def add_step(self, seconds: float, samples: int, compiling: bool = False) -> None:
         self.samples += samples
         self.seconds += seconds
         self.steps += 1
+        if compiling:
+            self.compiling += seconds
 
 
 class Trainer:
@@ -262,12 +265,12 @@ class Trainer:
         # the epoch's samples it trained, every rank's, each once (with several processes, fewer than
         # `clips` at an epoch's end: some ranks repeat an earlier batch, or one's last batch is short)
         samples = s.sampler.samples_in(position - len(pending), position)
-        self.measure_step(seconds, samples, clips, trial_size, micro, clean)
+        compiling = self.measure_step(seconds, samples, clips, trial_size, micro, clean)
         stop_reason, save_now = self.stop_decision(self.outputs.interval_save_due())
         s.g_scheduler.step()  # after the decision: every rank now has the same LR progress
         s.d_scheduler.step()
         self.train_seconds += seconds
-        self.window.add_step(seconds, samples)
+        self.window.add_step(seconds, samples, compiling)
         state.samples_seen += samples
         state.batch_in_epoch = position  # a checkpoint from here on resumes after this step
         self.recovery.after_step(result, pending)
@@ -279,24 +282,27 @@ class Trainer:
 
     def measure_step(
         self, seconds: float, samples: int, clips: int, trial_size: int | None, micro: int, clean: bool
-    ) -> None:
+    ) -> bool:
         """A step's time to the budget (which counts the step: `budget.global_step`), to the micro-batch
         trial while it runs, or to the compile decision; that decision begins once the size is known.
         `samples`: the epoch's samples it trained (the budget's throughput and epochs); `clips`: what went
-        through the networks, the step's size (the trial's and the compile decision's time per clip)."""
+        through the networks, the step's size (the trial's and the compile decision's time per clip).
+        Returns whether the step compiled (or recorded CUDA graphs): its time is mostly that."""
         budget = self.s.budget
         self.micro_batching.ran_at(micro)
         # a trial's steps count, but measure the run only once its size is chosen; compiling steps count,
         # but are not a step's time either
-        measured = trial_size is None
+        measured, compiling = trial_size is None, False
         if measured and self.compiler.begun:
             measured = self.compiler.observe(seconds, clips, clean and self.micro_batching.is_full(clips))
+            compiling = not measured
         budget.observe_step(seconds, samples, measured=measured)  # counts the step: global_step += 1
         # after observe_step: a trial that ends here hands the budget the steps it observed unmeasured
         if trial_size is not None and self.micro_batching.trial is not None:
             self.micro_batching.observe_trial_step(trial_size, seconds, clips, clean)
         if self.micro_batching.trial is None and not self.compiler.begun:
             self.begin_compile()
+        return compiling
 
     def plan_and_report(self, batches_left: int) -> None:
         """The plan once the benchmark samples are measured, the warmup cap's line, and a metric line every
@@ -570,6 +576,8 @@ class Trainer:
         values = {k: (v if math.isfinite(v) else None) for k, v in window.means().items()}  # strict JSON
         values["samples_per_second"] = window.samples / max(window.seconds, 1e-9)
         values["data_wait_fraction"] = window.wait / max(window.seconds, 1e-9)
+        if window.compiling:  # why samples/s dipped: those steps' time was mostly compilation
+            values["compile_seconds"] = window.compiling
         values["lr"] = s.g_optimizer.param_groups[0]["lr"]  # after the schedule stepped: the next step's
         values["skipped_steps"] = s.state.skipped_steps
         values["recoveries"] = s.state.recoveries

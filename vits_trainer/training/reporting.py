@@ -101,8 +101,10 @@ class Progress:
             "loss": _fmt(values.get("loss_g")),
             "mel": _fmt(values.get("mel")),
             "samples/s": f"{values['samples_per_second']:.1f}",
-            "wait": f"{100 * values['data_wait_fraction']:.0f}%",
         }
+        if values.get("compile_seconds"):
+            fields["compiling"] = _fmt_seconds(values["compile_seconds"])
+        fields["wait"] = f"{100 * values['data_wait_fraction']:.0f}%"
         vram = vram_text(self.device)
         if vram:
             fields["vram"] = vram
