@@ -4,6 +4,7 @@ and accelerate's trackers (TensorBoard / W&B) with validation audio."""
 from __future__ import annotations
 
 import json
+import math
 import time
 from pathlib import Path
 
@@ -103,7 +104,7 @@ class Progress:
             "samples/s": f"{values['samples_per_second']:.1f}",
         }
         if values.get("compile_seconds"):
-            fields["compiling"] = _fmt_seconds(values["compile_seconds"])
+            fields["compiling"] = _fmt_seconds(math.ceil(values["compile_seconds"]))  # never "0:00"
         fields["wait"] = f"{100 * values['data_wait_fraction']:.0f}%"
         vram = vram_text(self.device)
         if vram:
