@@ -31,9 +31,10 @@ TINY_SETTINGS = dict(
 
 # --compile on in a tiny run (tests/test_compile.py on the CPU, tests/test_gpu.py on a GPU): 3 eager, 2
 # compiling and 2 x 3 measured steps (compile_choice.py), with room for the steps that compile again
-# or record CUDA graphs for a new shape (taken as compilation, not measured) and each epoch's short
-# last step (not measured): 16 were short of the decision on a GPU's count of recordings
-COMPILE_ON_STEPS = 24
+# or record CUDA graphs for a new shape or after a switch of scope (taken as compilation, not
+# measured) and each epoch's short last step (not measured): 16 were short of the decision on a GPU's
+# count of recordings
+COMPILE_ON_STEPS = 28
 
 
 def tiny_config(tmp: Path, data_dir: Path, model_dir: Path, **overrides) -> TrainConfig:

@@ -480,23 +480,26 @@ def test_auto_keeps_the_fastest_scope_and_the_budget_skips_the_compiling_steps()
     assert _steps(choice, [60.0, 5.0]) == [False, False]  # compilation: not a step's time
     assert _steps(choice, [0.5, 0.5, 0.5]) == [True, True, True]
     assert calls == ["graphs", "segments"] and choice.phase == "measuring"
-    assert _steps(choice, [0.8, 0.8, 0.8]) == [True, True, True]
+    # the first SWITCH_STEPS steps of the new scope record its CUDA graphs anew: compilation too
+    assert _steps(choice, [1.5, 1.5, 0.8, 0.8, 0.8]) == [False, False, True, True, True]
     assert choice.phase == "on" and calls == ["graphs", "segments", "graphs"]  # back to the faster
     summary = choice.summary()
     assert summary["compiled"] and summary["scope"] == "graphs" and summary["speedup"] == pytest.approx(2.0)
     assert summary["seconds_per_sample_by_scope"] == pytest.approx({"graphs": 0.5 / 8, "segments": 0.8 / 8})
-    assert summary["compile_seconds"] == pytest.approx(63.0)  # 65 s, less the 2 eager steps they replaced
+    assert summary["compile_seconds"] == pytest.approx(64.0)  # 68 s, less the 4 eager steps they replaced
     assert lines[-1].startswith(
         "compile: on, the text encoder, posterior encoder, flow, duration predictor, decoder and "
-        "discriminator passes: compiled in 63 s; a step 0.50 s against 1.00 s eager (2.00x), "
-        "earned back after ~126 steps; with the decoder and discriminator passes compiled a step took 0.80 s"
+        "discriminator passes: compiled in 64 s; a step 0.50 s against 1.00 s eager (2.00x), "
+        "earned back after ~128 steps; with the decoder and discriminator passes compiled a step took 0.80 s"
     )
+    # going back to "graphs" is a switch too: the budget does not take those steps as the run's speed
+    assert _steps(choice, [1.5, 1.5, 0.5]) == [False, False, True]
 
 
 def test_auto_keeps_the_narrower_scope_when_it_is_faster():
     choice, calls, lines = _choice("auto")
     choice.begin(2 * HOUR, 1.0 / 8)  # the trial's figure for this size
-    _steps(choice, [60.0, 5.0, 0.9, 0.9, 0.9, 0.6, 0.6, 0.6])
+    _steps(choice, [60.0, 5.0, 0.9, 0.9, 0.9, 2.0, 2.0, 0.6, 0.6, 0.6])
     assert calls == ["graphs", "segments"] and choice.summary()["scope"] == "segments"
     assert "compile: on, the decoder and discriminator passes: compiled in" in lines[-1]
 
@@ -522,7 +525,7 @@ def test_auto_goes_back_to_eager_when_no_compiled_scope_is_faster():
     choice, calls, lines = _choice("auto")
     choice.begin(2 * HOUR, 1.0 / 8)  # the trial's figure for this size
     assert calls == ["graphs"] and choice.phase == "compiling"
-    _steps(choice, [30.0, 2.0, 1.1, 1.1, 1.1, 1.0, 0.99, 1.2])
+    _steps(choice, [30.0, 2.0, 1.1, 1.1, 1.1, 3.0, 3.0, 1.0, 0.99, 1.2])
     assert calls == ["graphs", "segments", False] and choice.phase == "off"
     assert not choice.summary()["compiled"] and choice.summary()["scope"] is None
     assert "compile: back to eager: a step 1.00 s against 1.00 s eager" in lines[-1]
@@ -568,6 +571,26 @@ def test_a_narrow_scope_failing_after_a_wide_one_measured_well_keeps_the_wide_on
     assert calls[-1] == "graphs" and choice.phase == "on" and choice.summary()["scope"] == "graphs"
     assert "judging the scopes measured before it" in lines[-2] and "compile: on, " in lines[-1]
     assert choice.summary()["speedup"] == pytest.approx(1.0 / 0.3)
+
+
+def test_a_switch_of_scope_records_cuda_graphs_only_on_a_gpu():
+    """Going from "graphs" to "segments" puts the decoder's and discriminator's CUDA graphs on a new path
+    (the parts before them now eager): on the H200 the two steps after the switch took 1.3 s, 0.28 s
+    after them; measured, they would make the narrower scope look slower than it is. A CPU has no CUDA
+    graphs, and a switch while compiling is covered by the compiling steps."""
+    for device, expected in (("cuda", [False, False, True, True, True]), ("cpu", [True, True, True])):
+        choice, calls, _ = _choice("on", device=device)  # auto stays eager on a CPU
+        choice.begin(2 * HOUR, 1.0 / 8)
+        _steps(choice, [30.0, 2.0, 0.3, 0.3, 0.3])
+        assert calls == ["graphs", "segments"]
+        assert _steps(choice, [1.3, 1.3, 0.28, 0.28, 0.28][-len(expected) :]) == expected, device
+        assert choice.phase == "on" and choice.summary()["seconds_per_sample_by_scope"]["segments"] == (
+            pytest.approx(0.28 / 8)
+        )
+    choice, calls, _ = _choice("auto")
+    choice.begin(2 * HOUR, 1.0 / 8)
+    _steps(choice, [30.0])
+    assert choice.backed_off_after(RuntimeError("graphs broke")) and choice.switched == 0
 
 
 def test_short_steps_are_not_compared():
@@ -637,7 +660,7 @@ def test_the_log_says_how_many_graphs_came_from_the_cache():
     assert choice.summary()["cache_hits"] == 0
     choice.begin(2 * HOUR, 1.0 / 8)
     counts[0] = (45, 3)
-    _steps(choice, [20.0, 5.0, 0.5, 0.5, 0.5, 0.8, 0.8, 0.8])
+    _steps(choice, [20.0, 5.0, 0.5, 0.5, 0.5, 0.8, 0.8, 0.8, 0.8, 0.8])  # 2 steps after the switch
     assert choice.phase == "on" and lines[-1].endswith("; 40 of 41 graphs read back from the cache")
     assert choice.summary()["cache_hits"] == 40 and choice.summary()["cache_misses"] == 1
     lines.clear()
@@ -645,7 +668,9 @@ def test_the_log_says_how_many_graphs_came_from_the_cache():
         "auto", "cuda", 1, False, lambda *a, **k: None, lines.append, cache_counts=lambda: (0, 9)
     )
     choice.begin(2 * HOUR, 1.0 / 8)
-    _steps(choice, [20.0, 5.0, 1.5, 1.5, 1.5, 1.5, 1.5, 1.5])  # slower: back to eager, nothing cached
+    _steps(
+        choice, [20.0, 5.0, 1.5, 1.5, 1.5, 1.0, 1.0, 1.5, 1.5, 1.5]
+    )  # slower: back to eager, nothing cached
     assert choice.phase == "off" and lines[-1].endswith("compiling cost 23 s")
 
 
@@ -657,7 +682,11 @@ def test_a_step_that_compiles_again_after_the_decision_is_not_taken_as_the_runs_
     choice, _, _ = _choice("on", compilations=lambda: graphs[0])
     choice.begin(2 * HOUR, 1.0 / 8)
     graphs[0] = 10
-    assert _steps(choice, [60.0, 5.0, 0.5, 0.5, 0.5, 0.5, 0.5, 0.5]) == [False, False] + [True] * 6
+    steps = [60.0, 5.0, 0.5, 0.5, 0.5, 1.0, 1.0, 0.5, 0.5, 0.5, 1.0, 1.0]  # SWITCH_STEPS after each switch
+    assert (
+        _steps(choice, steps)
+        == [False, False, True, True, True, False, False, True, True, True] + [False] * 2
+    )
     assert choice.phase == "on"
     graphs[0] = 11  # the next step compiled a graph for a new shape
     assert _steps(choice, [40.0, 0.5]) == [False, True]

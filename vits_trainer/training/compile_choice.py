@@ -15,7 +15,8 @@ other, so:
   warmed up or recorded CUDA graphs for a new path of shapes (model/compiled.py), up to
   LATE_COMPILE_STEPS of them.
 - Each scope's next MEASURE_STEPS steps are measured, the widest first, then each narrower one from
-  the parts already compiled, and compared with eager steps at the same micro-batch size (the
+  the parts already compiled (on a GPU after SWITCH_STEPS steps taken as compilation: its CUDA graphs
+  now follow other calls and record again), and compared with eager steps at the same micro-batch size (the
   trial's, else EAGER_STEPS measured first). With `auto` the fastest scope is kept when it is faster
   than eager; otherwise the run goes back to eager, and the compilation was the whole cost. `on`
   keeps the fastest scope (and reports the comparison).
@@ -52,6 +53,11 @@ MEASURE_STEPS = 3  # compiled steps compared with the eager ones
 # path of padded lengths (data/shapes.py: one per frame edge, ~17 in a run of 1-10 s clips) is warmed
 # up in one step and recorded in another (0.5-0.7 s and 5-8 s for the MMS-size model on an H200)
 LATE_COMPILE_STEPS = 64
+# after the step goes to another scope on a GPU, steps taken as compilation: CUDA graph trees record a
+# graph per path of calls, and a part whose calls now follow eager parts (or compiled ones) is on a new
+# path: one step may warm it up and one record it (model/compiled.py's WARMUP_AND_RECORD). On an H200 the
+# two steps after the switch from "graphs" to "segments" took 1.3 s against 0.28 s after them
+SWITCH_STEPS = 2
 FASTER = 0.97  # kept when a compiled step takes less than this share of an eager one (per sample)
 
 
@@ -91,6 +97,7 @@ class CompileChoice:
         self.measured: dict[str, list[float]] = {}  # seconds per sample of compiled steps, by scope
         self.compile_seconds: float | None = None
         self.failures = 0
+        self.switched = 0  # steps after a switch of scope still taken as compilation (SWITCH_STEPS)
         self.step_samples = 0  # samples of the last whole step
         # where compiled code is kept for a resume (None: torch's default, in the temporary folder)
         self.cache_folder = None if checkpoint_dir is None else Path(checkpoint_dir) / CACHE_FOLDER
@@ -169,6 +176,10 @@ class CompileChoice:
             if len(self.compile_steps) >= COMPILE_STEPS:
                 self.phase = "measuring"
             return False
+        if self.switched and self.active:  # a new scope's CUDA graphs warming up or recording
+            self.switched -= 1
+            self.compile_steps.append(seconds)
+            return False
         # a step that compiled again (a new micro-batch size, new lengths) or warmed up or recorded CUDA
         # graphs for a new path of shapes, measured or kept compiled
         if compiled_again and len(self.compile_steps) < COMPILE_STEPS + LATE_COMPILE_STEPS:
@@ -180,8 +191,7 @@ class CompileChoice:
             if len(self.measured.get(self.scope, [])) >= MEASURE_STEPS:
                 narrower = self._narrower()
                 if narrower is not None:  # its parts are compiled already: measure it next
-                    self.scope = narrower
-                    self.use(True, scope=narrower)
+                    self._switch(narrower)
                 else:
                     self._judge(samples)
             return True
@@ -199,8 +209,7 @@ class CompileChoice:
         narrower = self._narrower()
         self.measured.pop(self.scope, None)  # the failed scope's figures go: it cannot be chosen
         if narrower is not None:
-            self.scope = narrower
-            self.use(True, scope=narrower)
+            self._switch(narrower)
             self.log(f"compile: {what}; now compiling only {describe(self.scope)}, redoing the step")
             return True
         if self._best() is not None and self.step_samples:  # a wider scope measured well before it
@@ -261,6 +270,13 @@ class CompileChoice:
         self.use(True, scope=self.scope)
         self.phase = "compiling"
 
+    def _switch(self, scope: str) -> None:
+        """Run `scope` (its parts compiled already); on a GPU its next SWITCH_STEPS steps are compilation,
+        unless the step is compiling anyway."""
+        self.scope = scope
+        self.use(True, scope=scope)
+        self.switched = SWITCH_STEPS if self.device_type == "cuda" and self.phase != "compiling" else 0
+
     def _narrower(self) -> str | None:
         """The scope after the current one (made of parts compiled already), if any."""
         following = self.scopes[self.scopes.index(self.scope) + 1 :] if self.scope in self.scopes else ()
@@ -291,8 +307,7 @@ class CompileChoice:
     def _judge(self, samples: int) -> None:
         best = self._best()
         if best is not None and best != self.scope:
-            self.scope = best
-            self.use(True, scope=best)  # compiled already: nothing compiles again
+            self._switch(best)  # compiled already: nothing compiles again (CUDA graphs may record)
         eager, compiled = self.eager_reference, self._compiled_per_sample()
         # what compiling cost beyond the eager steps it replaced
         self.compile_seconds = max(
