@@ -236,6 +236,7 @@ def test_runner_with_compile_on_the_gpu(tmp_path, tiny_model_dir, tone_corpus, c
     assert set(summary["compile"]["seconds_per_sample_by_scope"]) == {"graphs", "segments"}, out[-4000:]
     assert summary["length_buckets"] is True and summary["steps"] == COMPILE_ON_STEPS
     assert "(as CUDA graphs, one per path of batch shapes)" in out
+    assert " | compiling " in out  # the step lines whose steps compiled or recorded say so
     assert all_finite(session.model, session.discriminator_raw)
 
 
