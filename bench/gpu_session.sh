@@ -6,16 +6,17 @@
 #
 # OUT_DIR   where gpu_logs.tar.gz and summary.txt go (a lent machine returns few files: one archive)
 # SECONDS   the call's limit: gpu_check.sh ends 30 s before it (CALL_SECONDS), so the archive is made
-# STAGE     gpu_check.sh's stages; none: probe defaults fp16 compiled tests, ordered for a
+# STAGE     gpu_check.sh's stages; none: probe defaults fp16 loop compiled tests, ordered for a
 #           15-minute lease (a ~10-minute call, then a ~4-minute one on the still-warm machine with the
 #           stages the first did not reach): first the runner at default flags against the naive loop,
 #           with `--compile auto` trying "graphs" (CUDA graphs for the utterance parts too: 3.09x the
 #           eager step in bench_compile.py on an H100; in the run it must replay recorded paths of
 #           shapes, docs/performance.md), 100 steps so that it reaches them, with its compilation
 #           inside (~7 min on an H200); then the same in fp16 with its loss scaler, eager (whether the
-#           MMS-size model trains as on a T4: ~2 min); then the CUDA tests of the compiled step, then
+#           MMS-size model trains as on a T4: ~2 min); then the runner's loop alone (what the host spends
+#           per step besides the networks: about a minute); then the CUDA tests of the compiled step, then
 #           all of them, whose log names each test as it ends. The shorter call runs the stages left
-#           (e.g. `fp16 compiled tests`): the compiled tests compile for minutes, and outlasted calls of 116 s,
+#           (e.g. `fp16 loop compiled tests`): the compiled tests compile for minutes, and outlasted calls of 116 s,
 #           128 s and 190 s before. `ops` and `nhwc` (how much of an eager micro-step the GPU is busy,
 #           about 30 s each on an H200) ran on an H200 with the current eager step.
 #
@@ -26,7 +27,7 @@ cd "$(dirname "$0")/.."
 out=${1:?usage: bash bench/gpu_session.sh OUT_DIR SECONDS [STAGE ...]}
 limit=${2:?usage: bash bench/gpu_session.sh OUT_DIR SECONDS [STAGE ...]}
 shift 2
-[ $# -gt 0 ] || set -- probe defaults fp16 compiled tests
+[ $# -gt 0 ] || set -- probe defaults fp16 loop compiled tests
 mkdir -p "$out"
 if compgen -G ".whl/*.whl" >/dev/null; then
   python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site \
