@@ -695,3 +695,21 @@ def test_a_step_that_compiles_again_after_the_decision_is_not_taken_as_the_runs_
         choice.observe(40.0, 8, True)
     graphs[0] += 1
     assert choice.observe(40.0, 8, True) is True
+
+
+def test_the_steps_after_a_switch_of_scope_leave_the_late_compilations_their_number():
+    """The SWITCH_STEPS steps after each switch of scope on a GPU are compilation, but not of the
+    LATE_COMPILE_STEPS a run's new shapes may take: counted among them, the last recordings of a run
+    that switched twice would be measured as its speed (5-8 s a step against 0.3 s)."""
+    graphs = [0]
+    choice, calls, _ = _choice("on", compilations=lambda: graphs[0])
+    choice.begin(2 * HOUR, 1.0 / 8)
+    _steps(choice, [60.0, 5.0, 0.5, 0.5, 0.5, 1.5, 1.5, 0.8, 0.8, 0.8, 1.5, 1.5])  # two switches
+    assert choice.phase == "on" and calls == ["graphs", "segments", "graphs"]
+    late = []
+    for _ in range(compile_choice.LATE_COMPILE_STEPS):
+        graphs[0] += 1  # each step recorded CUDA graphs for a new path of shapes
+        late.append(choice.observe(6.0, 8, True))
+    assert late == [False] * compile_choice.LATE_COMPILE_STEPS
+    graphs[0] += 1
+    assert choice.observe(6.0, 8, True) is True  # then every step counts again

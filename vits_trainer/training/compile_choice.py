@@ -98,6 +98,7 @@ class CompileChoice:
         self.compile_seconds: float | None = None
         self.failures = 0
         self.switched = 0  # steps after a switch of scope still taken as compilation (SWITCH_STEPS)
+        self.switch_steps = 0  # of `compile_steps`, those after a switch (not of LATE_COMPILE_STEPS)
         self.step_samples = 0  # samples of the last whole step
         # where compiled code is kept for a resume (None: torch's default, in the temporary folder)
         self.cache_folder = None if checkpoint_dir is None else Path(checkpoint_dir) / CACHE_FOLDER
@@ -178,11 +179,13 @@ class CompileChoice:
             return False
         if self.switched and self.active:  # a new scope's CUDA graphs warming up or recording
             self.switched -= 1
+            self.switch_steps += 1
             self.compile_steps.append(seconds)
             return False
         # a step that compiled again (a new micro-batch size, new lengths) or warmed up or recorded CUDA
         # graphs for a new path of shapes, measured or kept compiled
-        if compiled_again and len(self.compile_steps) < COMPILE_STEPS + LATE_COMPILE_STEPS:
+        late = len(self.compile_steps) - self.switch_steps  # the compiling steps and the late ones
+        if compiled_again and late < COMPILE_STEPS + LATE_COMPILE_STEPS:
             self.compile_steps.append(seconds)
             return False
         if self.phase == "measuring":
