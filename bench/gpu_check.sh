@@ -110,7 +110,7 @@ for stage in "${stages[@]}"; do
     step) run step python bench/bench_step.py --device cuda --models mms --precisions no,bf16 \
       --mms_batch_sizes 8,16,32 --steps 4 --warmup 2 --out "$out/step.json" ;;
     naive) run naive python bench/bench_train.py baseline --models mms --batch_sizes 16 --steps 10 ;;
-    loop) run loop python bench/bench_train.py loop --steps 300 --clips 640 ;;
+    loop) run loop python bench/bench_train.py loop --steps 200 --clips 640 ;;
     demo) run demo python train_vits.py --demo ;;
     budget) run budget python bench/bench_train.py budget --minutes "${BUDGET_MINUTES:-10}" ;;
     *) echo "unknown stage: $stage" | tee -a "$out/summary.txt" ;;
