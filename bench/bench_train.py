@@ -102,6 +102,26 @@ def corpus(tmp: Path, clips: int) -> Path:
     return data
 
 
+def run_config(tmp: Path, data: Path, model: Path, width: float, steps: int, **overrides) -> TrainConfig:
+    """train_vits.py's defaults for a measured run in a fresh folder under `tmp`: no evaluation (the
+    loop's speed alone), no interval checkpoint, `steps` optimiser steps, the GPU when there is one;
+    `overrides` on top."""
+    out = Path(tempfile.mkdtemp(dir=tmp))
+    settings = dict(
+        data_dir=str(data),
+        model_name=str(model),
+        checkpoint_dir=str(out / "ckpt"),
+        output_dir=str(out / "final"),
+        discriminator_width=width,
+        val_fraction=0.0,
+        max_steps=steps,
+        save_minutes=1e6,
+        cpu=not torch.cuda.is_available(),
+    )
+    settings.update(overrides)
+    return dataclasses.replace(TrainConfig(), **settings)
+
+
 def precisions() -> list[str]:
     return ["no", "fp16", "bf16"] if torch.cuda.is_available() else ["no"]
 
@@ -118,28 +138,22 @@ def runner_throughput(
     micro: str = "auto",
 ):
 
-    out = Path(tempfile.mkdtemp(dir=tmp))
-    cfg = dataclasses.replace(
-        TrainConfig(),
-        data_dir=str(data),
-        model_name=str(model),
-        checkpoint_dir=str(out / "ckpt"),
-        output_dir=str(out / "final"),
+    cfg = run_config(
+        tmp,
+        data,
+        model,
+        width,
+        steps,
         batch_size=batch,
         gradient_accumulation_steps=accumulation,
         micro_batch_size=micro,
         learning_rate=1e-4,
         warmup_steps=0,
-        discriminator_width=width,
-        val_fraction=0.0,
-        max_steps=steps,
         benchmark_samples=batch * 2,
         mixed_precision=precision,
         num_workers=2,
-        save_minutes=1e6,
         target_hours=10,
         log_every=1,
-        cpu=not torch.cuda.is_available(),
     )
     session, summary, records = train_and_read_metrics(cfg)
     vram = max((r.get("vram_gb", 0.0) for r in records), default=0.0)
@@ -209,24 +223,18 @@ def defaults_throughput(
     it trains). The naive loop goes first and its figure is printed at once: a lent GPU machine's
     call may end during the runner's compilation, and its log then still has both loops' rates."""
 
-    out = Path(tempfile.mkdtemp(dir=tmp))
     defaults = TrainConfig()
     clips = defaults.step_clips
     naive = baseline_throughput(data, model, width, clips, max(4, min(steps // 4, 10)))
     print(f"naive loop, {clips} clips per step: {json.dumps(naive)}", flush=True)
-    cfg = dataclasses.replace(
-        defaults,
-        data_dir=str(data),
-        model_name=str(model),
-        checkpoint_dir=str(out / "ckpt"),
-        output_dir=str(out / "final"),
-        discriminator_width=width,
-        val_fraction=0.0,  # no evaluation: the loop's speed alone
-        max_steps=steps,
-        save_minutes=1e6,
+    cfg = run_config(
+        tmp,
+        data,
+        model,
+        width,
+        steps,
         target_hours=10,
         log_every=1,
-        cpu=not torch.cuda.is_available(),
         compile=compile_mode or defaults.compile,
         mixed_precision=precision or defaults.mixed_precision,
     )
@@ -286,23 +294,17 @@ def loop_overhead(
             ends.append(time.perf_counter())
         return StepResult(synced=last, metrics=metrics)
 
-    out = Path(tempfile.mkdtemp(dir=tmp))
     defaults = TrainConfig()
-    cfg = dataclasses.replace(
-        defaults,
-        data_dir=str(data),
-        model_name=str(model),
-        checkpoint_dir=str(out / "ckpt"),
-        output_dir=str(out / "final"),
-        discriminator_width=width,
+    cfg = run_config(
+        tmp,
+        data,
+        model,
+        width,
+        steps,
         micro_batch_size=str(defaults.step_clips),
         length_buckets="on",
         compile="off",
-        val_fraction=0.0,
-        max_steps=steps,
-        save_minutes=1e6,
         num_workers=workers,
-        cpu=not torch.cuda.is_available(),
     )
     with mock.patch.object(GanStep, "micro_step", no_work), warnings.catch_warnings():
         # the LR schedules step after an optimiser step that never runs here
