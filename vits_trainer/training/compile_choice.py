@@ -34,6 +34,7 @@ from pathlib import Path
 from ..model.compiled import (
     CACHE_FOLDER,
     TRIED,
+    WARMUP_AND_RECORD,
     cached_graphs,
     compilations,
     describe,
@@ -55,9 +56,9 @@ MEASURE_STEPS = 3  # compiled steps compared with the eager ones
 LATE_COMPILE_STEPS = 64
 # after the step goes to another scope on a GPU, steps taken as compilation: CUDA graph trees record a
 # graph per path of calls, and a part whose calls now follow eager parts (or compiled ones) is on a new
-# path: one step may warm it up and one record it (model/compiled.py's WARMUP_AND_RECORD). On an H200 the
-# two steps after the switch from "graphs" to "segments" took 1.3 s against 0.28 s after them
-SWITCH_STEPS = 2
+# path: one step may warm it up and one record it, as for a new path of shapes. On an H200 the two steps
+# after the switch from "graphs" to "segments" took 1.3 s against 0.28 s after them
+SWITCH_STEPS = WARMUP_AND_RECORD
 FASTER = 0.97  # kept when a compiled step takes less than this share of an eager one (per sample)
 
 
@@ -98,7 +99,7 @@ class CompileChoice:
         self.compile_seconds: float | None = None
         self.failures = 0
         self.switched = 0  # steps after a switch of scope still taken as compilation (SWITCH_STEPS)
-        self.switch_steps = 0  # of `compile_steps`, those after a switch (not of LATE_COMPILE_STEPS)
+        self.late_steps = 0  # steps after the compiling ones taken as compilation (LATE_COMPILE_STEPS)
         self.step_samples = 0  # samples of the last whole step
         # where compiled code is kept for a resume (None: torch's default, in the temporary folder)
         self.cache_folder = None if checkpoint_dir is None else Path(checkpoint_dir) / CACHE_FOLDER
@@ -179,13 +180,12 @@ class CompileChoice:
             return False
         if self.switched and self.active:  # a new scope's CUDA graphs warming up or recording
             self.switched -= 1
-            self.switch_steps += 1
             self.compile_steps.append(seconds)
             return False
         # a step that compiled again (a new micro-batch size, new lengths) or warmed up or recorded CUDA
         # graphs for a new path of shapes, measured or kept compiled
-        late = len(self.compile_steps) - self.switch_steps  # the compiling steps and the late ones
-        if compiled_again and late < COMPILE_STEPS + LATE_COMPILE_STEPS:
+        if compiled_again and self.late_steps < LATE_COMPILE_STEPS:
+            self.late_steps += 1
             self.compile_steps.append(seconds)
             return False
         if self.phase == "measuring":
