@@ -30,36 +30,29 @@ CONFIGS = {
 
 
 def one(model_kind: str, batch: int, steps: int, settings: dict) -> dict:
-    import dataclasses
     import time
 
     import torch
 
-    from bench.bench_train import corpus, make_model
-    from vits_trainer.training.config import TrainConfig
+    from bench.bench_train import corpus, make_model, run_config
     from vits_trainer.training.loop import Trainer
     from vits_trainer.training.session import build_session
 
     tmp = Path(tempfile.mkdtemp())
     data = corpus(tmp, 64)
     model, width = make_model(model_kind, tmp / model_kind)
-    cfg = dataclasses.replace(
-        TrainConfig(),
-        data_dir=str(data),
-        model_name=str(model),
-        checkpoint_dir=str(tmp / "ckpt"),
-        output_dir=str(tmp / "out"),
+    cfg = run_config(
+        tmp,
+        data,
+        model,
+        width,
+        steps,
         batch_size=batch,
         gradient_accumulation_steps=1,
         warmup_steps=0,
-        discriminator_width=width,
-        val_fraction=0.0,
-        max_steps=steps,
         benchmark_samples=batch * 2,
         num_workers=0,
-        save_minutes=1e6,
         target_hours=10,
-        cpu=not torch.cuda.is_available(),
         **settings,
     )
     session = build_session(cfg, time.time())
