@@ -26,7 +26,8 @@ defaults: the naive loop on the clips of one default step (fp32, eager; printed 
     buckets and compile; no evaluation) on as many clips per step; samples/s are medians over the second half of the runner's steps, after its
     trial and compilation, against the naive loop's, and the share of the estimated ceiling. The same
     half on the wall clock (metrics.jsonl's samples_seen over time: the loop's logging and decisions
-    between steps counted too, which a step's own time leaves out) is printed beside it.
+    between steps counted too, which a step's own time leaves out) is printed beside it, and on a GPU
+    the share of a step the host waited at its read for the GPU's queued work (device_wait_fraction).
 loop: what the runner's loop itself costs per optimiser step: the real Trainer at the default batch
     settings (8 x 4 clips a step, as one micro-batch of 32, the micro-batch a fast GPU's trial keeps;
     length buckets; no evaluation, no compile) with `GanStep.micro_step` replaced by a step that does no
@@ -253,6 +254,13 @@ def defaults_throughput(
         "samples_per_second": runner,
         "samples_per_second_every_step": summary["samples_per_second"],
         "data_wait_fraction": statistics.median(r["data_wait_fraction"] for r in steady),
+        # on a GPU: the host's wait at each step's read for the GPU's queued work (near 0: the host's
+        # launches limit the step and the GPU waits for them; high: the GPU's work limits it)
+        "device_wait_fraction": (
+            statistics.median(r["device_wait_fraction"] for r in steady)
+            if steady and "device_wait_fraction" in steady[0]
+            else None
+        ),
         "naive_samples_per_second": naive["samples_per_second"],
         "naive_data_wait_fraction": naive["data_wait_fraction"],
         "runner_vs_naive": runner / naive["samples_per_second"],
@@ -615,6 +623,11 @@ def main() -> None:
                         f"x{row['wall_vs_naive']:.2f}"
                         if wall
                         else "no wall-clock rate (too few steps)"
+                    )
+                    + (
+                        f"; the host waited for the GPU's work {row['device_wait_fraction']:.0%} of a step"
+                        if row["device_wait_fraction"] is not None
+                        else ""
                     )
                     + f"; {row['precision']}, loss {row['loss_first']:.1f} -> {row['loss_last']:.1f}, "
                     f"{row['skipped_steps']} steps skipped",

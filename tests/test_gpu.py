@@ -57,6 +57,9 @@ def test_training_on_the_gpu_stays_finite_and_learns(tmp_path, tiny_model_dir, t
     mel = [r["mel"] for r in steps_of(tmp_path)]
     assert sum(mel[-5:]) / 5 < 0.8 * sum(mel[:5]) / 5, mel
     assert any(r.get("vram_gb") for r in steps_of(tmp_path))
+    # the host's wait at each step's read for the GPU's queued work: a share of the steps' time
+    assert all(0.0 <= r["device_wait_fraction"] < 1.0 for r in steps_of(tmp_path))
+    assert 0.0 < summary["device_wait_fraction"] < 1.0
     VitsModel.from_pretrained(tmp_path / "final_model")
 
 

@@ -58,6 +58,44 @@ def test_the_loop_reads_the_device_once_per_step_and_once_per_metric_line(
     }, dict(reads.counts)
 
 
+def test_the_wait_at_the_steps_read_is_reported_as_the_device_wait(
+    tmp_path, tiny_model_dir, tone_corpus, monkeypatch
+):
+    """On a GPU the host's wait at the step's one read is the GPU computing what the host queued before
+    it: `device_wait_fraction` in each step line and the summary says whether the host's launches
+    (near 0) or the GPU's work limits the steps. A CPU queues nothing (no such field there); here the
+    read is made to take 30 ms, as a GPU with 30 ms of queued work would, and the Trainer is told it
+    runs on one (what cannot run here)."""
+    from vits_trainer.training.step import GanStep
+
+    read = GanStep._read
+
+    def slow_read(flags):
+        time.sleep(0.03)
+        return read(flags)
+
+    monkeypatch.setattr(GanStep, "_read", staticmethod(slow_read))
+    steps = 4
+    cfg = tiny_config(tmp_path, tone_corpus, tiny_model_dir, max_steps=steps, log_every=1, val_fraction=0.0)
+    torch.manual_seed(0)
+    trainer = Trainer(build_session(cfg, time.time()))
+    assert not trainer.reports_device_wait  # a CPU
+    trainer.reports_device_wait = True
+    summary = trainer.train()
+    records = [json.loads(line) for line in (Path(cfg.checkpoint_dir) / "metrics.jsonl").open()]
+    lines = [r for r in records if "loss_g" in r]
+    assert len(lines) == steps
+    # each line is one step (log_every=1): its waited seconds are its share of the step's time
+    previous = 0
+    for r in lines:
+        samples = r["samples_seen"] - previous
+        previous = r["samples_seen"]
+        seconds = samples / r["samples_per_second"]
+        waited = r["device_wait_fraction"] * seconds
+        assert 0.03 <= waited < seconds, (waited, seconds)
+    assert 0.0 < summary["device_wait_fraction"] < 1.0
+
+
 def test_micro_batches_go_to_a_gpu_from_pinned_memory(monkeypatch):
     """A copy to a GPU from pageable memory may wait for every kernel queued before it. The loader pins
     its batches, but micro-batches merged from several are new tensors: move_batch pins them before

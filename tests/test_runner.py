@@ -76,6 +76,7 @@ def test_budget_run_ends_inside_the_budget(budget_run):
     assert summary["resumed_from_step"] is None
     assert summary["best_metric"] == "val_mel"  # best_val_loss is its value, not val_loss's
     assert 0.0 <= summary["data_wait_fraction"] < 0.5
+    assert summary["device_wait_fraction"] is None  # a CPU computes as the host goes: nothing queues
     assert "plan:" in proc.stdout
 
 
@@ -93,6 +94,7 @@ def test_budget_run_writes_models_metrics_and_curve(budget_run):
     # makes this rare; test_vits_training.py pins the final eval itself).
     assert evals[-1]["tag"] == "final" or "final evaluation skipped" in proc.stdout, proc.stdout[-2000:]
     assert all(m["lr"] > 0 for m in steps)
+    assert not any("device_wait_fraction" in m for m in steps)  # a GPU's figure
     seen = [m["samples_seen"] for m in steps]  # over `time`: the loop's rate on the wall clock
     assert seen[0] > 0 and seen == sorted(set(seen)), seen
     assert (ckpt / "loss_curve.png").stat().st_size > 1000

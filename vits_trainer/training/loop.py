@@ -112,6 +112,7 @@ class StepWindow:
     seconds: float = 0.0
     wait: float = 0.0  # waiting for the loader
     compiling: float = 0.0  # of `seconds`, the steps that compiled or recorded CUDA graphs
+    device_wait: float = 0.0  # of `seconds`, the host waiting at the steps' read for the device's work
     steps: int = 0
     sums: dict = field(default_factory=dict)  # per metric: the sum of its values (on the device)
     counts: dict = field(default_factory=dict)  # per metric: how many values that sum holds
@@ -138,9 +139,12 @@ class StepWindow:
         sums = torch.stack([self.sums[k] for k in names]).tolist() if names else []  # one read
         return {k: v / self.counts[k] for k, v in zip(names, sums, strict=True)}
 
-    def add_step(self, seconds: float, samples: int, compiling: bool = False) -> None:
+    def add_step(
+        self, seconds: float, samples: int, compiling: bool = False, device_wait: float = 0.0
+    ) -> None:
         self.samples += samples
         self.seconds += seconds
+        self.device_wait += device_wait
         self.steps += 1
         if compiling:
             self.compiling += seconds
@@ -184,6 +188,9 @@ class Trainer:
         self.run_end = RunEnd(session, self.outputs, self.agreement)
         self.batches_per_step = cfg.gradient_accumulation_steps  # loader batches; micro-batches may differ
         self.data_wait = 0.0
+        self.device_wait = 0.0  # the steps' waits for the device's work (StepResult.device_wait)
+        # on a GPU: whether the host or the GPU limits the steps (on a CPU nothing queues: always ~0)
+        self.reports_device_wait = session.device.type == "cuda"
         self.train_seconds = 0.0
         self.resumed_from_step = session.budget.global_step if session.resumed_from else None
         self.budget_stop: dict | None = None  # what the budget weighed when it ended the run
@@ -270,7 +277,8 @@ class Trainer:
         s.g_scheduler.step()  # after the decision: every rank now has the same LR progress
         s.d_scheduler.step()
         self.train_seconds += seconds
-        self.window.add_step(seconds, samples, compiling)
+        self.device_wait += result.device_wait
+        self.window.add_step(seconds, samples, compiling, result.device_wait)
         state.samples_seen += samples
         state.batch_in_epoch = position  # a checkpoint from here on resumes after this step
         self.recovery.after_step(result, pending)
@@ -460,6 +468,9 @@ class Trainer:
             "budget_stop": self.budget_stop,
             "resumed_from_step": self.resumed_from_step,
             "data_wait_fraction": self.data_wait / max(self.train_seconds, 1e-9),
+            "device_wait_fraction": (
+                self.device_wait / max(self.train_seconds, 1e-9) if self.reports_device_wait else None
+            ),
             **self.checkpoint_figures(),
             "compile": self.compiler.summary(),
         }
@@ -578,6 +589,8 @@ class Trainer:
         values["data_wait_fraction"] = window.wait / max(window.seconds, 1e-9)
         if window.compiling:  # why samples/s dipped: those steps' time was mostly compilation
             values["compile_seconds"] = window.compiling
+        if self.reports_device_wait:  # high: the GPU's work limits the steps; near 0: the host's launches
+            values["device_wait_fraction"] = window.device_wait / max(window.seconds, 1e-9)
         values["lr"] = s.g_optimizer.param_groups[0]["lr"]  # after the schedule stepped: the next step's
         values["skipped_steps"] = s.state.skipped_steps
         values["recoveries"] = s.state.recoveries

@@ -36,8 +36,8 @@ class RunEnd:
 
     def finish(self, stop_reason: str | None, loop_figures: dict) -> dict:
         """The run's end; `loop_figures`: what the loop measured, for the summary (samples_per_second,
-        threads, budget_stop, resumed_from_step, data_wait_fraction, the micro-batch and compile
-        choices)."""
+        threads, budget_stop, resumed_from_step, data_wait_fraction, device_wait_fraction, the micro-batch
+        and compile choices)."""
         s, budget, outputs = self.s, self.s.budget, self.outputs
         training_end = time.time()
         self.final_evaluation(stop_reason)
@@ -206,6 +206,7 @@ class RunEnd:
             "budget_stop": loop_figures["budget_stop"],
             "resumed_from_step": loop_figures["resumed_from_step"],
             "data_wait_fraction": loop_figures["data_wait_fraction"],
+            "device_wait_fraction": loop_figures["device_wait_fraction"],
             "preload_seconds": s.preload_seconds,
             "skipped_steps": state.skipped_steps,
             "plan": first.to_dict() if first else None,

@@ -34,6 +34,7 @@ Order and bookkeeping, and why:
 from __future__ import annotations
 
 import contextlib
+import time
 from dataclasses import dataclass, field
 
 import torch
@@ -97,6 +98,9 @@ class StepResult:
     scale_before: float | None = None
     scale_after: float | None = None
     metrics: dict[str, torch.Tensor] = field(default_factory=dict)  # detached, on the device
+    # seconds the host waited at the step's one read for the work queued on the device before it: on a
+    # GPU, time the GPU computed while the host had nothing left to launch (on a CPU ~0: nothing queues)
+    device_wait: float = 0.0
 
 
 class GanStep:
@@ -263,7 +267,9 @@ class GanStep:
         flags = torch.isfinite(checks).to(torch.float32)
         if self.accelerator.num_processes > 1:  # one rank's NaN loss skips the step on every rank
             torch.distributed.all_reduce(flags, op=torch.distributed.ReduceOp.MIN)
-        loss_g_ok, loss_d_ok, norm_d_ok, norm_g_ok = (x > 0 for x in flags.tolist())  # the one host sync
+        waited = time.perf_counter()
+        loss_g_ok, loss_d_ok, norm_d_ok, norm_g_ok = (x > 0 for x in self._read(flags))
+        device_wait = time.perf_counter() - waited
         finite = loss_g_ok and loss_d_ok and norm_d_ok and norm_g_ok
         # the scale is read only for a skipped step: nothing else is queued on the device then, while
         # after a real step reading it would wait for the optimisers' kernels
@@ -287,7 +293,14 @@ class GanStep:
             scale_before=scale_before,
             scale_after=scale_after,
             metrics=metrics,
+            device_wait=device_wait,
         )
+
+    @staticmethod
+    def _read(flags: torch.Tensor) -> list[float]:
+        """The step's one host read (the finiteness flags): on a GPU it waits for every kernel queued
+        before it."""
+        return flags.tolist()
 
     def abandon_cycle(self) -> None:
         """Drop the gradients of the current cycle (after a step, or before retrying one): set to None,
