@@ -24,8 +24,8 @@ order, one optimiser step per call.
   and segments), the largest relative difference (inductor draws its own random numbers for dropout
   and the noise inside compiled parts, so this includes their effect, unless --fallback_random);
 - payback: compiled steps after which the compilation is earned back.
-For the MMS-size model on CUDA it prints the share of an arithmetic ceiling of 3,000-4,000 samples/s
-(docs/performance.md). JSON goes to bench/results/compile.json.
+For the MMS-size model on CUDA it prints the share of the arithmetic ceiling, ~5,800 samples/s on an
+H100 or H200 (bench/bench_flops.py). JSON goes to bench/results/compile.json.
 """
 
 from __future__ import annotations
@@ -43,6 +43,7 @@ sys.path.insert(0, str(ROOT))
 
 import torch  # noqa: E402
 
+from bench.bench_flops import CEILING_SAMPLES_PER_SECOND  # noqa: E402
 from bench.bench_step import (  # noqa: E402
     CORPUS_CLIPS,
     CORPUS_WORDS,
@@ -61,8 +62,6 @@ from vits_trainer.data.synthetic import make_corpus  # noqa: E402
 from vits_trainer.model.compiled import SCOPES, LengthChecked, cached_graphs, graphs_between  # noqa: E402
 from vits_trainer.training.loop import gan_step  # noqa: E402
 from vits_trainer.training.runtime import quiet_transformers  # noqa: E402
-
-CEILING = (3000.0, 4000.0)  # samples/s, MMS size on an H100 (docs/performance.md): the estimate
 
 
 def run_session(cfg, scope: str | None, backend: str | None, steps: int, warmup: int) -> dict:
@@ -206,7 +205,7 @@ def compare(kind: str, b: int, scope: str, eager: dict, comp: dict, args) -> dic
     ceiling = ""
     if kind == "mms" and args.device == "cuda":
         sps = comp["samples_per_second"]
-        ceiling = f", {sps / CEILING[1]:.1%}-{sps / CEILING[0]:.1%} of the estimated ceiling"
+        ceiling = f", {sps / CEILING_SAMPLES_PER_SECOND:.1%} of the arithmetic ceiling"
     payback = "never" if saved <= 0 else f"{compile_s / saved:.0f} steps"
     print(
         f"  eager {eager['step_s']:.3f} s ({eager['samples_per_second']:.1f} samples/s) | {scope} "

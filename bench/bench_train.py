@@ -24,7 +24,8 @@ micro: the real Trainer with the default --batch_size 8 --gradient_accumulation_
 defaults: the naive loop on the clips of one default step (fp32, eager; printed at once), then the real
     Trainer with train_vits.py's default flags (batch 8 x 4, automatic micro-batch, precision, length
     buckets and compile; no evaluation) on as many clips per step; samples/s are medians over the second half of the runner's steps, after its
-    trial and compilation, against the naive loop's, and the share of the estimated ceiling. The same
+    trial and compilation, against the naive loop's, and the share of the arithmetic ceiling
+    (bench/bench_flops.py: an H100's or H200's peak rate over an MMS-size sample's FLOPs). The same
     half on the wall clock (metrics.jsonl's samples_seen over time: the loop's logging and decisions
     between steps counted too, which a step's own time leaves out) is printed beside it, and on a GPU
     the share of a step the host waited at its read for the GPU's queued work (device_wait_fraction).
@@ -62,6 +63,7 @@ import torch
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+from bench.bench_flops import CEILING_SAMPLES_PER_SECOND  # noqa: E402
 from vits_trainer.data.synthetic import make_corpus  # noqa: E402
 from vits_trainer.model.fresh_init import init_like_vits  # noqa: E402
 from vits_trainer.model.tiny import make_tiny_model, make_tokenizer  # noqa: E402
@@ -193,11 +195,6 @@ def train_and_read_metrics(cfg) -> tuple:
     summary = Trainer(session).train()
     lines = (Path(cfg.checkpoint_dir) / "metrics.jsonl").read_text().splitlines()
     return session, summary, [json.loads(x) for x in lines]
-
-
-# An MMS-size training sample (~3 s clip) is ~200-240 GFLOP; an H100's dense bf16 rate makes that
-# ~3,000-4,000 samples/s: an estimate (docs/performance.md), the middle of which the shares are of
-CEILING_SAMPLES_PER_SECOND = 3500.0
 
 
 def training_left_ignoring_max_steps(budget: Budget) -> TrainingLeft:
