@@ -881,6 +881,25 @@ def test_the_final_model_is_a_link_and_the_wait_policy_is_in_words(tmp_path, mon
     assert "<th>omp_wait_policy</th><td>unset: spin 10000 then sleep</td>" in page
 
 
+def test_a_gpu_runs_report_says_whether_the_gpu_or_the_host_limited_its_steps(tmp_path):
+    run = tmp_path / "run"
+    run.mkdir()
+    fake_run(run)
+    summary = json.loads((run / "train_summary.json").read_text())
+    page = write_report(run, "python train_vits.py").read_text(encoding="utf-8")
+    assert "the host waited for the GPU" not in page  # a CPU run's summary has no GPU figure
+    for wait, limit in (
+        (0.72, ": the GPU's own work limited the steps)"),
+        (0.03, ": the host's kernel launches limited the steps, and the GPU waited for them)"),
+        (0.3, " of the steps' time)"),  # both in turn: no verdict
+    ):
+        summary["device_wait_fraction"] = wait
+        (run / "train_summary.json").write_text(json.dumps(summary))
+        page = write_report(run, "python train_vits.py").read_text(encoding="utf-8")
+        assert f"the host waited for the GPU's work {100 * wait:.0f} % of the steps' time" in page
+        assert limit in page
+
+
 def write_voice_evals(folder: Path, second: str) -> list[dict]:
     """Three evaluations of a three-voice run into `folder`'s metrics.jsonl: ali (2 clips), `second`
     (1 clip) and rojda (no clip, so no score); the records written."""

@@ -47,6 +47,9 @@ SENTENCES_FILE = "sentences.json"  # samples/reference/sentences.json: clip id -
 BY_SPEAKER = "by_speaker"
 VOICE_LINES = 8  # the most voices the chart by voice draws (one colour each); the table has them all
 RECENT_WITH_PLAYERS = 5  # evaluations whose samples get players (plus the best one)
+# a GPU run's share of the steps' time the host waited for the GPU's work (device_wait_fraction): below
+# the first the GPU mostly waited for the host's launches, from the second on the GPU limited the steps
+LAUNCH_BOUND_WAIT, GPU_BOUND_WAIT = 0.1, 0.5
 ALONG_THE_RUN = 8  # evaluations the "listen along the run" table plays, spread from the start to the newest
 STOP_WORDS = {  # loop.STOP_REASONS in words, and "end"
     "budget": "the time budget: the next step and the final reserve no longer fitted before the deadline",
@@ -400,7 +403,7 @@ def status_section(run: RunFiles, best: dict | None, best_metric: str, now: floa
                 f"{_duration(summary.get('wall_seconds'))} / {_duration(summary.get('target_seconds'))}",
             ),
             ("epochs trained", _fmt(summary.get("epochs_trained"), 3)),
-            ("samples per second", _fmt(summary.get("samples_per_second"), 3)),
+            ("samples per second", _fmt(summary.get("samples_per_second"), 3) + _gpu_limit(summary)),
             ("final model", _folder_link(summary.get("final_model"), run.folder)),
             (
                 "best model",
@@ -427,6 +430,20 @@ def status_section(run: RunFiles, best: dict | None, best_metric: str, now: floa
         facts.append(("files", " · ".join(f'<a href="{_src(n)}">{escape(n)}</a>' for n in links)))
     rows = "".join(f"<tr><th>{k}</th><td>{v}</td></tr>" for k, v in facts)
     return f'<section id="status"><h2>Status</h2><table class="facts">{rows}</table></section>'
+
+
+def _gpu_limit(summary: dict) -> str:
+    """On a GPU, what the host's waits for the GPU's work at each step's read (device_wait_fraction)
+    say of the steps: the GPU computed all that while; nothing on a CPU."""
+    wait = summary.get("device_wait_fraction")
+    if not isinstance(wait, int | float):
+        return ""
+    text = f" (the host waited for the GPU's work {100 * wait:.0f} % of the steps' time"
+    if wait < LAUNCH_BOUND_WAIT:
+        text += ": the host's kernel launches limited the steps, and the GPU waited for them"
+    elif wait >= GPU_BOUND_WAIT:
+        text += ": the GPU's own work limited the steps"
+    return text + ")"
 
 
 def _folder_link(path: str | None, folder: Path) -> str:
