@@ -24,7 +24,7 @@ order, one optimiser step per call.
   and segments), the largest relative difference (inductor draws its own random numbers for dropout
   and the noise inside compiled parts, so this includes their effect, unless --fallback_random);
 - payback: compiled steps after which the compilation is earned back.
-For the MMS-size model on CUDA it prints the share of the arithmetic ceiling, ~5,800 samples/s on an
+For the MMS-size model on CUDA it prints the share of the arithmetic ceiling, ~6,300 samples/s on an
 H100 or H200 (bench/bench_flops.py). JSON goes to bench/results/compile.json.
 """
 
