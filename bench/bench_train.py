@@ -46,6 +46,7 @@ Writes bench/results/train_<what>.json. CUDA is used when present (fp16 and bf16
 from __future__ import annotations
 
 import argparse
+import contextlib
 import dataclasses
 import json
 import platform
@@ -212,14 +213,17 @@ def defaults_throughput(
     steps: int,
     compile_mode: str | None = None,
     precision: str | None = None,
+    cudnn_benchmark: bool | None = None,
 ) -> dict:
     """The naive loop on the clips of one of train_vits.py's default steps, then the runner at its
     defaults for `steps` optimiser steps; the steady state is the second half of the runner's steps.
     `compile_mode` replaces the default --compile (off: the eager runner alone, without minutes of
     compilation), `precision` the default --mixed_precision (fp16 on a GPU that has bf16: what a T4
     trains in, with its loss scaler; the losses at the start and end and the skipped steps say whether
-    it trains). The naive loop goes first and its figure is printed at once: a lent GPU machine's
-    call may end during the runner's compilation, and its log then still has both loops' rates."""
+    it trains), `cudnn_benchmark` the trainer's cuDNN setting (off: it tunes each convolution again
+    for every new shape). The naive loop goes first and its figure is printed at once: a lent GPU
+    machine's call may end during the runner's compilation, and its log then still has both loops'
+    rates."""
 
     defaults = TrainConfig()
     clips = defaults.step_clips
@@ -237,7 +241,15 @@ def defaults_throughput(
         mixed_precision=precision or defaults.mixed_precision,
     )
     # --max_steps only ends the measurement: `auto` decides for the 10-hour run it stands for
-    with mock.patch.object(Budget, "training_left", training_left_ignoring_max_steps):
+    with contextlib.ExitStack() as stack:
+        stack.enter_context(mock.patch.object(Budget, "training_left", training_left_ignoring_max_steps))
+        if cudnn_benchmark is not None:  # in place of the session's setting (off), set as it sets it
+            stack.enter_context(
+                mock.patch(
+                    "vits_trainer.training.session._cudnn_benchmark_off",
+                    lambda device: setattr(torch.backends.cudnn, "benchmark", cudnn_benchmark),
+                )
+            )
         session, summary, records = train_and_read_metrics(cfg)
     steps_logged = [r for r in records if "loss_g" in r]
     steady = steps_logged[len(steps_logged) // 2 :]
@@ -266,6 +278,7 @@ def defaults_throughput(
         "wall_vs_naive": wall / naive["samples_per_second"] if wall else None,
         "share_of_ceiling": runner / CEILING_SAMPLES_PER_SECOND,
         "precision": session.accelerator.mixed_precision,
+        "cudnn_benchmark": torch.backends.cudnn.benchmark if session.device.type == "cuda" else None,
         "micro_batch_size": summary["micro_batch_size"],
         "compile": summary["compile"],
         "peak_vram_gb": vram or None,
@@ -572,6 +585,11 @@ def main() -> None:
         choices=["auto", "no", "fp16", "bf16"],
         help="defaults: replaces the default --mixed_precision",
     )
+    parser.add_argument(
+        "--cudnn_benchmark",
+        choices=["on", "off"],
+        help="defaults: cuDNN's benchmark mode in place of the trainer's setting (off)",
+    )
     args = parser.parse_args()
     RESULTS.mkdir(parents=True, exist_ok=True)
     rows = []
@@ -606,7 +624,16 @@ def main() -> None:
                 model, width = make_model(kind, tmp / kind)
                 row = {
                     "model": kind,
-                    **defaults_throughput(tmp, data, model, width, args.steps, args.compile, args.precision),
+                    **defaults_throughput(
+                        tmp,
+                        data,
+                        model,
+                        width,
+                        args.steps,
+                        args.compile,
+                        args.precision,
+                        None if args.cudnn_benchmark is None else args.cudnn_benchmark == "on",
+                    ),
                 }
                 print(json.dumps(row), flush=True)
                 wall = row["wall_samples_per_second"]

@@ -20,6 +20,9 @@
 #          on an H100 cuDNN's NCHW<->NHWC conversions took 21 % of the micro-step's kernel time
 # eager    the runner at default flags but --compile off, MMS size, against the naive loop (minutes
 #          sooner than defaults: no compilation)
+# cudnn    as eager, with cuDNN's benchmark mode on (the trainer keeps it off): whether tuning each
+#          convolution's algorithm pays on the length-bucketed shapes (the decoder's and the
+#          discriminator's, ~88 % of the arithmetic, have one shape per micro-batch size)
 # defaults the runner at train_vits.py's default flags, MMS size, against the naive loop (bench_train.py defaults)
 # fp16     as defaults, in fp16 with its loss scaler (what a T4 trains in) and --compile off: whether the
 #          MMS-size model trains so (its loss at the start and the end, the steps skipped)
@@ -46,7 +49,7 @@ out=${1:?usage: bash bench/gpu_check.sh LOG_DIR [STAGE ...]}
 shift
 mkdir -p "$out"
 stages=("$@")
-[ ${#stages[@]} -eq 0 ] && stages=(probe tests compiled eager syncs ops nhwc defaults fp16 compile step naive loop demo budget)
+[ ${#stages[@]} -eq 0 ] && stages=(probe tests compiled eager cudnn syncs ops nhwc defaults fp16 compile step naive loop demo budget)
 [ "${stages[0]}" = probe ] || stages=(probe "${stages[@]}")
 export PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1 PYTHONFAULTHANDLER=1
 timeout -k 5 30 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv >"$out/gpu.txt" 2>&1
@@ -96,6 +99,8 @@ for stage in "${stages[@]}"; do
       "tests/test_gpu.py::test_compiled_step_with_cuda_graphs_gives_the_eager_losses[graphs]" \
       tests/test_gpu.py::test_runner_with_compile_on_the_gpu ;;
     eager) run eager python bench/bench_train.py defaults --models mms --steps 40 --clips 640 --compile off ;;
+    cudnn) run cudnn python bench/bench_train.py defaults --models mms --steps 40 --clips 640 --compile off \
+      --cudnn_benchmark on ;;
     syncs) run syncs python bench/bench_syncs.py --device cuda --models mms --batch_size 16 --precision bf16 \
       --out "$out/syncs.json" ;;
     ops) run ops python bench/bench_ops.py --device cuda --models mms --batch_size 16 --precision bf16 \
