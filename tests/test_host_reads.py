@@ -96,6 +96,22 @@ def test_the_wait_at_the_steps_read_is_reported_as_the_device_wait(
     assert 0.0 < summary["device_wait_fraction"] < 1.0
 
 
+def test_a_gpu_session_that_trains_no_step_has_no_device_wait(tmp_path, tiny_model_dir, tone_corpus):
+    """A session that trains no step (resumed at its --max_steps, or no step fits the budget) waited for
+    nothing: its figure is None, not 0.0, which report.html read as "the host's kernel launches limited
+    the steps" of a session that had none."""
+    cfg = tiny_config(tmp_path, tone_corpus, tiny_model_dir, max_steps=1, val_fraction=0.0)
+    torch.manual_seed(0)
+    Trainer(build_session(cfg, time.time())).train()
+    trainer = Trainer(build_session(cfg, time.time()))  # resumed at step 1 of --max_steps 1
+    trainer.reports_device_wait = True  # as on a GPU
+    summary = trainer.train()
+    assert summary["stopped_reason"] == "max_steps" and summary["resumed_from_step"] == 1
+    assert summary["device_wait_fraction"] is None
+    page = (Path(cfg.checkpoint_dir) / "report.html").read_text(encoding="utf-8")
+    assert "kernel launches limited" not in page
+
+
 def test_micro_batches_go_to_a_gpu_from_pinned_memory(monkeypatch):
     """A copy to a GPU from pageable memory may wait for every kernel queued before it. The loader pins
     its batches, but micro-batches merged from several are new tensors: move_batch pins them before

@@ -468,8 +468,10 @@ class Trainer:
             "budget_stop": self.budget_stop,
             "resumed_from_step": self.resumed_from_step,
             "data_wait_fraction": self.data_wait / max(self.train_seconds, 1e-9),
-            "device_wait_fraction": (
-                self.device_wait / max(self.train_seconds, 1e-9) if self.reports_device_wait else None
+            "device_wait_fraction": (  # None too for a session of no step: it waited for nothing
+                self.device_wait / self.train_seconds
+                if self.reports_device_wait and self.train_seconds
+                else None
             ),
             **self.checkpoint_figures(),
             "compile": self.compiler.summary(),
