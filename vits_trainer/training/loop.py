@@ -112,7 +112,9 @@ class StepWindow:
     seconds: float = 0.0
     wait: float = 0.0  # waiting for the loader
     compiling: float = 0.0  # of `seconds`, the steps that compiled or recorded CUDA graphs
-    device_wait: float = 0.0  # of `seconds`, the host waiting at the steps' read for the device's work
+    # of `seconds` less `compiling`, the host waiting at the steps' read for the device's work (a compiling
+    # step's time is the compiler's: neither the host's launches nor the GPU's work)
+    device_wait: float = 0.0
     steps: int = 0
     sums: dict = field(default_factory=dict)  # per metric: the sum of its values (on the device)
     counts: dict = field(default_factory=dict)  # per metric: how many values that sum holds
@@ -144,10 +146,11 @@ class StepWindow:
     ) -> None:
         self.samples += samples
         self.seconds += seconds
-        self.device_wait += device_wait
         self.steps += 1
         if compiling:
             self.compiling += seconds
+        else:
+            self.device_wait += device_wait
 
 
 class Trainer:
@@ -188,7 +191,9 @@ class Trainer:
         self.run_end = RunEnd(session, self.outputs, self.agreement)
         self.batches_per_step = cfg.gradient_accumulation_steps  # loader batches; micro-batches may differ
         self.data_wait = 0.0
-        self.device_wait = 0.0  # the steps' waits for the device's work (StepResult.device_wait)
+        # the steps' waits for the device's work (StepResult.device_wait), and those steps' time: the
+        # steps that compiled left out, as in the metric lines
+        self.device_wait = self.device_waited_over = 0.0
         # on a GPU: whether the host or the GPU limits the steps (on a CPU nothing queues: always ~0)
         self.reports_device_wait = session.device.type == "cuda"
         self.train_seconds = 0.0
@@ -277,7 +282,9 @@ class Trainer:
         s.g_scheduler.step()  # after the decision: every rank now has the same LR progress
         s.d_scheduler.step()
         self.train_seconds += seconds
-        self.device_wait += result.device_wait
+        if not compiling:
+            self.device_wait += result.device_wait
+            self.device_waited_over += seconds
         self.window.add_step(seconds, samples, compiling, result.device_wait)
         state.samples_seen += samples
         state.batch_in_epoch = position  # a checkpoint from here on resumes after this step
@@ -469,8 +476,8 @@ class Trainer:
             "resumed_from_step": self.resumed_from_step,
             "data_wait_fraction": self.data_wait / max(self.train_seconds, 1e-9),
             "device_wait_fraction": (  # None too for a session of no step: it waited for nothing
-                self.device_wait / self.train_seconds
-                if self.reports_device_wait and self.train_seconds
+                self.device_wait / self.device_waited_over
+                if self.reports_device_wait and self.device_waited_over
                 else None
             ),
             **self.checkpoint_figures(),
@@ -591,8 +598,9 @@ class Trainer:
         values["data_wait_fraction"] = window.wait / max(window.seconds, 1e-9)
         if window.compiling:  # why samples/s dipped: those steps' time was mostly compilation
             values["compile_seconds"] = window.compiling
-        if self.reports_device_wait:  # high: the GPU's work limits the steps; near 0: the host's launches
-            values["device_wait_fraction"] = window.device_wait / max(window.seconds, 1e-9)
+        measured = window.seconds - window.compiling
+        if self.reports_device_wait and measured > 0:  # high: the GPU's work limits the steps; ~0: the host's
+            values["device_wait_fraction"] = window.device_wait / measured
         values["lr"] = s.g_optimizer.param_groups[0]["lr"]  # after the schedule stepped: the next step's
         values["skipped_steps"] = s.state.skipped_steps
         values["recoveries"] = s.state.recoveries
