@@ -39,7 +39,7 @@ from torch.utils.flop_counter import FlopCounterMode, conv_backward_flop  # noqa
 # torch's formula on shapes (the registered one takes tensors and wraps this)
 _CONV_BACKWARD_ON_SHAPES = getattr(conv_backward_flop, "__wrapped__", conv_backward_flop)
 
-from bench.bench_ops import GENERATOR_PARTS  # noqa: E402
+from bench.bench_ops import GENERATOR_PARTS, label_modules  # noqa: E402
 from bench.bench_step import (  # noqa: E402
     CORPUS_WORDS,
     batches_of,
@@ -78,10 +78,11 @@ def grouped_conv_backward_flop(*args, out_shape=None, **kwargs) -> int:
 
 
 class FlopSections:
-    """FLOPs counted inside regions of the step: each network's forward (hooks around the modules'
-    forward), and each backward pass. For the backward passes it stands in for the step's section timer
-    (profiling.SectionTimer's interface): the step runs "backward" twice, the discriminator's loss first
-    (gradients of its weights), then the generator's (through the discriminator to the generator's)."""
+    """FLOPs counted inside regions of the step: each network's forward (`region`, opened by hooks
+    around the modules' forward), and each backward pass. For the backward passes it stands in for the
+    step's section timer (profiling.SectionTimer's interface): the step runs "backward" twice, the
+    discriminator's loss first (gradients of its weights), then the generator's (through the
+    discriminator to the generator's)."""
 
     BACKWARDS = ("backward: the discriminator's loss", "backward: the generator's loss")
 
@@ -105,26 +106,6 @@ class FlopSections:
         self.backwards += 1
         return self.region(label)
 
-    def count_forward(self, modules: dict[str, torch.nn.Module]) -> list:
-        """Forward hooks that count each module's forward; returns the handles."""
-        handles, open_regions = [], []
-
-        def pre(name):
-            def hook(module, args):
-                region = self.region(name)
-                region.__enter__()
-                open_regions.append(region)
-
-            return hook
-
-        def post(module, args, output):
-            open_regions.pop().__exit__(None, None, None)
-
-        for name, module in modules.items():
-            handles.append(module.register_forward_pre_hook(pre(name)))
-            handles.append(module.register_forward_hook(post))
-        return handles
-
 
 def count_step(kind: str, batch_size: int, tmp: Path, data_dir: Path) -> dict:
     model_dir = make_model_dir(kind, tmp / f"model-{kind}")
@@ -144,7 +125,7 @@ def count_step(kind: str, batch_size: int, tmp: Path, data_dir: Path) -> dict:
     model = session.generator_raw.model
     parts = {f"forward: {name}": getattr(model, name) for name in GENERATOR_PARTS if hasattr(model, name)}
     parts["forward: discriminator (both passes)"] = session.discriminator_raw
-    handles = sections.count_forward(parts)
+    handles = label_modules(parts, sections.region)
     torch.manual_seed(1)
     try:
         with counter:

@@ -91,15 +91,17 @@ class RegionTimer:
         return record_function(f"{PREFIX}{name}")
 
 
-def label_modules(modules: dict[str, torch.nn.Module]) -> list:
-    """Forward hooks that open a labelled region around each module's forward; returns the handles."""
+def label_modules(modules: dict[str, torch.nn.Module], region=None) -> list:
+    """Forward hooks that open a region around each module's forward: a labelled profiler region, or
+    the context manager `region(name)` gives; returns the handles."""
     handles, stack = [], []
+    region = region or (lambda name: record_function(f"{PREFIX}{name}"))
 
     def pre(name):
         def hook(module, args):
-            region = record_function(f"{PREFIX}{name}")
-            region.__enter__()
-            stack.append(region)
+            opened = region(name)
+            opened.__enter__()
+            stack.append(opened)
 
         return hook
 
