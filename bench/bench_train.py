@@ -265,9 +265,10 @@ def defaults_throughput(
         "data_wait_fraction": statistics.median(r["data_wait_fraction"] for r in steady),
         # on a GPU: the host's wait at each step's read for the GPU's queued work (near 0: the host's
         # launches limit the step and the GPU waits for them; high: the GPU's work limits it)
+        # (a step that compiled or recorded CUDA graphs has none: its time is the compiler's)
         "device_wait_fraction": (
-            statistics.median(r["device_wait_fraction"] for r in steady)
-            if steady and "device_wait_fraction" in steady[0]
+            statistics.median(waits)
+            if (waits := [r["device_wait_fraction"] for r in steady if "device_wait_fraction" in r])
             else None
         ),
         "naive_samples_per_second": naive["samples_per_second"],
