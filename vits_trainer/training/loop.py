@@ -106,7 +106,8 @@ class SignalStop:
 class StepWindow:
     """What the steps since the last metric line added up to. Written by `run_epoch` (the loader's
     wait), `run_micro_batches` (a completed cycle's metrics) and `train_step` (the step's time and
-    clips); read and replaced by a new one in `log_step`."""
+    clips); read and replaced by a new one in `log_step`. The Trainer keeps one for the whole session
+    too (`session_steps`: its times and waits, for train_summary.json)."""
 
     samples: int = 0
     seconds: float = 0.0
@@ -152,6 +153,12 @@ class StepWindow:
         else:
             self.device_wait += device_wait
 
+    def device_wait_fraction(self) -> float | None:
+        """The host's wait for the device's work over the steps' time, the compiling steps left out;
+        None when every step compiled (or there was none)."""
+        measured = self.seconds - self.compiling
+        return self.device_wait / measured if measured > 0 else None
+
 
 class Trainer:
     """One run of the loop over a built session, composed of parts that own their state:
@@ -190,13 +197,9 @@ class Trainer:
         self.recovery = Recovery(session, self.metrics, lambda: self.outputs.last_checkpoint)
         self.run_end = RunEnd(session, self.outputs, self.agreement)
         self.batches_per_step = cfg.gradient_accumulation_steps  # loader batches; micro-batches may differ
-        self.data_wait = 0.0
-        # the steps' waits for the device's work (StepResult.device_wait), and those steps' time: the
-        # steps that compiled left out, as in the metric lines
-        self.device_wait = self.device_waited_over = 0.0
+        self.session_steps = StepWindow()  # every step of this session: its time, data and device waits
         # on a GPU: whether the host or the GPU limits the steps (on a CPU nothing queues: always ~0)
         self.reports_device_wait = session.device.type == "cuda"
-        self.train_seconds = 0.0
         self.resumed_from_step = session.budget.global_step if session.resumed_from else None
         self.budget_stop: dict | None = None  # what the budget weighed when it ended the run
         self.warmup_reported: int | None = None  # the warmup cap (steps) the last line reported
@@ -247,7 +250,7 @@ class Trainer:
             except StopIteration:
                 break
             wait = time.perf_counter() - t0
-            self.data_wait += wait
+            self.session_steps.wait += wait
             self.window.wait += wait
             cycle_start = (b // self.batches_per_step) * self.batches_per_step
             cycle_length = min(self.batches_per_step, n_batches - cycle_start)
@@ -281,11 +284,8 @@ class Trainer:
         stop_reason, save_now = self.stop_decision(self.outputs.interval_save_due())
         s.g_scheduler.step()  # after the decision: every rank now has the same LR progress
         s.d_scheduler.step()
-        self.train_seconds += seconds
-        if not compiling:
-            self.device_wait += result.device_wait
-            self.device_waited_over += seconds
-        self.window.add_step(seconds, samples, compiling, result.device_wait)
+        for steps in (self.session_steps, self.window):
+            steps.add_step(seconds, samples, compiling, result.device_wait)
         state.samples_seen += samples
         state.batch_in_epoch = position  # a checkpoint from here on resumes after this step
         self.recovery.after_step(result, pending)
@@ -461,7 +461,8 @@ class Trainer:
     def session_rate(self) -> float:
         """Samples per second over every step of this session (the budget's own figure skips the warm-up
         steps)."""
-        return self.s.budget.session_samples / self.train_seconds if self.train_seconds else 0.0
+        seconds = self.session_steps.seconds
+        return self.s.budget.session_samples / seconds if seconds else 0.0
 
     def checkpoint_figures(self) -> dict:
         """What the loop chose that each checkpoint records beside the session's state (read at each
@@ -474,12 +475,11 @@ class Trainer:
             "samples_per_second": self.session_rate(),
             "budget_stop": self.budget_stop,
             "resumed_from_step": self.resumed_from_step,
-            "data_wait_fraction": self.data_wait / max(self.train_seconds, 1e-9),
-            "device_wait_fraction": (  # None too for a session of no step: it waited for nothing
-                self.device_wait / self.device_waited_over
-                if self.reports_device_wait and self.device_waited_over
-                else None
-            ),
+            "data_wait_fraction": self.session_steps.wait / max(self.session_steps.seconds, 1e-9),
+            # None too for a session of no step: it waited for nothing
+            "device_wait_fraction": self.session_steps.device_wait_fraction()
+            if self.reports_device_wait
+            else None,
             **self.checkpoint_figures(),
             "compile": self.compiler.summary(),
         }
@@ -598,9 +598,9 @@ class Trainer:
         values["data_wait_fraction"] = window.wait / max(window.seconds, 1e-9)
         if window.compiling:  # why samples/s dipped: those steps' time was mostly compilation
             values["compile_seconds"] = window.compiling
-        measured = window.seconds - window.compiling
-        if self.reports_device_wait and measured > 0:  # high: the GPU's work limits the steps; ~0: the host's
-            values["device_wait_fraction"] = window.device_wait / measured
+        device_wait = window.device_wait_fraction() if self.reports_device_wait else None
+        if device_wait is not None:  # high: the GPU's work limits the steps; ~0: the host's launches
+            values["device_wait_fraction"] = device_wait
         values["lr"] = s.g_optimizer.param_groups[0]["lr"]  # after the schedule stepped: the next step's
         values["skipped_steps"] = s.state.skipped_steps
         values["recoveries"] = s.state.recoveries
