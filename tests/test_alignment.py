@@ -236,3 +236,42 @@ def test_triton_kernel_in_the_interpreter_matches_reference() -> None:
         [sys.executable, "-c", TRITON_INTERPRETER_CHECK], cwd=root, env=env, capture_output=True, text=True
     )
     assert proc.returncode == 0, proc.stderr[-3000:]
+
+
+def test_triton_is_left_out_where_it_cannot_make_kernels(monkeypatch) -> None:
+    """Kaggle's P100 (compute capability 6.0) and a GTX 10xx are older than Triton supports: `auto` takes
+    the torch path there, and --compile stays off (compile_choice). The GPU's capability and Triton's
+    presence are mocked: this machine has neither a GPU nor Triton (torch's CPU wheel brings none)."""
+    import importlib.util
+
+    from vits_trainer.model import alignment, triton_support
+
+    monkeypatch.setattr(torch.version, "hip", None)
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda device=None: "Tesla P100-PCIE-16GB")
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: (6, 0))
+    find_spec = importlib.util.find_spec
+    installed = {"triton": True}
+
+    def spec(name, *args):
+        if name == "triton":
+            return find_spec("torch") if installed["triton"] else None
+        return find_spec(name, *args)
+
+    monkeypatch.setattr(importlib.util, "find_spec", spec)
+    problem = triton_support.triton_problem(0)
+    assert problem == (
+        "the Tesla P100-PCIE-16GB (compute capability 6.0) is older than Triton, the GPU compiler, "
+        "supports (7.0 and newer)"
+    )
+    alignment._triton_available.cache_clear()
+    try:
+        assert alignment._triton_available(torch.device("cuda", 0)) is False
+    finally:
+        alignment._triton_available.cache_clear()
+    for capability in ((7, 0), (7, 5), (9, 0)):  # V100, T4, H100
+        monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None, c=capability: c)
+        assert triton_support.triton_problem(0) is None
+    installed["triton"] = False
+    assert triton_support.triton_problem(0) == (
+        "Triton, the GPU compiler, is not installed (torch's Linux CUDA wheels bring it)"
+    )

@@ -7,8 +7,9 @@ import subprocess
 from pathlib import Path
 
 import pytest
+import torch
 
-from tests.helpers import PYTHON, ROOT, refuse_reading
+from tests.helpers import PYTHON, ROOT, refuse_reading, train_tiny
 from vits_trainer.training.runtime import resolve_precision
 
 
@@ -171,6 +172,39 @@ def test_half_precision_without_a_gpu_falls_back_with_a_warning(flag):
         assert got == "no" and lines and "needs a CUDA GPU" in lines[0]
     else:  # CPU autocast supports bf16
         assert got == "bf16" and not lines
+
+
+def test_mas_backend_triton_where_triton_cannot_run_falls_back_with_a_warning(monkeypatch):
+    """A CPU, or a GPU older than Triton supports (mocked here: this machine has no GPU): the backend
+    `auto` picks there, which finds the same path, and one warning (it was a traceback at the first
+    alignment search)."""
+    from vits_trainer.model import triton_support
+    from vits_trainer.training.runtime import resolve_mas_backend
+
+    lines = []
+    assert resolve_mas_backend("triton", torch.device("cpu"), lines.append) == "numba"
+    assert lines == [
+        "warning: --mas_backend triton needs a CUDA GPU that Triton supports (this run trains on the CPU); "
+        "using numba"
+    ]
+    old_gpu = "the Tesla P100-PCIE-16GB (compute capability 6.0) is older than Triton ..."
+    monkeypatch.setattr(triton_support, "triton_problem", lambda device=None: old_gpu)
+    lines.clear()
+    assert resolve_mas_backend("triton", torch.device("cuda", 0), lines.append) == "torch"
+    assert len(lines) == 1 and f"({old_gpu}); using torch" in lines[0]
+    monkeypatch.setattr(triton_support, "triton_problem", lambda device=None: None)
+    lines.clear()
+    assert resolve_mas_backend("triton", torch.device("cuda", 0), lines.append) == "triton" and not lines
+    for other in ("auto", "numba", "torch"):  # each runs anywhere (auto picks for the device)
+        assert resolve_mas_backend(other, torch.device("cpu"), lines.append) == other and not lines
+
+
+def test_a_run_asked_for_the_triton_alignment_search_on_a_cpu_trains(
+    tmp_path, tone_corpus, tiny_model_dir, capsys
+):
+    session, summary = train_tiny(tmp_path, tone_corpus, tiny_model_dir, max_steps=1, mas_backend="triton")
+    assert summary["steps"] == 1 and session.generator_raw.mas_backend == "numba"
+    assert "warning: --mas_backend triton needs a CUDA GPU" in capsys.readouterr().out
 
 
 def test_a_misspelt_flag_is_named_with_the_one_meant_before_a_missing_one(capsys):

@@ -437,6 +437,25 @@ def test_compile_stays_off_where_it_cannot_pay_or_run(
     assert choice.observe(1.0, 8, True) is True  # every later step measures the run
 
 
+P100 = "the Tesla P100-PCIE-16GB (compute capability 6.0) is older than Triton supports"
+
+
+@pytest.mark.parametrize("setting, line", [("auto", "compile: off"), ("on", "warning: compile: off")])
+def test_neither_auto_nor_on_compiles_for_a_gpu_the_compiler_cannot_make_kernels_for(setting, line):
+    """On Kaggle's P100 inductor raises at the first compiled step (its GPU compiler, Triton, needs
+    compute capability 7.0): the run says so before it, and stays eager; `on` is a request this GPU
+    cannot honour, so its line is a warning."""
+    calls, lines = [], []
+    choice = CompileChoice(
+        setting, "cuda", 1, False, lambda on, scope=None: calls.append(on), lines.append, gpu_problem=P100
+    )
+    choice.begin(HOUR, 0.01)
+    assert choice.phase == "off" and calls == []
+    assert choice.reason == f"--compile {setting}: {P100}"
+    assert lines == [f"{line} ({choice.reason})"]
+    assert choice.summary()["reason"] == choice.reason
+
+
 def test_the_reason_names_max_steps_when_it_ends_the_time_left():
     """The budget hands over figures (Budget.training_left); the compile line words them."""
     choice, _, _ = _choice()

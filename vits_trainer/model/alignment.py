@@ -29,6 +29,8 @@ import numba
 import numpy as np
 import torch
 
+from .triton_support import triton_problem
+
 __all__ = ["maximum_path", "reference_maximum_path"]
 
 _BACKENDS = ("auto", "numba", "torch", "triton")
@@ -52,7 +54,7 @@ def maximum_path(
             Valid cells are expected to be finite or -inf (NaN there gives an unspecified path).
         text_lengths: [B] integer token counts, 1 <= text_len <= frame_len.
         frame_lengths: [B] integer frame counts, frame_len <= T_frames.
-        backend: "auto" (numba on the CPU, triton on CUDA where Triton is installed, else torch), "numba",
+        backend: "auto" (numba on the CPU, triton on a CUDA GPU Triton supports, else torch), "numba",
             "torch" or "triton" (CUDA only).
 
     Returns:
@@ -82,7 +84,9 @@ def maximum_path(
         if log_likelihood.device.type == "cpu":
             backend = "numba"
         else:
-            backend = "triton" if log_likelihood.is_cuda and _triton_available() else "torch"
+            backend = (
+                "triton" if log_likelihood.is_cuda and _triton_available(log_likelihood.device) else "torch"
+            )
     # The numba path copies to the host anyway, so checking costs nothing there.
     if backend == "numba" or (text_lengths.device.type == "cpu" and frame_lengths.device.type == "cpu"):
         _validate_lengths(log_likelihood.shape, text_lengths.cpu(), frame_lengths.cpu())
@@ -99,8 +103,11 @@ def maximum_path(
 
 
 @functools.cache
-def _triton_available() -> bool:
-    """Triton comes with PyTorch's CUDA builds; checked once per process."""
+def _triton_available(device: torch.device) -> bool:
+    """Triton comes with PyTorch's CUDA builds, and makes kernels for GPUs of compute capability 7.0 and
+    newer (triton_support.py); checked once per device."""
+    if triton_problem(device) is not None:
+        return False
     try:
         from . import alignment_triton  # noqa: F401
     except ImportError:

@@ -8,7 +8,8 @@ other, so:
   least COMPILE_MIN_MINUTES of training time are left after the micro-batch trial, counting both the
   budget and --max_steps (a run too short to earn compilation back stays eager). A CPU stays eager:
   CUDA graphs, the main gain, exist only on a GPU, and inductor's code generation takes minutes on a
-  few cores.
+  few cores. Neither `auto` nor `on` compiles for a GPU older than Triton, inductor's GPU compiler,
+  supports (Kaggle's P100), or without Triton: the log says so before the first step.
 - The scopes (TRIED, widest first) are compiled at once: the first COMPILE_STEPS compiled steps are
   the compilation (they train, but the budget does not take their time as a step's); so is a later
   step during which something compiled again (a new micro-batch size, a part meeting new lengths) or
@@ -77,12 +78,15 @@ class CompileChoice:
         scopes: tuple[str, ...] = TRIED,
         checkpoint_dir: Path | None = None,
         cache_counts: Callable[[], tuple[int, int]] = cached_graphs,
+        gpu_problem: str | None = None,
     ) -> None:
         self.setting = setting
         self.device_type = device_type
         self.processes = processes
         self.gradient_checkpointing = gradient_checkpointing
         self.use = use  # use(True, scope=...) / use(False): GanStep.use_compiled
+        # why Triton cannot make this GPU's kernels (triton_support.triton_problem), None if it can
+        self.gpu_problem = gpu_problem
         self.scopes = scopes  # measured in this order; the first is compiled, the others are subsets
         self.scope: str | None = None  # the scope the step runs (being measured, or kept)
         self.log = log
@@ -128,6 +132,8 @@ class CompileChoice:
             return "not supported with several processes"
         if self.gradient_checkpointing:
             return "not combined with --gradient_checkpointing"
+        if self.gpu_problem:  # `on` too: the first compiled step would fail with the compiler's error
+            return f"--compile {self.setting}: {self.gpu_problem}"
         if self.setting == "on":
             return None
         if self.device_type != "cuda":
@@ -247,7 +253,9 @@ class CompileChoice:
 
     def _off(self, reason: str) -> None:
         self.phase, self.reason = "off", reason
-        self.log(f"compile: off ({reason})")
+        # a request this machine cannot honour is a warning, as for --bf16 on a GPU without it
+        warning = "warning: " if self.setting == "on" and self.gpu_problem else ""
+        self.log(f"{warning}compile: off ({reason})")
 
     def _start_compiling(self) -> None:
         self.scope = self.scopes[0]

@@ -26,6 +26,7 @@ from dataclasses import dataclass, field
 import torch
 
 from ..data.loader import HOST_ONLY_KEYS, move_batch
+from ..model.triton_support import triton_problem
 from .agreement import Agreement
 from .budget import hhmm
 from .compile_choice import CompileChoice
@@ -190,6 +191,7 @@ class Trainer:
             self.step_fn.use_compiled,
             session.log,
             checkpoint_dir=session.checkpoint_dir,
+            gpu_problem=triton_problem(session.device) if session.device.type == "cuda" else None,
         )
         self.outputs = RunOutputs(session, self.metrics, self.agreement, self.checkpoint_figures)
         if session.resumed_from is not None:

@@ -24,6 +24,7 @@ from ..model.discriminator import (
 from ..model.vits import VitsGenerator, apply_decoder_weight_norm, freeze_parts, load_vits_model
 from .config import TrainConfig, check_discriminator_dir
 from .modelfolder import check_model_folder
+from .runtime import resolve_mas_backend
 from .trainstate import LoadedCheckpoint
 
 
@@ -101,10 +102,13 @@ def check_segment_size(cfg: TrainConfig, model) -> None:
         )
 
 
-def make_generator(cfg: TrainConfig, model, log) -> VitsGenerator:
-    """The training wrapper of the model, with --freeze and --gradient_checkpointing applied."""
+def make_generator(cfg: TrainConfig, model, log, device: torch.device) -> VitsGenerator:
+    """The training wrapper of the model, with --freeze and --gradient_checkpointing applied, its alignment
+    search one that runs on `device`."""
     generator = VitsGenerator(
-        model, segment_frames=max(1, cfg.segment_size // _hop(model)), mas_backend=cfg.mas_backend
+        model,
+        segment_frames=max(1, cfg.segment_size // _hop(model)),
+        mas_backend=resolve_mas_backend(cfg.mas_backend, device, log),
     )
     # from_pretrained leaves a model in evaluation mode: without this, its dropouts and the text
     # encoder's layer drop stayed off until an evaluation set train mode back, so a resumed run (no

@@ -136,6 +136,21 @@ def resolve_precision(requested: str, cpu: bool, log=print) -> str:
     return requested
 
 
+def resolve_mas_backend(requested: str, device, log=print) -> str:
+    """--mas_backend for this device: `triton` where Triton cannot run (a CPU, a GPU older than it
+    supports) falls back with a warning to what `auto` picks there; every backend finds the same path."""
+    from ..model.triton_support import triton_problem
+
+    if requested != "triton":
+        return requested
+    problem = "this run trains on the CPU" if device.type != "cuda" else triton_problem(device)
+    if problem is None:
+        return requested
+    fallback = "torch" if device.type == "cuda" else "numba"
+    log(f"warning: --mas_backend triton needs a CUDA GPU that Triton supports ({problem}); using {fallback}")
+    return fallback
+
+
 def idle_gpus_note(processes: int, visible_gpus: int, argv: list[str]) -> str | None:
     """The line for a single-process run that leaves GPUs idle (Kaggle gives two T4s): the command that
     trains on all of them. None when every visible GPU has a process (or there is one GPU)."""

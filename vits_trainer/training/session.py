@@ -375,7 +375,7 @@ def _build_session(
         cfg.speakers_wanted(), model, store.speakers, trainer_state.get("speakers"), log
     )
     _describe_growth(model, *loaded, log)
-    generator = make_generator(cfg, model, log)
+    generator = make_generator(cfg, model, log, accelerator.device)
     data = (data_fn or split_data)(
         cfg, store, text, speakers, generator.hop_length, trainer_state.get("val_ids"), log
     )
