@@ -146,6 +146,15 @@ def test_bad_input_is_one_error_line(tmp_path, capsys, tiny_model_dir, multi_mod
             ["--model", tiny_model_dir, "--text", "€€ ¥", "--out", wav],
             "--text: '€€ ¥' has no character",
         ),
+        # a traceback once the model had loaded: the frame count overflowed, torch refused the seed
+        "a rate far too slow": (
+            ["--model", tiny_model_dir, "--text", "abc", "--out", wav, "--speaking_rate", "1e-30"],
+            "--speaking_rate: must be between 0.1 and 10",
+        ),
+        "a seed torch cannot take": (
+            ["--model", tiny_model_dir, "--text", "abc", "--out", wav, "--seed", str(10**20)],
+            "--seed: must be in [0, 2**64)",
+        ),
     }
     for name, (args, expected) in cases.items():
         code, stdout, err = speak(capsys, *args)

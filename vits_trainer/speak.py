@@ -29,13 +29,34 @@ from .model.speakers import is_bare_id
 SPEAKERS_FILE = "speakers.json"  # speaker name -> id, written beside exported multi-speaker models
 
 
-def _positive(value: str) -> float:
+# --speaking_rate's range: far slower stretched each token's frames past what memory holds (1e-30
+# overflowed the frame count: a traceback); far faster speaks every character in a single frame
+SPEAKING_RATES = (0.1, 10.0)
+
+
+def _speaking_rate(value: str) -> float:
     try:
         number = float(value)
     except ValueError:
         raise argparse.ArgumentTypeError(f"invalid number: {value!r}") from None
     if not number > 0:
         raise argparse.ArgumentTypeError(f"must be positive, got {value}")
+    low, high = SPEAKING_RATES
+    if not low <= number <= high:
+        raise argparse.ArgumentTypeError(
+            f"must be between {low:g} and {high:g} (1 = the model's own pace), got {value}"
+        )
+    return number
+
+
+def _seed(value: str) -> int:
+    """torch's seeds: a larger one was a traceback once the model had loaded."""
+    try:
+        number = int(value)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"invalid int value: {value!r}") from None
+    if not 0 <= number < 2**64:
+        raise argparse.ArgumentTypeError(f"must be in [0, 2**64), got {value}")
     return number
 
 
@@ -68,11 +89,13 @@ def build_parser() -> argparse.ArgumentParser:
     voice.add_argument("--speaker", default=None, help="speaker name, looked up in the model's speakers.json")
     parser.add_argument(
         "--speaking_rate",
-        type=_positive,
+        type=_speaking_rate,
         default=None,
         help="speed factor: above 1 faster, below 1 slower (default: the model config's speaking_rate)",
     )
-    parser.add_argument("--seed", type=int, default=0, help="seed of the model's noise: same seed, same take")
+    parser.add_argument(
+        "--seed", type=_seed, default=0, help="seed of the model's noise: same seed, same take"
+    )
     parser.add_argument(
         "--device", default="auto", choices=["auto", "cpu", "cuda"], help="auto: cuda when available"
     )
