@@ -175,3 +175,27 @@ def test_a_diverged_duration_predictor_speaks_a_bounded_take(tiny_model_dir):
         finally:
             handle.remove()
         assert 0 < waveform.numel() <= tokens * MAX_FRAMES_PER_TOKEN * hop
+
+
+def test_a_model_with_nan_weights_is_scored_nan_not_a_traceback(tiny_model_dir):
+    """One step at --learning_rate 1e4 left NaN weights: the final evaluation's free-running speech
+    ended the run with a traceback (the inverse spline's check, then librosa's DTW of a NaN cost
+    matrix) instead of scoring it NaN, never the best, as val_mel is."""
+    import torch
+
+    from vits_trainer.data.text import TextEncoder
+    from vits_trainer.model.vits import load_vits_model
+    from vits_trainer.training.evaluate import speak_texts
+
+    model = load_vits_model(tiny_model_dir)
+    with torch.no_grad():
+        for parameter in model.parameters():
+            parameter.fill_(float("nan"))
+    text = TextEncoder.from_pretrained(tiny_model_dir)
+    (waveform,) = speak_texts(model, text, [("ba da", 0)], torch.device("cpu"))
+    assert waveform.numel() > 0
+    spoken = _mel(frames=12)
+    spoken[:, 3] = np.nan
+    scores = dtw_scores(_mel(), spoken)
+    assert math.isnan(scores["val_mel_dtw"]) and math.isnan(scores["val_mcd"])
+    assert scores["val_duration_ratio"] == 12 / 40

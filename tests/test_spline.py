@@ -101,3 +101,21 @@ def test_the_duration_predictor_trains_without_reading_the_device():
     finally:
         modeling_vits._unconstrained_rational_quadratic_spline = original
     assert theirs.seen, "transformers' spline no longer reads the device: spline.py may be unneeded"
+
+
+def test_the_inverse_of_a_diverged_model_is_nan_not_a_traceback():
+    """NaN weights (one step at --learning_rate 1e4) made the inverse's quadratic NaN: transformers'
+    check of it raised "Discriminant has negative values" in the next evaluation, a traceback."""
+    inputs, widths, heights, derivatives = _case(3)
+    good, good_logdet = modeling_vits._unconstrained_rational_quadratic_spline(
+        inputs, widths, heights, derivatives, reverse=True, tail_bound=5.0
+    )
+    widths = widths.clone()
+    widths[1] = float("nan")
+    back, back_logdet = modeling_vits._unconstrained_rational_quadratic_spline(
+        inputs, widths, heights, derivatives, reverse=True, tail_bound=5.0
+    )
+    inside = inputs.abs() < 5
+    assert back[1][inside[1]].isnan().all() and back_logdet[1][inside[1]].isnan().all()
+    torch.testing.assert_close(back[[0, 2]], good[[0, 2]])  # the finite ones: as before
+    torch.testing.assert_close(back_logdet[[0, 2]], good_logdet[[0, 2]])

@@ -116,15 +116,29 @@ def _guard_empty_spline() -> None:
     an empty input, which is what it gets when every value lies outside the tail bound: a diverged model
     (the feedback guard's regression case, a too-high learning rate) then crashed its own evaluation
     instead of being scored and judged. Outside the bound the spline is the identity, so an empty input
-    has nothing to transform: return it unchanged with a zero log-determinant."""
+    has nothing to transform: return it unchanged with a zero log-determinant. A value whose spline is
+    not finite (NaN weights: one step at --learning_rate 1e4) failed the inverse's check of its
+    quadratic ("Discriminant has negative values"), a traceback at the next evaluation: it is NaN,
+    as the forward direction makes it, and the others are transformed as before."""
     original = modeling_vits._rational_quadratic_spline
     if getattr(original, "empty_safe", False):
         return
 
-    def spline(inputs, *args, **kwargs):
+    def spline(inputs, unnormalized_widths, unnormalized_heights, unnormalized_derivatives, *args, **kwargs):
         if inputs.numel() == 0:
             return inputs, torch.zeros_like(inputs)
-        return original(inputs, *args, **kwargs)
+        knots = (unnormalized_widths, unnormalized_heights, unnormalized_derivatives)
+        finite = torch.isfinite(inputs)
+        for values in knots:
+            finite &= torch.isfinite(values).all(dim=-1)
+        if finite.all():
+            return original(inputs, *knots, *args, **kwargs)
+        outputs, log_det = torch.full_like(inputs, float("nan")), torch.full_like(inputs, float("nan"))
+        if finite.any():
+            outputs[finite], log_det[finite] = original(
+                inputs[finite], *(values[finite] for values in knots), *args, **kwargs
+            )
+        return outputs, log_det
 
     spline.empty_safe = True
     modeling_vits._rational_quadratic_spline = spline

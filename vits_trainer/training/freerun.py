@@ -49,6 +49,11 @@ def dtw_scores(recorded_mel: np.ndarray, spoken_mel: np.ndarray) -> dict[str, fl
     from scipy.spatial.distance import cdist
 
     n_mels = recorded_mel.shape[0]
+    ratio = spoken_mel.shape[1] / max(1, recorded_mel.shape[1])
+    if not (np.isfinite(recorded_mel).all() and np.isfinite(spoken_mel).all()):
+        # a diverged model speaks NaN: scored NaN (never the best), as val_mel is; librosa's DTW refused
+        # the cost matrix with a traceback
+        return {"val_mel_dtw": math.nan, "val_mcd": math.nan, "val_duration_ratio": ratio}
     # the frame cost is the L1 log-mel distance per bin: the same unit as the teacher-forced val_mel
     cost = cdist(recorded_mel.T, spoken_mel.T, metric="cityblock") / n_mels
     _, path = librosa.sequence.dtw(C=cost, backtrack=True)
@@ -58,7 +63,7 @@ def dtw_scores(recorded_mel: np.ndarray, spoken_mel: np.ndarray) -> dict[str, fl
     return {
         "val_mel_dtw": float(cost[i, j].mean()),
         "val_mcd": float(mcd.mean()),
-        "val_duration_ratio": spoken_mel.shape[1] / max(1, recorded_mel.shape[1]),
+        "val_duration_ratio": ratio,
     }
 
 
