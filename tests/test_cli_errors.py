@@ -299,6 +299,7 @@ def test_several_processes_say_a_set_up_error_once(monkeypatch, capsys):
         ("total_hours", float("inf"), "--total_hours must be positive"),  # a traceback at step 2
         ("seed", -1, r"--seed must be in \[0, 2\*\*32\)"),  # a traceback after the start evaluation
         ("seed", 2**64, r"--seed must be in"),
+        ("discriminator_width", 1e9, r"--discriminator_width 1e\+09: at most 4"),  # a 960 GB allocation
     ],
 )
 def test_values_that_failed_later_or_trained_wrongly_are_refused_up_front(field, value, message):

@@ -21,6 +21,8 @@ from ..runlock import refuse_if_being_written
 from ..safety import check_disjoint, check_output_vs_data, check_replaceable, made_by, read_marker
 from .checkpoint_names import list_checkpoints
 
+# --discriminator_width's largest: the parameters grow with its square (4: 747 M, 16x VITS's)
+MAX_DISCRIMINATOR_WIDTH = 4.0
 # one flag per losses.LossWeights field (`--mel_weight` -> LossWeights.mel); kept here, not imported:
 # this module is read before torch
 LOSS_WEIGHT_FLAGS = (
@@ -241,6 +243,11 @@ class TrainConfig:
         for name, value in positive.items():
             if not (isinstance(value, int | float) and math.isfinite(value) and value > 0):
                 raise UserError(f"--{name} must be positive (got {value})")
+        if self.discriminator_width > MAX_DISCRIMINATOR_WIDTH:  # 1e9 was a traceback allocating 960 GB
+            raise UserError(
+                f"--discriminator_width {self.discriminator_width:g}: at most {MAX_DISCRIMINATOR_WIDTH:g} (it "
+                "multiplies the channels: 1.0 is VITS's discriminator, 47 M parameters; 4 is 747 M)"
+            )
         if self.total_hours is not None and not (math.isfinite(self.total_hours) and self.total_hours > 0):
             raise UserError(f"--total_hours must be positive (got {self.total_hours})")
         for name in LOSS_WEIGHT_FLAGS:
