@@ -252,3 +252,30 @@ def test_a_converted_discriminator_computes_what_the_original_vits_one_computes(
             for got_maps, maps in zip(fmaps, want_fmaps, strict=True):
                 for got, want in zip(got_maps, maps, strict=True):
                     torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-5)
+
+
+def test_convert_cli_bad_flags_and_outputs_are_one_error_line(tmp_path) -> None:
+    """--width 0, --periods 0 and an out_folder that is a file were tracebacks (ValueError from the
+    config, FileExistsError from mkdir); a text file given as the checkpoint was a dozen lines of torch's
+    advice on weights_only."""
+    pth = tmp_path / "D_100.pth"
+    torch.save(_original_format(VitsDiscriminator(TINY)), pth)
+    a_file = tmp_path / "a_file"
+    a_file.write_text("mine", encoding="utf-8")
+    out = str(tmp_path / "out")
+    cases = [
+        (["convert", str(pth), out, "--width", "0"], "--width must be positive (got 0.0)"),
+        (["convert", str(pth), out, "--width", "nan"], "--width must be positive (got nan)"),
+        (
+            ["convert", str(pth), out, "--width", "0.125", "--periods", "0", "-1"],
+            "--periods must be positive",
+        ),
+        (["convert", str(pth), str(a_file), "--width", "0.125"], "exists and is a file, not a folder"),
+        (["convert", str(a_file), out], "cannot read as a weights-only torch checkpoint"),
+    ]
+    for argv, expected in cases:
+        with pytest.raises(UserError) as caught:
+            _main(argv)
+        message = str(caught.value)
+        assert expected in message and "\n" not in message, (argv, message)
+    assert a_file.read_text(encoding="utf-8") == "mine" and not (tmp_path / "out").exists()

@@ -345,14 +345,23 @@ def _main(argv: list[str] | None = None) -> int:
     )
     args = parser.parse_args(argv)
 
+    # a width or period DiscriminatorConfig refuses, an out_folder that is a file: tracebacks, once
+    if not (math.isfinite(args.width) and args.width > 0):
+        raise UserError(f"--width must be positive (got {args.width}); 1.0 is the VITS / MMS size")
+    if any(p < 1 for p in args.periods):
+        raise UserError(f"--periods must be positive integers (got {' '.join(map(str, args.periods))})")
+    if args.out_folder.exists() and not args.out_folder.is_dir():
+        raise UserError(f"{args.out_folder}: exists and is a file, not a folder: choose another out_folder")
     if not args.checkpoint.is_file():
         raise UserError(f"{args.checkpoint}: no such file")
     try:
         # weights_only: a checkpoint is data, never code to unpickle.
         raw = torch.load(args.checkpoint, map_location="cpu", weights_only=True)
     except Exception as err:
+        # torch's own message runs over many lines (a text file's contents, advice on weights_only)
+        reason = (str(err).strip().splitlines() or [type(err).__name__])[0].split(". ")[0][:200]
         raise UserError(
-            f"{args.checkpoint}: cannot read as a weights-only torch checkpoint ({err})"
+            f"{args.checkpoint}: cannot read as a weights-only torch checkpoint ({reason})"
         ) from None
     if not isinstance(raw, dict):
         raise UserError(f"{args.checkpoint}: expected a state dict, found a {type(raw).__name__}")
@@ -363,7 +372,10 @@ def _main(argv: list[str] | None = None) -> int:
         disc = discriminator_from_state_dict(convert_original_discriminator(raw, args.spectral_norm), config)
     except ValueError as err:
         raise UserError(f"{args.checkpoint}: {err}") from None
-    save_discriminator(disc, args.out_folder)
+    try:
+        save_discriminator(disc, args.out_folder)
+    except OSError as err:
+        raise UserError(f"{args.out_folder}: cannot write into it ({err.strerror or err})") from None
     print(
         f"wrote {args.out_folder / WEIGHTS_NAME} ({count_parameters(disc) / 1e6:.2f} M parameters, "
         f"periods {list(config.periods)}, width {config.width:g})"
