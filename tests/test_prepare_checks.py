@@ -292,6 +292,7 @@ def test_no_surviving_row_is_an_error_but_the_report_is_written(tmp_path):
         ("max_seconds", 0.0, "--max_seconds"),
         ("max_samples", -1, "--max_samples"),
         ("trim_top_db", 0.0, "--trim_top_db"),
+        ("trim_top_db", float("nan"), "--trim_top_db must be > 0, got nan"),  # trimmed every clip away
     ],
 )
 def test_bad_settings(field, value, message):

@@ -92,7 +92,7 @@ def validate_settings(s: PrepareSettings) -> None:
         raise UserError(f"--min_seconds {s.min_seconds} is greater than --max_seconds {s.max_seconds}")
     if s.max_samples < 0:
         raise UserError(f"--max_samples must be >= 0 (0 = all), got {s.max_samples}")
-    if s.trim_top_db <= 0:
+    if not s.trim_top_db > 0:  # NaN trimmed every clip to nothing: "no usable clips (too_short N)"
         raise UserError(f"--trim_top_db must be > 0, got {s.trim_top_db}")
     if s.num_workers < 0:
         raise UserError(f"--num_workers must be >= 0, got {s.num_workers}")
