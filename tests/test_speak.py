@@ -153,7 +153,7 @@ def test_bad_input_is_one_error_line(tmp_path, capsys, tiny_model_dir, multi_mod
         ),
         "a seed torch cannot take": (
             ["--model", tiny_model_dir, "--text", "abc", "--out", wav, "--seed", str(10**20)],
-            "--seed: must be in [0, 2**64)",
+            "--seed: must be from -2**63 to 2**64 - 1",
         ),
     }
     for name, (args, expected) in cases.items():

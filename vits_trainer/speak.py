@@ -50,13 +50,14 @@ def _speaking_rate(value: str) -> float:
 
 
 def _seed(value: str) -> int:
-    """torch's seeds: a larger one was a traceback once the model had loaded."""
+    """A seed torch takes (a negative one too): one outside its range was a traceback once the model
+    had loaded."""
     try:
         number = int(value)
     except ValueError:
         raise argparse.ArgumentTypeError(f"invalid int value: {value!r}") from None
-    if not 0 <= number < 2**64:
-        raise argparse.ArgumentTypeError(f"must be in [0, 2**64), got {value}")
+    if not -(2**63) <= number < 2**64:
+        raise argparse.ArgumentTypeError(f"must be from -2**63 to 2**64 - 1, got {value}")
     return number
 
 
