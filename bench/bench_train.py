@@ -430,7 +430,7 @@ def baseline_throughput(data: Path, model_dir: Path, width: float, batch: int, s
     # the two loops differ in how they feed and schedule the step, not in the step
     cfg = TrainConfig(model_name=str(model_dir))
     model, text, _, _ = load_model(cfg, None, print)
-    gen = make_generator(cfg, model, print)
+    gen = make_generator(cfg, model, print, acc.device)
     disc = VitsDiscriminator(DiscriminatorConfig(width=width))
     g_opt, d_opt = (
         make_optimizer(gen.parameters(), 1e-4),

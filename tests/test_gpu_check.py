@@ -188,3 +188,23 @@ def test_gpu_only_code_takes_attributes_that_exist():
                         missing.add(f"{path.relative_to(ROOT)}:{node.lineno}: {owner}.{node.attr}")
     assert checked > 100, checked  # the typing still finds the sessions and steps
     assert not missing, sorted(missing)
+
+
+def test_bench_train_naive_loop_builds_the_runners_generator(tone_corpus, tiny_model_dir, monkeypatch):
+    """`bench_train.py defaults` (the gpu_session.sh plan's first measurement, and the fp16, eager and
+    cudnn stages) and `baseline` start with the naive loop, which builds the runner's generator with
+    networks.make_generator: it took the device as a fourth argument and the loop was a TypeError on
+    the lent machine. Run here on the CPU with the tiny model up to the discriminator that follows
+    (the loop itself takes most of a minute on a CPU)."""
+    from bench import bench_train
+    from vits_trainer.model import discriminator
+
+    class Built(Exception):
+        pass
+
+    def stop(*args, **kwargs):
+        raise Built
+
+    monkeypatch.setattr(discriminator, "VitsDiscriminator", stop)
+    with pytest.raises(Built):
+        bench_train.baseline_throughput(tone_corpus, tiny_model_dir, 0.125, batch=2, steps=1)
