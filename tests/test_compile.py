@@ -456,6 +456,20 @@ def test_neither_auto_nor_on_compiles_for_a_gpu_the_compiler_cannot_make_kernels
     assert choice.summary()["reason"] == choice.reason
 
 
+@pytest.mark.parametrize("processes, checkpointing", [(2, False), (1, True)])
+def test_on_stays_off_for_another_reason_on_an_old_gpu_without_a_warning(processes, checkpointing):
+    """`--compile on` with several processes or --gradient_checkpointing is off for that reason, a plain
+    `compile: off` line as on any GPU: the warning is for the GPU that cannot honour the request, and
+    this line does not name it."""
+    lines = []
+    choice = CompileChoice(
+        "on", "cuda", processes, checkpointing, lambda on, scope=None: None, lines.append, gpu_problem=P100
+    )
+    choice.begin(HOUR, 0.01)
+    assert choice.phase == "off" and P100 not in choice.reason
+    assert lines == [f"compile: off ({choice.reason})"]
+
+
 def test_the_reason_names_max_steps_when_it_ends_the_time_left():
     """The budget hands over figures (Budget.training_left); the compile line words them."""
     choice, _, _ = _choice()

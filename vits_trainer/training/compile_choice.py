@@ -253,8 +253,11 @@ class CompileChoice:
 
     def _off(self, reason: str) -> None:
         self.phase, self.reason = "off", reason
-        # a request this machine cannot honour is a warning, as for --bf16 on a GPU without it
-        warning = "warning: " if self.setting == "on" and self.gpu_problem else ""
+        # a request this machine cannot honour is a warning, as for --bf16 on a GPU without it (not
+        # when another reason, several processes, --gradient_checkpointing, keeps it off first)
+        warning = (
+            "warning: " if self.setting == "on" and self.gpu_problem and self.gpu_problem in reason else ""
+        )
         self.log(f"{warning}compile: off ({reason})")
 
     def _start_compiling(self) -> None:
