@@ -229,6 +229,9 @@ def test_a_misspelt_flag_is_named_with_the_one_meant_before_a_missing_one(capsys
         ),
         (speak.main, ["--modle", "x"], "unrecognized flag --modle; did you mean --model?"),
         (train_vits.main, ["--zzzz"], "unrecognized flag --zzzz (see --help)"),
+        # `--push_to_hub "$REPO"` with REPO unset trained the whole budget and pushed nothing, silently
+        (train_vits.main, ["--push_to_hub", ""], "argument --push_to_hub: needs a repo id, USER/NAME"),
+        (train_vits.main, ["--push_to_hub= "], "argument --push_to_hub: needs a repo id, USER/NAME"),
     ]
     for main, argv, expected in cases:
         assert run_cli(main, argv) == 2

@@ -184,6 +184,8 @@ class TrainConfig:
         "USER/NAME or ORG/NAME, created private unless --hub_public; network, token and write permission "
         "are checked at start-up, and a failed upload keeps the local model and prints the command to push it",
         metavar="REPO_ID",
+        nonempty="a repo id, USER/NAME (an empty one would push nothing: leave the flag out to keep the model "
+        "local only)",
     )
     hub_public: bool = _f(
         False, "with --push_to_hub: create the repo public (an existing repo's visibility is never changed)"
@@ -383,6 +385,9 @@ def _add_field(parser, f) -> None:
         )
         return
     kind = {"int": int, "float": float, "str": str, "float | None": float}.get(str(f.type), str)
+    extra = {}
+    if f.metadata.get("nonempty"):  # a flag given an empty value (an unset shell variable) is refused
+        extra["action"] = _non_empty(f.metadata["nonempty"])
     parser.add_argument(
         flag,
         type=kind,
@@ -390,7 +395,21 @@ def _add_field(parser, f) -> None:
         choices=f.metadata.get("choices"),
         metavar=f.metadata.get("metavar"),
         help=help_text,
+        **extra,
     )
+
+
+def _non_empty(needs: str) -> type[argparse.Action]:
+    """A store action that refuses an empty value with `needs` (what the flag takes). An action, not a
+    type: argparse converts a string default with the type too, and the default is the empty string."""
+
+    class NonEmpty(argparse.Action):
+        def __call__(self, parser, namespace, values, option_string=None):
+            if not str(values).strip():
+                raise argparse.ArgumentError(self, f"needs {needs}")
+            setattr(namespace, self.dest, values)
+
+    return NonEmpty
 
 
 def config_from_args(args: argparse.Namespace, cls=TrainConfig):
