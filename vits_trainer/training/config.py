@@ -141,7 +141,7 @@ class TrainConfig:
     )
     mas_backend: str = _f(
         "auto",
-        "alignment search: auto (numba on CPU, triton on CUDA, else torch) | numba | triton | torch",
+        "alignment search: auto (numba on CPU, triton on a CUDA GPU Triton supports, else torch) | numba | triton | torch",
         choices=["auto", "numba", "triton", "torch"],
     )
     num_speakers: str = _f(
