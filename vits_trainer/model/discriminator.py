@@ -39,9 +39,9 @@ class DiscriminatorConfig:
     def __post_init__(self) -> None:
         self.periods = tuple(int(p) for p in self.periods)
         if not self.periods or any(p < 1 for p in self.periods):
-            raise ValueError(f"periods must be positive integers, got {self.periods}")
-        if not self.width > 0:
-            raise ValueError(f"width must be > 0, got {self.width}")
+            raise ValueError(f"periods must be positive integers (got {' '.join(map(str, self.periods))})")
+        if not (math.isfinite(self.width) and self.width > 0):
+            raise ValueError(f"width must be positive (got {self.width}); 1.0 is the VITS / MMS size")
 
     def to_dict(self) -> dict[str, Any]:
         data = asdict(self)
@@ -345,11 +345,13 @@ def _main(argv: list[str] | None = None) -> int:
     )
     args = parser.parse_args(argv)
 
-    # a width or period DiscriminatorConfig refuses, an out_folder that is a file: tracebacks, once
-    if not (math.isfinite(args.width) and args.width > 0):
-        raise UserError(f"--width must be positive (got {args.width}); 1.0 is the VITS / MMS size")
-    if any(p < 1 for p in args.periods):
-        raise UserError(f"--periods must be positive integers (got {' '.join(map(str, args.periods))})")
+    # a width or period the config refuses, an out_folder that is a file: tracebacks, once
+    try:
+        config = DiscriminatorConfig(
+            periods=tuple(args.periods), width=args.width, use_spectral_norm=args.spectral_norm
+        )
+    except ValueError as err:
+        raise UserError(f"--{err}") from None
     if args.out_folder.exists() and not args.out_folder.is_dir():
         raise UserError(f"{args.out_folder}: exists and is a file, not a folder: choose another out_folder")
     if not args.checkpoint.is_file():
@@ -365,9 +367,6 @@ def _main(argv: list[str] | None = None) -> int:
         ) from None
     if not isinstance(raw, dict):
         raise UserError(f"{args.checkpoint}: expected a state dict, found a {type(raw).__name__}")
-    config = DiscriminatorConfig(
-        periods=tuple(args.periods), width=args.width, use_spectral_norm=args.spectral_norm
-    )
     try:
         disc = discriminator_from_state_dict(convert_original_discriminator(raw, args.spectral_norm), config)
     except ValueError as err:
