@@ -154,6 +154,10 @@ class StepWindow:
         else:
             self.device_wait += device_wait
 
+    def data_wait_fraction(self) -> float:
+        """The loader's wait over the steps' time."""
+        return self.wait / max(self.seconds, 1e-9)
+
     def device_wait_fraction(self) -> float | None:
         """The host's wait for the device's work over the steps' time, the compiling steps left out;
         None when every step compiled (or there was none)."""
@@ -477,7 +481,7 @@ class Trainer:
             "samples_per_second": self.session_rate(),
             "budget_stop": self.budget_stop,
             "resumed_from_step": self.resumed_from_step,
-            "data_wait_fraction": self.session_steps.wait / max(self.session_steps.seconds, 1e-9),
+            "data_wait_fraction": self.session_steps.data_wait_fraction(),
             # None too for a session of no step: it waited for nothing
             "device_wait_fraction": self.session_steps.device_wait_fraction()
             if self.reports_device_wait
@@ -597,7 +601,7 @@ class Trainer:
         s, window = self.s, self.window
         values = {k: (v if math.isfinite(v) else None) for k, v in window.means().items()}  # strict JSON
         values["samples_per_second"] = window.samples / max(window.seconds, 1e-9)
-        values["data_wait_fraction"] = window.wait / max(window.seconds, 1e-9)
+        values["data_wait_fraction"] = window.data_wait_fraction()
         if window.compiling:  # why samples/s dipped: those steps' time was mostly compilation
             values["compile_seconds"] = window.compiling
         device_wait = window.device_wait_fraction() if self.reports_device_wait else None
