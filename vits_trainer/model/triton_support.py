@@ -18,10 +18,10 @@ def triton_problem(device: torch.device | int | None = None) -> str | None:
     if torch.version.hip is None:
         capability = tuple(torch.cuda.get_device_capability(device))
         if capability < MIN_CAPABILITY:
+            name = torch.cuda.get_device_name(device)
             return (
-                f"the {torch.cuda.get_device_name(device)} (compute capability {capability[0]}.{capability[1]}) "
-                f"is older than Triton, the GPU compiler, supports ({MIN_CAPABILITY[0]}.{MIN_CAPABILITY[1]} "
-                "and newer)"
+                f"the {name} (compute capability {capability[0]}.{capability[1]}) is older than Triton, the "
+                f"GPU compiler, supports ({MIN_CAPABILITY[0]}.{MIN_CAPABILITY[1]} and newer)"
             )
     if importlib.util.find_spec("triton") is None:
         return "Triton, the GPU compiler, is not installed (torch's Linux CUDA wheels bring it)"

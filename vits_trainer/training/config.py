@@ -141,7 +141,8 @@ class TrainConfig:
     )
     mas_backend: str = _f(
         "auto",
-        "alignment search: auto (numba on CPU, triton on a CUDA GPU Triton supports, else torch) | numba | triton | torch",
+        "alignment search: auto (numba on CPU, triton on a CUDA GPU Triton supports, else torch) | numba | "
+        "triton | torch",
         choices=["auto", "numba", "triton", "torch"],
     )
     num_speakers: str = _f(
@@ -184,8 +185,8 @@ class TrainConfig:
         "USER/NAME or ORG/NAME, created private unless --hub_public; network, token and write permission "
         "are checked at start-up, and a failed upload keeps the local model and prints the command to push it",
         metavar="REPO_ID",
-        nonempty="a repo id, USER/NAME (an empty one would push nothing: leave the flag out to keep the model "
-        "local only)",
+        nonempty="a repo id, USER/NAME (an empty one would push nothing: leave the flag out to keep the "
+        "model local only)",
     )
     hub_public: bool = _f(
         False, "with --push_to_hub: create the repo public (an existing repo's visibility is never changed)"
@@ -247,8 +248,8 @@ class TrainConfig:
                 raise UserError(f"--{name} must be positive (got {value})")
         if self.discriminator_width > MAX_DISCRIMINATOR_WIDTH:  # 1e9 was a traceback allocating 960 GB
             raise UserError(
-                f"--discriminator_width {self.discriminator_width:g}: at most {MAX_DISCRIMINATOR_WIDTH:g} (it "
-                "multiplies the channels: 1.0 is VITS's discriminator, 47 M parameters; 4 is 747 M)"
+                f"--discriminator_width {self.discriminator_width:g}: at most {MAX_DISCRIMINATOR_WIDTH:g} "
+                "(it multiplies the channels: 1.0 is VITS's discriminator, 47 M parameters; 4 is 747 M)"
             )
         if self.total_hours is not None and not (math.isfinite(self.total_hours) and self.total_hours > 0):
             raise UserError(f"--total_hours must be positive (got {self.total_hours})")
