@@ -289,6 +289,34 @@ def test_a_pipe_filelist_keeps_its_quotes_and_commas(tmp_path):
     }
 
 
+def test_absolute_paths_sharing_a_file_name_are_different_clips(tmp_path):
+    """A filelist of absolute paths whose speakers' folders hold the same file names (spk1/000.wav,
+    spk2/000.wav): each id was the bare file name, so every second speaker's clip was dropped as a
+    duplicate_id. The same file listed twice is still a duplicate."""
+    src = tmp_path / "corpus"
+    for speaker in ("spk1", "spk2"):
+        for stem in ("000", "001"):
+            write_audio(src / speaker / f"{stem}.wav", speech("abc", 16000), 16000)
+    lines = [
+        f"{src}/{speaker}/{stem}.wav|{speaker}|clip {stem}"
+        for speaker in ("spk1", "spk2")
+        for stem in ("000", "001")
+    ]
+    lines.append(f"{src}/spk1/000.wav|spk1|clip again")
+    (tmp_path / "train.txt").write_text("\n".join(lines) + "\n", encoding="utf-8")
+    run_prepare(tmp_path / "train.txt", tmp_path / "out")
+    assert output_rows(tmp_path / "out") == {
+        f"{speaker}_{stem}": (f"clip {stem}", speaker)
+        for speaker in ("spk1", "spk2")
+        for stem in ("000", "001")
+    }
+    assert list(skipped_reasons(tmp_path / "out").values()) == ["duplicate_id"]
+    # file names that differ keep their ids as they were: the file name alone
+    (tmp_path / "one.txt").write_text(f"{src}/spk1/000.wav|a\n{src}/spk2/001.wav|b\n", encoding="utf-8")
+    run_prepare(tmp_path / "one.txt", tmp_path / "out2")
+    assert output_rows(tmp_path / "out2") == {"000": ("a", "0"), "001": ("b", "0")}
+
+
 def test_a_tables_bad_rows_are_reported_by_their_id_and_first_line(tmp_path):
     """A malformed row was reported by its first field (a speaker, here) and a quoted record spanning
     lines by its last line."""

@@ -12,9 +12,11 @@ from __future__ import annotations
 import csv
 import itertools
 import json
+import os
 import re
 import unicodedata
 from collections.abc import Iterable
+from dataclasses import replace
 from pathlib import Path
 
 from ..errors import UserError, cannot_read
@@ -410,7 +412,7 @@ def _table_rows(
     id_from: str = "relpath",
     notes: list[str] | None = None,
     headerless: bool = False,
-) -> Iterable[Row]:
+) -> list[Row]:
     """The table's rows, and what is worth saying about its columns added to `notes`; `headerless` (a
     plain CSV/TSV): a table without a header row is read too."""
     # tab- and pipe-separated lists (filelists, LJSpeech-like) never quote: a '"' is part of the text
@@ -454,6 +456,8 @@ def _table_rows(
                 return value
             return Path(value).stem if id_from == "stem" else _path_id(value)
 
+        rows: list[Row] = []
+        absolute: dict[int, Path] = {}  # row index -> its audio, where the id is an absolute path's file name
         line = reader.line_num + 1  # where the next record starts (a quoted one may span lines)
         for fields in itertools.chain(pending, reader):
             origin = f"{path.name}:{line if not pending or fields is not pending[0] else first_line}"
@@ -462,14 +466,14 @@ def _table_rows(
                 continue
             if len(fields) != len(header):
                 detail = f"expected {len(header)} fields, got {len(fields)}"
-                yield Problem(origin, "malformed_row", detail, id_of(fields))
+                rows.append(Problem(origin, "malformed_row", detail, id_of(fields)))
                 continue
             if any(_has_bad_utf8(x) for x in fields):
-                yield Problem(origin, "malformed_row", "not valid UTF-8")
+                rows.append(Problem(origin, "malformed_row", "not valid UTF-8"))
                 continue
             rel = fields[index[audio_column]].strip()
             if not rel:
-                yield Problem(origin, "missing_audio", f"empty {audio_column} field")
+                rows.append(Problem(origin, "missing_audio", f"empty {audio_column} field"))
                 continue
             audio = resolve_in(audio_root, rel)
             if id_column is not None:
@@ -478,11 +482,31 @@ def _table_rows(
                 clip_id = Path(rel).stem
             else:
                 clip_id = _path_id(rel)
+                if Path(rel).is_absolute():
+                    absolute[len(rows)] = audio
             if id_from == "stem" and not audio.exists() and not audio.suffix:
                 audio = audio.with_suffix(".mp3")  # some Common Voice releases list paths without .mp3
             speaker = fields[index[speaker_column]].strip() if speaker_column else ""
             text = fields[index[text_column]]
-            yield Candidate(clip_id, text, speaker or "0", origin, audio_path=audio)
+            rows.append(Candidate(clip_id, text, speaker or "0", origin, audio_path=audio))
+    return _absolute_ids_apart(rows, absolute)
+
+
+def _absolute_ids_apart(rows: list[Row], absolute: dict[int, Path]) -> list[Row]:
+    """Ids from absolute audio paths (`absolute`: row index -> its file) are the bare file names, unless
+    two different files share one (/data/spk1/000.wav, /data/spk2/000.wav): then the second was dropped
+    as a duplicate of the first. Those ids are then each file's path from the folder all of them share
+    (spk1/000, spk2/000), as a relative path's is; the same file listed twice stays a duplicate."""
+    files_by_id: dict[str, set[str]] = {}
+    for i, audio in absolute.items():
+        files_by_id.setdefault(rows[i].source_id, set()).add(os.path.normpath(audio))
+    if all(len(files) == 1 for files in files_by_id.values()):
+        return rows
+    common = os.path.commonpath([os.path.normpath(audio) for audio in absolute.values()])
+    rows = list(rows)
+    for i, audio in absolute.items():
+        rows[i] = replace(rows[i], source_id=_path_id(os.path.relpath(os.path.normpath(audio), common)))
+    return rows
 
 
 def _refuse_a_clip_for_a_header(path: Path, header: list[str], delimiter: str, audio_root: Path) -> None:
