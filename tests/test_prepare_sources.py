@@ -422,6 +422,22 @@ def test_hf_single_dataset_mp3_bytes_without_paths(tmp_path):
     }
 
 
+def test_audio_bytes_that_are_not_audio_are_reported_without_a_python_object(tmp_path):
+    """A dataset row whose bytes are no audio file was reported as "Error opening <_io.BytesIO object at
+    0x7f...>: Format not recognised.": the address of an object in memory, not the row's audio."""
+    from datasets import Audio, Dataset
+
+    good = write_audio(tmp_path / "raw" / "0.wav", speech("ab cd", 16000), 16000).read_bytes()
+    clips = [{"bytes": good, "path": None}, {"bytes": b"not audio at all", "path": None}]
+    ds = Dataset.from_dict({"audio": clips, "text": ["one", "two"]})
+    ds.cast_column("audio", Audio(decode=False)).save_to_disk(str(tmp_path / "ds"))
+    result, _ = run_prepare(tmp_path / "ds", tmp_path / "out")
+    (skip,) = result.report["skipped_rows"]
+    assert skip["reason"] == "unreadable_audio"
+    assert "BytesIO" not in skip["detail"] and "0x" not in skip["detail"], skip["detail"]
+    assert "Format not recognised" in skip["detail"]
+
+
 def test_hf_path_column_and_id_column(tmp_path):
     from datasets import Dataset
 

@@ -35,7 +35,10 @@ def read_audio(source: str | Path | bytes, mono: bool = True) -> tuple[np.ndarra
     try:
         audio, rate = sf.read(handle, dtype="float32", always_2d=True)
     except Exception as err:  # libsndfile reports corrupt/non-audio data in several exception types
-        raise AudioReadError(_one_line(err)) from None
+        message = _one_line(err)
+        if handle is not source:  # bytes: libsndfile names the BytesIO by its address ("<_io.BytesIO ...>")
+            message = message.replace(repr(handle), "the audio bytes")
+        raise AudioReadError(message) from None
     return (to_mono(audio) if mono else audio), int(rate)
 
 
