@@ -317,6 +317,31 @@ def test_absolute_paths_sharing_a_file_name_are_different_clips(tmp_path):
     assert output_rows(tmp_path / "out2") == {"000": ("a", "0"), "001": ("b", "0")}
 
 
+def test_a_headerless_lists_columns_are_those_of_most_rows_not_of_its_first(tmp_path):
+    """A headerless file,text list whose first text holds an unquoted comma was read as
+    audio,speaker,text from that row alone: its clip was kept with the text 'world' and the speaker
+    'Hello', and every row after it was malformed."""
+    src = tmp_path / "table"
+    for stem in ("a0", "a1", "a2", "a3"):
+        write_audio(src / "wavs" / f"{stem}.wav", speech("abc", 16000), 16000)
+    lines = [
+        "wavs/a0.wav,Hello, world",
+        "wavs/a1.wav,plain text",
+        "wavs/a2.wav,more text",
+        'wavs/a3.wav,"quoted, fine"',
+    ]
+    (src / "list.csv").write_text("\n".join(lines) + "\n", encoding="utf-8")
+    result, printed = run_prepare(src / "list.csv", tmp_path / "out")
+    assert output_rows(tmp_path / "out") == {
+        "wavs_a1": ("plain text", "0"),
+        "wavs_a2": ("more text", "0"),
+        "wavs_a3": ("quoted, fine", "0"),
+    }
+    assert skipped_reasons(tmp_path / "out") == {"wavs_a0": "malformed_row"}
+    assert result.report["skipped_rows"][0]["origin"] == "list.csv:1"
+    assert any("no header row: columns read as audio, text" in line for line in printed), printed
+
+
 def test_a_tables_bad_rows_are_reported_by_their_id_and_first_line(tmp_path):
     """A malformed row was reported by its first field (a speaker, here) and a quoted record spanning
     lines by its last line."""

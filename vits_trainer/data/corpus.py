@@ -15,6 +15,7 @@ import json
 import os
 import re
 import unicodedata
+from collections import Counter
 from collections.abc import Iterable
 from dataclasses import replace
 from pathlib import Path
@@ -431,11 +432,14 @@ def _table_rows(
             raise UserError(f"{path}: empty file (expected a header row)")
         named = (audio_column, text_column, speaker_column, id_column) != (None,) * 4
         columns = None if not headerless or named else _headerless_columns(header)
+        records: Iterable[tuple[list[str], int]] = _numbered(reader)
         if columns is not None:
+            records = list(records)
+            columns = _most_rows_columns(first, records)
             header = columns
             speaker_column = "speaker" if "speaker" in columns else None
             notes.append(f"no header row: columns read as {', '.join(columns)} (the first row is a clip)")
-        pending = [first] if columns is not None else []
+        pending = [(first, first_line)] if columns is not None else []
         if columns is None and not named:
             _refuse_a_clip_for_a_header(path, header, delimiter, audio_root)
         audio_column = pick_column(path, header, audio_column, AUDIO_COLUMNS, "--audio_column")
@@ -458,10 +462,8 @@ def _table_rows(
 
         rows: list[Row] = []
         absolute: dict[int, Path] = {}  # row index -> its audio, where the id is an absolute path's file name
-        line = reader.line_num + 1  # where the next record starts (a quoted one may span lines)
-        for fields in itertools.chain(pending, reader):
-            origin = f"{path.name}:{line if not pending or fields is not pending[0] else first_line}"
-            line = reader.line_num + 1
+        for fields, number in itertools.chain(pending, records):
+            origin = f"{path.name}:{number}"
             if not any(x.strip() for x in fields):
                 continue
             if len(fields) != len(header):
@@ -490,6 +492,27 @@ def _table_rows(
             text = fields[index[text_column]]
             rows.append(Candidate(clip_id, text, speaker or "0", origin, audio_path=audio))
     return _absolute_ids_apart(rows, absolute)
+
+
+def _numbered(reader) -> Iterable[tuple[list[str], int]]:
+    """A csv reader's records, each with the line it starts on (a quoted one may span lines)."""
+    line = reader.line_num + 1
+    for fields in reader:
+        yield fields, line
+        line = reader.line_num + 1
+
+
+def _most_rows_columns(first: list[str], records: list[tuple[list[str], int]]) -> list[str] | None:
+    """A headerless table's columns, as most of its rows have them: a first row whose text holds the
+    delimiter (`wavs/a.wav,Hello, world`) alone made the list audio,speaker,text, kept that clip with a
+    wrong text and speaker and made every other row malformed. Its own columns when as many rows agree."""
+    counts = Counter(len(fields) for fields, _ in records if any(x.strip() for x in fields))
+    counts[len(first)] += 1
+    most = max(counts, key=lambda n: (counts[n], n == len(first)))
+    if most == len(first):
+        return _headerless_columns(first)
+    template = next((f for f, _ in records if len(f) == most and _headerless_columns(f) is not None), first)
+    return _headerless_columns(template) or _headerless_columns(first)
 
 
 def _absolute_ids_apart(rows: list[Row], absolute: dict[int, Path]) -> list[Row]:
