@@ -60,6 +60,25 @@ def test_an_ljspeech_header_row_is_a_note_not_a_missing_clip(tmp_path):
     assert any("first line (ID|Text) is a header row" in line for line in printed), printed
 
 
+@pytest.mark.parametrize(("name", "sep"), [("metadata.csv", "|"), ("list.csv", ",")])
+def test_files_joined_with_their_byte_order_marks_keep_every_clip(tmp_path, name, sep):
+    """Two files saved with a byte-order mark and joined (cat a.csv b.csv > metadata.csv): the second
+    mark began a row's id, and its clip was reported missing as 'wavs/a1.wav: no such file' beside the
+    file of that very name (the mark does not show)."""
+    src = tmp_path / "lj"
+    for i in range(3):
+        write_audio(src / "wavs" / f"a{i}.wav", speech("abc de", 22050), 22050)
+    first = "wavs/a" if sep == "," else "a"
+    ext = ".wav" if sep == "," else ""
+    part = [f"{first}{i}{ext}{sep}text {i}\n" for i in range(3)]
+    header = f"file_name{sep}text\n" if sep == "," else ""
+    data = "\ufeff" + header + part[0] + "\ufeff" + part[1] + part[2]
+    (src / name).write_text(data, encoding="utf-8")
+    run_prepare(src / name, tmp_path / "out")
+    ids = [f"{first.replace('/', '_')}{i}" for i in range(3)]
+    assert output_rows(tmp_path / "out") == {ids[i]: (f"text {i}", "0") for i in range(3)}
+
+
 def test_an_ljspeech_id_finds_its_clip_with_an_upper_case_extension(tmp_path):
     """wavs/a1.WAV (a recorder's or Windows' name) was reported missing for the id a1."""
     src = tmp_path / "lj"

@@ -41,6 +41,7 @@ FORMATS = ("auto", "ljspeech", "commonvoice", "csv", "hf", "audiofolder", "pairs
 AUDIOFOLDER_METADATA = ("metadata.csv", "metadata.jsonl", "metadata.parquet")
 HF_DATA_SUFFIXES = (".parquet", ".arrow")
 ARCHIVE_SUFFIXES = (".zip", ".tar.gz", ".tgz", ".tar.bz2", ".tar.xz", ".tar", ".7z", ".rar")
+BOM = "\ufeff"  # a byte-order mark, as text
 TRANSCRIPT_SUFFIXES = (".txt", ".lab")  # pairs: x.wav + x.txt, or x.lab (Montreal Forced Aligner corpora)
 
 
@@ -206,7 +207,8 @@ def read_ljspeech(root: Path) -> Source:
     parsed: list[tuple[int, list[str]]] = []
     rows: list[Row] = []
     for number, line in enumerate(lines, start=1):
-        line = line.rstrip("\r")
+        # a byte-order mark inside: files saved with one and joined (cat a.csv b.csv); it began an id
+        line = line.rstrip("\r").lstrip(BOM)
         if not line.strip():
             continue
         fields = line.split("|")
@@ -234,7 +236,7 @@ def read_ljspeech(root: Path) -> Source:
     notes = [] if clips != root else ["no wavs/ folder: the clips are read from beside metadata.csv"]
     if third_is_speaker:
         notes.append("metadata.csv's third column looks like speaker ids (id|text|speaker); used as speaker")
-    first_line = next((number for number, line in enumerate(lines, start=1) if line.strip()), 0)
+    first_line = next((number for number, line in enumerate(lines, start=1) if line.lstrip(BOM).strip()), 0)
     if parsed and parsed[0][0] == first_line and _is_header_row(parsed[0][1]):
         clip_id, audio = _ljspeech_audio(root, clips, parsed[0][1][0].strip())
         if not audio.is_file():
@@ -419,7 +421,8 @@ def _table_rows(
     # tab- and pipe-separated lists (filelists, LJSpeech-like) never quote: a '"' is part of the text
     quoting = csv.QUOTE_NONE if delimiter in ("\t", "|") else csv.QUOTE_MINIMAL
     with _open_text(path) as f:
-        reader = csv.reader(f, delimiter=delimiter, quoting=quoting)
+        # a byte-order mark starting a line inside: files saved with one and joined (cat a.csv b.csv)
+        reader = csv.reader((line.lstrip(BOM) for line in f), delimiter=delimiter, quoting=quoting)
         # blank lines above the header (or the first clip) are skipped, not taken for the header
         first_line = reader.line_num + 1  # where the record read next starts (a quoted one may span lines)
         first = next(reader, None)
