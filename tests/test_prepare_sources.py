@@ -482,6 +482,29 @@ def test_audio_bytes_that_are_not_audio_are_reported_without_a_python_object(tmp
     assert "Format not recognised" in skip["detail"]
 
 
+@pytest.mark.parametrize("layout", ["struct", "binary"])
+def test_a_parquet_file_written_without_datasets_reads_its_audio_bytes(tmp_path, layout):
+    """A parquet file written by pandas or pyarrow (a dataset's to_pandas().to_parquet(), say) holds
+    audio as {bytes, path} records or bare bytes, without the datasets Audio type: it was refused as
+    "column 'audio' holds {'bytes': Value('binary'), ...}, not audio or paths"."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    blobs = [
+        write_audio(tmp_path / "raw" / f"{i}.wav", speech("ab cd", 16000), 16000).read_bytes()
+        for i in range(2)
+    ]
+    if layout == "struct":
+        audio = pa.array([{"bytes": blob, "path": f"clip{i}.wav"} for i, blob in enumerate(blobs)])
+    else:
+        audio = pa.array(blobs, pa.binary())
+    pq.write_table(pa.table({"audio": audio, "text": ["one", "two"]}), tmp_path / "data.parquet")
+    run_prepare(tmp_path / "data.parquet", tmp_path / "out")
+    ids = ["clip0", "clip1"] if layout == "struct" else ["train_000000", "train_000001"]
+    assert output_rows(tmp_path / "out") == {ids[0]: ("one", "0"), ids[1]: ("two", "0")}
+    assert wav_info(tmp_path / "out" / "wavs" / f"{ids[0]}.wav") == (16000, 1, "PCM_16")
+
+
 def test_hf_path_column_and_id_column(tmp_path):
     from datasets import Dataset
 

@@ -47,7 +47,7 @@ def read_hf(
 
     feature = ds.features[audio_column]
     is_path_column = isinstance(feature, Value) and feature.dtype in ("string", "large_string")
-    if not is_path_column and not isinstance(feature, Audio):
+    if not is_path_column and not isinstance(feature, Audio) and not _audio_storage(feature):
         raise UserError(f"--source {source}: column {audio_column!r} holds {feature}, not audio or paths")
     if not is_path_column:
         # Keep the encoded file bytes: decoding is ours (soundfile), so no torchcodec/ffmpeg is needed.
@@ -100,6 +100,20 @@ def read_hf(
     notes = [f"split {split_name}: {len(ds)} rows; text from {text_column!r}"]
     notes += speaker_notes
     return Source("hf", location, rows, folder=folder, fetch_audio=fetch_audio, notes=notes)
+
+
+def _audio_storage(feature) -> bool:
+    """Audio as the datasets Audio type stores it, without that type: {bytes, path} records or bare
+    bytes, as a parquet file written by pandas or pyarrow holds them (a dataset's
+    to_pandas().to_parquet()); they were refused as not audio. Cast to Audio, they are read as it is."""
+    from datasets import Value
+
+    if isinstance(feature, Value):
+        return feature.dtype in ("binary", "large_binary")
+    binary = isinstance(feature, dict) and isinstance(feature.get("bytes"), Value)
+    return (
+        binary and feature["bytes"].dtype in ("binary", "large_binary") and set(feature) <= {"bytes", "path"}
+    )
 
 
 def _load_dataset(source: str, split: str | None):
