@@ -570,6 +570,22 @@ def test_a_file_cut_short_is_a_warning(tmp_path):
     assert [w["id"] for w in again.report["warnings"]] == ["cut"] and again.report["counts"]["reused"] == 2
 
 
+@pytest.mark.parametrize("subtype", ["PCM_16", "FLOAT"])
+def test_a_wav_cut_short_is_a_warning(tmp_path, subtype):
+    """Half a WAV (a copy or download that stopped midway) was kept with its whole transcript and no
+    warning: libsndfile gives the length of the samples present, not the header's, so the file never
+    looked shorter than its header."""
+    src = tmp_path / "pairs"
+    whole = write_audio(src / "whole.wav", speech("abc de fgh", 16000, seconds=4.0), 16000, subtype=subtype)
+    (src / "whole.txt").write_text("abc de fgh", encoding="utf-8")
+    data = whole.read_bytes()
+    (src / "cut.wav").write_bytes(data[: len(data) // 2])
+    (src / "cut.txt").write_text("abc de fgh", encoding="utf-8")
+    result, _ = run_prepare(src, tmp_path / "out")
+    assert [(w["id"], w["warning"]) for w in result.report["warnings"]] == [("cut", "shorter_than_header")]
+    assert "where its header says 4.00 s" in result.report["warnings"][0]["detail"]
+
+
 def test_a_clip_at_a_duration_limit_gets_the_same_verdict_when_its_wav_is_reused(tmp_path):
     # checked at the source's rate when converted (1.25 s, not over --max_seconds 1.25, kept), but at the
     # model's when its WAV was reused (27563 samples at 22050 Hz, 1.25002 s: too long): the same command

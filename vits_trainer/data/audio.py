@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import io
 import os
+import struct
 import wave
 from pathlib import Path
 
@@ -52,6 +53,32 @@ def audio_duration(path: str | Path) -> float | None:
     except Exception:
         return None
     return info.frames / info.samplerate if info.samplerate > 0 else None
+
+
+def wav_header_seconds(path: str | Path) -> float | None:
+    """The length a WAV's header gives (its data chunk's size), or None when it gives none (not a WAV, a
+    streamed size of 0 or 0xFFFFFFFF). libsndfile reports the length of the samples present, so a WAV
+    cut short (a copy that stopped midway) never looked shorter than its header: its data chunk says."""
+    try:
+        with open(path, "rb") as f:
+            head = f.read(12)
+            if len(head) < 12 or head[:4] not in (b"RIFF", b"RIFX") or head[8:12] != b"WAVE":
+                return None
+            order = ">" if head[:4] == b"RIFX" else "<"
+            rate = block = 0
+            while len(chunk := f.read(8)) == 8:
+                name, size = chunk[:4], struct.unpack(f"{order}I", chunk[4:])[0]
+                if name == b"data":
+                    unknown = size in (0, 0xFFFFFFFF) or not rate or not block
+                    return None if unknown else size // block / rate
+                body = f.read(min(size, 64)) if name == b"fmt " else b""
+                if len(body) >= 14:
+                    rate = struct.unpack(f"{order}I", body[4:8])[0]
+                    block = struct.unpack(f"{order}H", body[12:14])[0]
+                f.seek(size - len(body) + (size & 1), os.SEEK_CUR)  # chunks are padded to an even size
+    except OSError:
+        return None
+    return None
 
 
 def to_mono(audio: np.ndarray) -> np.ndarray:

@@ -24,7 +24,7 @@ import numpy as np
 
 from ..errors import UserError
 from ..terminal import clock_text, is_interactive
-from .audio import AudioReadError, audio_duration, read_audio, resample, write_wav
+from .audio import AudioReadError, audio_duration, read_audio, resample, wav_header_seconds, write_wav
 from .corpus_rows import Source
 from .prepare_state import claim, save_state
 
@@ -112,7 +112,8 @@ def convert_clip(job: Job, target: AudioTarget) -> Outcome:
         if path.stat().st_size == 0:
             return _failed(out, "empty_audio", f"{path}: 0 bytes")
         seconds = audio_duration(path)
-        out.header_seconds = seconds or 0.0
+        # a WAV cut short: libsndfile's length is that of the samples present, its header's is longer
+        out.header_seconds = max(seconds or 0.0, wav_header_seconds(path) or 0.0)
         # Long-form audio (an hour-long file) is rejected from its header, without decoding it all.
         if target.trim_top_db is None and seconds is not None and seconds > target.max_seconds * 1.1 + 1.0:
             return _failed(out, "too_long", f"{seconds:.2f} s > {target.max_seconds} s")
