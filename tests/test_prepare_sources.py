@@ -291,6 +291,35 @@ def test_table_without_header_row(tmp_path, name, lines, speakers, columns):
         run_prepare(src / name, tmp_path / "out2")
 
 
+def test_a_headerless_path_text_speaker_list_keeps_its_texts(tmp_path):
+    """path|text|speaker, as this tool's own id|text|speaker with paths: the texts (with spaces) were
+    taken for an unused column and every clip was written with its speaker's name as its text. A
+    middle column of names with spaces beside texts stays as it was: unused."""
+    src = tmp_path / "table"
+    for stem in ("a0", "a1", "a2"):
+        write_audio(src / "wavs" / f"{stem}.wav", speech("abc", 16000), 16000)
+    lines = [
+        "wavs/a0.wav|hello there world|ana",
+        "wavs/a1.wav|how are you|ben",
+        "wavs/a2.wav|fine thanks|ana",
+    ]
+    (src / "train.txt").write_text("\n".join(lines) + "\n", encoding="utf-8")
+    _, printed = run_prepare(src / "train.txt", tmp_path / "out")
+    assert output_rows(tmp_path / "out") == {
+        "wavs_a0": ("hello there world", "ana"),
+        "wavs_a1": ("how are you", "ben"),
+        "wavs_a2": ("fine thanks", "ana"),
+    }
+    assert any("columns read as audio, text, speaker" in line for line in printed), printed
+    lines = ["wavs/a0.wav|Ana Lopez|hello there world", "wavs/a1.wav|Ben Ali|how are you"]
+    (src / "names.txt").write_text("\n".join(lines) + "\n", encoding="utf-8")
+    run_prepare(src / "names.txt", tmp_path / "out2")
+    assert output_rows(tmp_path / "out2") == {
+        "wavs_a0": ("hello there world", "0"),
+        "wavs_a1": ("how are you", "0"),
+    }
+
+
 def test_a_pipe_filelist_keeps_its_quotes_and_commas(tmp_path):
     """A headerless path|text list whose first text has more commas than the line has pipes was read as
     a CSV (no audio column found); an opening quote swallowed the rows after it."""

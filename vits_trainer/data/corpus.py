@@ -508,14 +508,27 @@ def _numbered(reader) -> Iterable[tuple[list[str], int]]:
 def _most_rows_columns(first: list[str], records: list[tuple[list[str], int]]) -> list[str] | None:
     """A headerless table's columns, as most of its rows have them: a first row whose text holds the
     delimiter (`wavs/a.wav,Hello, world`) alone made the list audio,speaker,text, kept that clip with a
-    wrong text and speaker and made every other row malformed. Its own columns when as many rows agree."""
+    wrong text and speaker and made every other row malformed. Its own columns when as many rows agree.
+    Three columns are path|speaker|text (VITS's filelists) unless most rows have spaces in the middle one
+    only: path|text|speaker."""
     counts = Counter(len(fields) for fields, _ in records if any(x.strip() for x in fields))
     counts[len(first)] += 1
     most = max(counts, key=lambda n: (counts[n], n == len(first)))
     if most == len(first):
-        return _headerless_columns(first)
-    template = next((f for f, _ in records if len(f) == most and _headerless_columns(f) is not None), first)
-    return _headerless_columns(template) or _headerless_columns(first)
+        template = first
+    else:
+        template = next(
+            (f for f, _ in records if len(f) == most and _headerless_columns(f) is not None), first
+        )
+    columns = _headerless_columns(template) or _headerless_columns(first)
+    if columns is not None and len(columns) == 3:
+        # path|text|speaker (this tool's id|text|speaker, with paths): texts with spaces in the middle,
+        # one-word names last. Read as path|speaker|text, every clip had its speaker's name for a text
+        rows = [[x.strip() for x in f] for f in [first, *(f for f, _ in records)] if len(f) == 3]
+        spaced = [(bool(re.search(r"\s", f[1])), bool(re.search(r"\s", f[2]))) for f in rows]
+        if 2 * sum(middle and not last for middle, last in spaced) > len(spaced):
+            return ["audio", "text", "speaker"]
+    return columns
 
 
 def _absolute_ids_apart(rows: list[Row], absolute: dict[int, Path]) -> list[Row]:
