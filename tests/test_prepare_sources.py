@@ -412,6 +412,38 @@ def test_a_tables_bad_rows_are_reported_by_their_id_and_first_line(tmp_path):
     ]
 
 
+def test_rows_taken_in_by_a_quote_never_closed_are_each_reported(tmp_path):
+    """A CSV text opening a '"' it never closes runs on to the end of the file: the rows after it became
+    part of its text, reported as one text_has_newline, and their clips were listed nowhere."""
+    src = tmp_path / "t"
+    for stem in ("a0", "a1", "a2", "a3"):
+        write_audio(src / "wavs" / f"{stem}.wav", speech("abc", 16000), 16000)
+    lines = [
+        "file,text",
+        "wavs/a0.wav,hello",
+        'wavs/a1.wav,"unclosed quote',
+        "wavs/a2.wav,third",
+        "wavs/a3.wav,fourth",
+    ]
+    (src / "list.csv").write_text("\n".join(lines) + "\n", encoding="utf-8")
+    result, _ = run_prepare(src / "list.csv", tmp_path / "out")
+    assert output_rows(tmp_path / "out") == {"wavs_a0": ("hello", "0")}
+    skips = {s["id"]: (s["origin"], s["reason"]) for s in result.report["skipped_rows"]}
+    assert skips == {
+        "wavs_a1": ("list.csv:3", "malformed_row"),
+        "wavs_a2": ("list.csv:4", "malformed_row"),
+        "wavs_a3": ("list.csv:5", "malformed_row"),
+    }
+    detail = result.report["skipped_rows"][0]["detail"]
+    assert "line 3" in detail and "never closed" in detail, detail
+    # a quoted text on two lines takes in no row: a line break in its text, as before
+    lines = ["file,text", "wavs/a0.wav,hello", 'wavs/a1.wav,"a text on', 'two lines"', "wavs/a2.wav,third"]
+    (src / "two.csv").write_text("\n".join(lines) + "\n", encoding="utf-8")
+    run_prepare(src / "two.csv", tmp_path / "out2")
+    assert skipped_reasons(tmp_path / "out2") == {"wavs_a1": "text_has_newline"}
+    assert set(output_rows(tmp_path / "out2")) == {"wavs_a0", "wavs_a2"}
+
+
 def test_csv_default_columns_and_quoted_text(tmp_path):
     src = tmp_path / "t"
     write_audio(src / "x.wav", speech("abc", 16000), 16000)

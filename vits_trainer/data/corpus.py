@@ -469,6 +469,19 @@ def _table_rows(
             origin = f"{path.name}:{number}"
             if not any(x.strip() for x in fields):
                 continue
+            taken = _rows_taken_in(fields, delimiter, index[audio_column])
+            if taken:  # each row listed in the report, not lost in one row's text
+                detail = (
+                    f"a '\"' opened on line {number} is never closed: the {len(taken)} row(s) after it were read "
+                    'as its text; close it, or double it ("") for a quote inside a text'
+                )
+                rows.append(Problem(origin, "malformed_row", detail, id_of(fields)))
+                for offset, cells in taken:
+                    detail = f"read as the text of line {number}, whose '\"' is never closed"
+                    rows.append(
+                        Problem(f"{path.name}:{number + offset}", "malformed_row", detail, id_of(cells))
+                    )
+                continue
             if len(fields) != len(header):
                 detail = f"expected {len(header)} fields, got {len(fields)}"
                 rows.append(Problem(origin, "malformed_row", detail, id_of(fields)))
@@ -495,6 +508,21 @@ def _table_rows(
             text = fields[index[text_column]]
             rows.append(Candidate(clip_id, text, speaker or "0", origin, audio_path=audio))
     return _absolute_ids_apart(rows, absolute)
+
+
+def _rows_taken_in(fields: list[str], delimiter: str, audio_index: int) -> list[tuple[int, list[str]]]:
+    """The rows a quoted field that is never closed took in: (line after the record's first, cells) of
+    each line inside the record that names an audio file in the audio column. A quoted text on two
+    lines takes in none (its line break is reported as such)."""
+    taken = []
+    for offset, line in enumerate(delimiter.join(fields).split("\n")[1:], start=1):
+        cells = line.rstrip("\r").split(delimiter)
+        if (
+            audio_index < len(cells)
+            and Path(cells[audio_index].strip().strip('"')).suffix.lower() in AUDIO_EXTENSIONS
+        ):
+            taken.append((offset, cells))
+    return taken
 
 
 def _numbered(reader) -> Iterable[tuple[list[str], int]]:
