@@ -875,6 +875,22 @@ def test_wavs_folder_given_instead_of_the_corpus_names_the_table(tmp_path):
     assert "no usable clips" in str(err.value) and "Are the transcripts" not in str(err.value)
 
 
+def test_transcripts_in_a_folder_of_their_own_are_named_not_asked_for(tmp_path):
+    """VCTK's layout: wav48/p225/p225_001.wav and txt/p225/p225_001.txt. The error said to write
+    p225_001.txt for p225_001.wav, a file the corpus has, only not beside its clip."""
+    src = tmp_path / "vctk"
+    for stem in ("p225_001", "p225_002"):
+        write_audio(src / "wav48" / "p225" / f"{stem}.wav", speech("abc", 16000), 16000)
+        (src / "txt" / "p225").mkdir(parents=True, exist_ok=True)
+        (src / "txt" / "p225" / f"{stem}.txt").write_text("Please call Stella.\n", encoding="utf-8")
+    with pytest.raises(UserError) as err:
+        run_prepare(src, tmp_path / "out")
+    message = str(err.value)
+    assert "write them" not in message, message
+    where = src / "txt" / "p225" / "p225_001.txt"
+    assert f"{where} is not beside {src / 'wav48' / 'p225' / 'p225_001.wav'}" in message, message
+
+
 @pytest.mark.parametrize(
     "content", [b"", b"\n\n", b"\xef\xbb\xbf\r\n"], ids=["empty", "blank lines", "a mark"]
 )

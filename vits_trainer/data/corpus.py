@@ -847,8 +847,25 @@ def transcript_tables_hint(source: Source) -> str:
     if not tables:
         if empty:
             return f"; no clip has an x.txt or x.lab beside it, and {empty[0]} is empty"
-        missing = (r for r in source.rows if isinstance(r, Problem) and r.reason == "missing_text")
-        lacking = next((Path(r.origin) for r in missing), None)
+        missing = [
+            Path(r.origin) for r in source.rows if isinstance(r, Problem) and r.reason == "missing_text"
+        ]
+        lacking = next(iter(missing), None)
+        # transcripts in a folder of their own (VCTK's txt/p225/ beside wav48/p225/): the same names
+        alone = {
+            Path(r.origin).stem: Path(r.origin)
+            for r in source.rows
+            if isinstance(r, Problem)
+            and r.reason == "missing_audio"
+            and Path(r.origin).suffix.lower() in TRANSCRIPT_SUFFIXES
+        }
+        apart = next(((clip, alone[clip.stem]) for clip in missing if clip.stem in alone), None)
+        if apart is not None:
+            return (
+                f"; the transcripts are in folders of their own: {apart[1]} is not beside {apart[0]}; put each "
+                "x.txt beside its x.wav, or list the clips and their texts in a table (columns file_name, text) "
+                "and pass it as --source"
+            )
         example = f" ({lacking.with_suffix('.txt').name} for {lacking.name})" if lacking else ""
         return (
             f"; no clip has an x.txt or x.lab transcript beside it{example}: write them, or list the clips "
