@@ -875,6 +875,20 @@ def test_wavs_folder_given_instead_of_the_corpus_names_the_table(tmp_path):
     assert "no usable clips" in str(err.value) and "Are the transcripts" not in str(err.value)
 
 
+def test_transcripts_named_x_normalized_txt_are_named_not_asked_for(tmp_path):
+    """LibriTTS's layout: x.wav beside x.normalized.txt and x.original.txt. The error said to write x.txt
+    for x.wav, beside the two transcripts the corpus has for it."""
+    src = tmp_path / "LibriTTS" / "19" / "198"
+    write_audio(src / "19_198_000000_000000.wav", speech("abc", 16000), 16000)
+    (src / "19_198_000000_000000.normalized.txt").write_text("Hello there.", encoding="utf-8")
+    (src / "19_198_000000_000000.original.txt").write_text("Hello there.", encoding="utf-8")
+    with pytest.raises(UserError) as err:
+        run_prepare(tmp_path / "LibriTTS", tmp_path / "out")
+    message = str(err.value)
+    assert "write them" not in message, message
+    assert "19_198_000000_000000.normalized.txt is beside 19_198_000000_000000.wav" in message, message
+
+
 def test_transcripts_in_a_folder_of_their_own_are_named_not_asked_for(tmp_path):
     """VCTK's layout: wav48/p225/p225_001.wav and txt/p225/p225_001.txt. The error said to write
     p225_001.txt for p225_001.wav, a file the corpus has, only not beside its clip."""

@@ -860,6 +860,15 @@ def transcript_tables_hint(source: Source) -> str:
             and Path(r.origin).suffix.lower() in TRANSCRIPT_SUFFIXES
         }
         apart = next(((clip, alone[clip.stem]) for clip in missing if clip.stem in alone), None)
+        # LibriTTS's x.normalized.txt and x.original.txt beside x.wav: there, but named otherwise
+        beside = {(t.parent, Path(t.stem).stem): t for t in reversed(alone.values()) if Path(t.stem).suffix}
+        named = next(((c, beside[c.parent, c.stem]) for c in missing if (c.parent, c.stem) in beside), None)
+        if named is not None:
+            return (
+                f"; {named[1].name} is beside {named[0].name} but a transcript is read from "
+                f"{named[0].with_suffix('.txt').name}: copy or rename each (LibriTTS: x.normalized.txt to x.txt), "
+                "or list the clips and their texts in a table (columns file_name, text) and pass it as --source"
+            )
         if apart is not None:
             return (
                 f"; the transcripts are in folders of their own: {apart[1]} is not beside {apart[0]}; put each "
