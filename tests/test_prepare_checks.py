@@ -586,6 +586,25 @@ def test_a_wav_cut_short_is_a_warning(tmp_path, subtype):
     assert "where its header says 4.00 s" in result.report["warnings"][0]["detail"]
 
 
+def test_a_wav_whose_header_was_never_finished_says_so(tmp_path):
+    """A recorder stopped before it wrote its header's sizes (both 0): the file holds seconds of audio,
+    and it was reported as empty_audio 'no samples', which its size belies."""
+    src = tmp_path / "pairs"
+    data = bytearray(
+        write_audio(src / "take.wav", speech("abc de fgh", 16000, seconds=2.0), 16000).read_bytes()
+    )
+    at = data.index(b"data")
+    data[4:8] = data[at + 4 : at + 8] = bytes(4)
+    (src / "take.wav").write_bytes(bytes(data))
+    (src / "take.txt").write_text("abc de fgh", encoding="utf-8")
+    (src / "ok.wav").write_bytes(write_audio(tmp_path / "ok.wav", speech("abc", 16000), 16000).read_bytes())
+    (src / "ok.txt").write_text("abc", encoding="utf-8")
+    result, _ = run_prepare(src, tmp_path / "out")
+    (skip,) = result.report["skipped_rows"]
+    assert skip["reason"] == "empty_audio"
+    assert f"{len(data) - at - 8} bytes" in skip["detail"] and "header" in skip["detail"], skip["detail"]
+
+
 def test_a_clip_at_a_duration_limit_gets_the_same_verdict_when_its_wav_is_reused(tmp_path):
     # checked at the source's rate when converted (1.25 s, not over --max_seconds 1.25, kept), but at the
     # model's when its WAV was reused (27563 samples at 22050 Hz, 1.25002 s: too long): the same command

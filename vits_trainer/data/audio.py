@@ -59,6 +59,16 @@ def wav_header_seconds(path: str | Path) -> float | None:
     """The length a WAV's header gives (its data chunk's size), or None when it gives none (not a WAV, a
     streamed size of 0 or 0xFFFFFFFF). libsndfile reports the length of the samples present, so a WAV
     cut short (a copy that stopped midway) never looked shorter than its header: its data chunk says."""
+    chunk = wav_data_chunk(path)
+    if chunk is None:
+        return None
+    size, rate, block, _ = chunk
+    return None if size in (0, 0xFFFFFFFF) or not rate or not block else size // block / rate
+
+
+def wav_data_chunk(path: str | Path) -> tuple[int, int, int, int] | None:
+    """(data size its header gives, sample rate, bytes per frame, where the samples start) of a WAV
+    file; None when it is no WAV or has no data chunk."""
     try:
         with open(path, "rb") as f:
             head = f.read(12)
@@ -69,8 +79,7 @@ def wav_header_seconds(path: str | Path) -> float | None:
             while len(chunk := f.read(8)) == 8:
                 name, size = chunk[:4], struct.unpack(f"{order}I", chunk[4:])[0]
                 if name == b"data":
-                    unknown = size in (0, 0xFFFFFFFF) or not rate or not block
-                    return None if unknown else size // block / rate
+                    return size, rate, block, f.tell()
                 body = f.read(min(size, 64)) if name == b"fmt " else b""
                 if len(body) >= 14:
                     rate = struct.unpack(f"{order}I", body[4:8])[0]

@@ -24,7 +24,15 @@ import numpy as np
 
 from ..errors import UserError
 from ..terminal import clock_text, is_interactive
-from .audio import AudioReadError, audio_duration, read_audio, resample, wav_header_seconds, write_wav
+from .audio import (
+    AudioReadError,
+    audio_duration,
+    read_audio,
+    resample,
+    wav_data_chunk,
+    wav_header_seconds,
+    write_wav,
+)
 from .corpus_rows import Source
 from .prepare_state import claim, save_state
 
@@ -133,7 +141,7 @@ def convert_clip(job: Job, target: AudioTarget) -> Outcome:
 
 def _check_and_write(out: Outcome, audio: np.ndarray, rate: int, job: Job, target: AudioTarget) -> Outcome:
     if audio.shape[0] == 0:
-        return _failed(out, "empty_audio", "no samples")
+        return _failed(out, "empty_audio", _no_samples(job.audio_path))
     finite = np.isfinite(audio)
     if not finite.all():
         return _failed(out, "nan_or_inf", f"{int((~finite).sum())} NaN/Inf samples")
@@ -162,6 +170,23 @@ def _check_and_write(out: Outcome, audio: np.ndarray, rate: int, job: Job, targe
     out.wav_size = write_wav(job.out_path, converted, target.sample_rate)
     out.seconds = seconds
     return out
+
+
+def _no_samples(audio_path: str | None) -> str:
+    """Why a file decoded to no samples: a WAV whose header says none while bytes follow it is a
+    recording never finished (its header's sizes are written last), not an empty take."""
+    chunk = wav_data_chunk(audio_path) if audio_path else None
+    if chunk is not None and chunk[0] == 0:
+        try:
+            after = Path(audio_path).stat().st_size - chunk[3]
+        except OSError:  # gone meanwhile: an error here would read as one writing the output
+            after = 0
+        if after > 0:
+            return (
+                f"no samples: its header gives a data size of 0, yet {after} bytes follow it (a recording "
+                "whose header was never finished?)"
+            )
+    return "no samples"
 
 
 def duration_problem(seconds: float, target: AudioTarget) -> str | None:
