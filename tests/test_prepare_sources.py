@@ -390,6 +390,31 @@ def test_a_headerless_lists_columns_are_those_of_most_rows_not_of_its_first(tmp_
     assert any("no header row: columns read as audio, text" in line for line in printed), printed
 
 
+@pytest.mark.parametrize("layout", ["ljspeech", "audiofolder"])
+def test_absolute_paths_sharing_a_file_name_are_different_clips_in_any_list(tmp_path, layout):
+    """As in a table: metadata.csv's path|text rows, and an audiofolder's metadata.jsonl, naming
+    spk1/000.wav and spk2/000.wav by absolute paths gave both the id 000, and the second was dropped."""
+    clips = tmp_path / "clips"
+    for speaker in ("spk1", "spk2"):
+        write_audio(clips / speaker / "000.wav", speech("abc", 16000), 16000)
+    src = tmp_path / "list"
+    src.mkdir()
+    if layout == "ljspeech":
+        lines = [f"{clips}/{speaker}/000.wav|clip of {speaker}" for speaker in ("spk1", "spk2")]
+        (src / "metadata.csv").write_text("\n".join(lines) + "\n", encoding="utf-8")
+    else:
+        records = [
+            {"file_name": f"{clips}/{speaker}/000.wav", "text": f"clip of {speaker}"}
+            for speaker in ("spk1", "spk2")
+        ]
+        (src / "metadata.jsonl").write_text("\n".join(map(json.dumps, records)) + "\n", encoding="utf-8")
+    result, _ = run_prepare(src, tmp_path / "out", format=layout)
+    assert output_rows(tmp_path / "out") == {
+        "spk1_000": ("clip of spk1", "0"),
+        "spk2_000": ("clip of spk2", "0"),
+    }
+
+
 def test_a_tables_bad_rows_are_reported_by_their_id_and_first_line(tmp_path):
     """A malformed row was reported by its first field (a speaker, here) and a quoted record spanning
     lines by its last line."""

@@ -245,8 +245,14 @@ def read_ljspeech(root: Path) -> Source:
             )
             parsed = parsed[1:]
     replaced = 0
+    absolute: dict[int, Path] = {}  # row index -> its audio, where the id is an absolute path's file name
     for number, fields in parsed:
         clip_id, audio = _ljspeech_audio(root, clips, fields[0].strip())
+        if (
+            Path(fields[0].strip()).suffix.lower() in AUDIO_EXTENSIONS
+            and Path(fields[0].strip()).is_absolute()
+        ):
+            absolute[len(rows)] = audio
         text, speaker = fields[1], "0"
         if len(fields) == 3 and third_is_speaker:
             speaker = fields[2].strip() or "0"
@@ -259,7 +265,7 @@ def read_ljspeech(root: Path) -> Source:
             f"metadata.csv's third column is read as normalized text (LJSpeech's id|text|normalized_text): "
             f"it is the text of {replaced} row(s) where it differs from the second"
         )
-    return Source("ljspeech", str(root), rows, folder=root, notes=notes)
+    return Source("ljspeech", str(root), _absolute_ids_apart(rows, absolute), folder=root, notes=notes)
 
 
 def _is_header_row(fields: list[str]) -> bool:
@@ -692,6 +698,7 @@ def _record_rows(
     keys = sorted({k for r in records if r for k in r})
     text_column = pick_column(meta, keys, text_column, TEXT_COLUMNS, "--text_column")
     rows: list[Row] = []
+    absolute: dict[int, Path] = {}  # row index -> its audio, where the id is an absolute path's file name
     for number, record in enumerate(records, start=1):
         origin = f"{meta.name}:{number}"
         if record is None:
@@ -704,8 +711,11 @@ def _record_rows(
         clip_id = str(record.get(id_column, "")) if id_column else _path_id(rel)
         speaker = str(record.get(speaker_column) or "0") if speaker_column else "0"
         text = "" if text is None else str(text)
-        rows.append(Candidate(clip_id, text, speaker, origin, audio_path=resolve_in(meta.parent, rel)))
-    return rows
+        audio = resolve_in(meta.parent, rel)
+        if not id_column and Path(rel).is_absolute():
+            absolute[len(rows)] = audio
+        rows.append(Candidate(clip_id, text, speaker, origin, audio_path=audio))
+    return _absolute_ids_apart(rows, absolute)
 
 
 def _audiofolder_metadata(folder: Path) -> list[Path]:
