@@ -568,7 +568,7 @@ def test_audio_bytes_that_are_not_audio_are_reported_without_a_python_object(tmp
     assert "Format not recognised" in skip["detail"]
 
 
-@pytest.mark.parametrize("layout", ["struct", "binary"])
+@pytest.mark.parametrize("layout", ["struct", "binary", "path"])
 def test_a_parquet_file_written_without_datasets_reads_its_audio_bytes(tmp_path, layout):
     """A parquet file written by pandas or pyarrow (a dataset's to_pandas().to_parquet(), say) holds
     audio as {bytes, path} records or bare bytes, without the datasets Audio type: it was refused as
@@ -582,11 +582,15 @@ def test_a_parquet_file_written_without_datasets_reads_its_audio_bytes(tmp_path,
     ]
     if layout == "struct":
         audio = pa.array([{"bytes": blob, "path": f"clip{i}.wav"} for i, blob in enumerate(blobs)])
-    else:
+    elif layout == "binary":
         audio = pa.array(blobs, pa.binary())
+    else:  # {path} records alone: files beside the parquet file
+        audio = pa.array([{"path": f"raw/{i}.wav"} for i in range(2)])
     pq.write_table(pa.table({"audio": audio, "text": ["one", "two"]}), tmp_path / "data.parquet")
     run_prepare(tmp_path / "data.parquet", tmp_path / "out")
-    ids = ["clip0", "clip1"] if layout == "struct" else ["train_000000", "train_000001"]
+    ids = {"struct": ["clip0", "clip1"], "binary": ["train_000000", "train_000001"], "path": ["0", "1"]}[
+        layout
+    ]
     assert output_rows(tmp_path / "out") == {ids[0]: ("one", "0"), ids[1]: ("two", "0")}
     assert wav_info(tmp_path / "out" / "wavs" / f"{ids[0]}.wav") == (16000, 1, "PCM_16")
 

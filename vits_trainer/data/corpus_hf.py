@@ -103,17 +103,17 @@ def read_hf(
 
 
 def _audio_storage(feature) -> bool:
-    """Audio as the datasets Audio type stores it, without that type: {bytes, path} records or bare
-    bytes, as a parquet file written by pandas or pyarrow holds them (a dataset's
+    """Audio as the datasets Audio type stores it, without that type: {bytes, path} records (or either
+    alone) or bare bytes, as a parquet file written by pandas or pyarrow holds them (a dataset's
     to_pandas().to_parquet()); they were refused as not audio. Cast to Audio, they are read as it is."""
     from datasets import Value
 
+    kinds = {"bytes": ("binary", "large_binary"), "path": ("string", "large_string")}
     if isinstance(feature, Value):
-        return feature.dtype in ("binary", "large_binary")
-    binary = isinstance(feature, dict) and isinstance(feature.get("bytes"), Value)
-    return (
-        binary and feature["bytes"].dtype in ("binary", "large_binary") and set(feature) <= {"bytes", "path"}
-    )
+        return feature.dtype in kinds["bytes"]
+    if not isinstance(feature, dict) or not feature or not set(feature) <= set(kinds):
+        return False
+    return all(isinstance(v, Value) and v.dtype in kinds[k] for k, v in feature.items())
 
 
 def _load_dataset(source: str, split: str | None):
