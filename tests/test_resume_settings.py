@@ -173,6 +173,18 @@ def test_settings_fixed_for_the_run_are_kept_and_said_to_be_unused():
     )
 
 
+def test_num_speakers_given_on_resume_is_said_to_be_unused():
+    """--num_speakers 2 on a resumed one-voice run was printed as winning ("the checkpoint's run used
+    ''") and saved as the run's setting, while the checkpoint's model and speaker map were kept: the model
+    still had one voice."""
+    saved = TrainConfig(num_speakers="").to_dict()
+    lines = []
+    merged = restore_settings(parse(["--num_speakers", "2"]), saved, lines.append, source="step_00000002")
+    assert merged.num_speakers == ""
+    assert lines[0].startswith("resume: --num_speakers 2 is not used: the voices are the checkpoint's")
+    assert not any("(the checkpoint's run used" in line for line in lines)
+
+
 def test_a_resumed_run_keeps_the_model_it_was_trained_from():
     """The weights are the checkpoint's: another --model_name would only have named the wrong base in
     the model card (and its license and language)."""

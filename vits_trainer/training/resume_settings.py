@@ -6,8 +6,8 @@ command line's values, except:
   differs from the saved value is printed; but not --model_name (RUN_BASE): the checkpoint's weights
   came from the saved one, which the model card names, and a different one is said to be unused;
   nor RUN_FIXED (--val_fraction, --seed, --extend_vocab, --discriminator, --discriminator_width,
-  --best_metric): the validation clips, the random state, the vocabulary, the discriminator and the
-  best model's score are the checkpoint's, so a different value would change nothing but what the
+  --num_speakers, --best_metric): the validation clips, the random state, the vocabulary, the
+  discriminator, the voices and the best model's score are the checkpoint's, so a different value would change nothing but what the
   run's settings say (or, for --best_metric, compare one metric's scores with another's);
 - NOT_RESTORED: what belongs to this session or this machine, not to the run:
     --target_hours      this process's budget (--total_hours, the whole run's horizon, is restored)
@@ -63,6 +63,9 @@ RUN_FIXED = {
     "extend_vocab": "the vocabulary is the checkpoint's, settled when the run started",
     "discriminator": "the discriminator is the checkpoint's",
     "discriminator_width": "the discriminator is the checkpoint's",
+    # a resumed model keeps its speaker embeddings and map (model/speakers.py): a count given now changed
+    # nothing but the run's saved settings
+    "num_speakers": "the voices are the checkpoint's, its model and speaker map kept",
     # best_val and best_model/ are scores and weights of the run's metric: another would be compared
     # with the old one's values
     "best_metric": "best_model is chosen by the run's own metric, which its best so far is a score of",
