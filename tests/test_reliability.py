@@ -347,6 +347,41 @@ def test_failed_final_export_names_the_last_checkpoint(
     assert "exporting the final model" in out and "step_00000003" in out
 
 
+def test_disk_full_during_exports_keeps_training_and_says_so(
+    tmp_path, tiny_model_dir, tone_corpus, monkeypatch, capsys
+):
+    """A disk that filled up during training: safetensors says so with its own SafetensorError, not an
+    OSError, and an epoch evaluation's best_model export let any error through. The run ended with a
+    traceback at the first better evaluation (after the checkpoint's warning had said training goes on),
+    and each failed export left its half-written temp folder on the full disk."""
+    from safetensors import SafetensorError
+
+    from vits_trainer.training.outputs import RunOutputs
+
+    def disk_full(self, folder, *args, **kwargs):
+        Path(folder).mkdir(parents=True, exist_ok=True)
+        (Path(folder) / "model.safetensors").write_bytes(b"half")
+        raise SafetensorError("Error while serializing: I/O error: No space left on device (os error 28)")
+
+    def evaluate_every_epoch(self):
+        self.run_eval(f"epoch {self.s.state.epoch}")
+        self.save_checkpoint("epoch")
+
+    monkeypatch.setattr(VitsModel, "save_pretrained", disk_full)
+    monkeypatch.setattr(RunOutputs, "evaluate_and_save_if_due", evaluate_every_epoch)
+    _, summary = train_tiny(tmp_path, tone_corpus, tiny_model_dir, max_steps=6)
+    out = capsys.readouterr().out
+    assert summary["steps"] == 6 and summary["final_model"] is None
+    assert "warning: best model not updated (No space left on device)" in out, out[-3000:]
+    assert summary["best_model"] is None and summary["best_model_not_exported"] == "No space left on device"
+    assert (
+        f"failed (No space left on device); the last good checkpoint is {tmp_path / 'checkpoints' / 'step_00000006'}"
+        in out
+    )
+    assert not list(tmp_path.glob(".final_model.tmp-*"))
+    assert not list((tmp_path / "checkpoints").glob(".best_model.tmp-*"))
+
+
 def test_resume_falls_back_when_the_newest_checkpoint_is_damaged(
     tmp_path, tiny_model_dir, tone_corpus, capsys
 ):

@@ -15,7 +15,8 @@ imports, so a path mistake costs a fraction of a second and writes nothing.
 Inventory of destructive operations (file:function -> what -> why it is provably the tool's own)
 -----------------------------------------------------------------------------------------------
 model/vits.py:export_model
-    rmtree `.<name>.tmp-<pid>` -> our pid's temp folder from an earlier crash of this same pid
+    rmtree `.<name>.tmp-<pid>` -> our pid's temp folder from an earlier crash of this same pid, or the
+        one this export made and failed to fill (a full disk)
     os.replace(out_dir -> `.<name>.old-<pid>`) + rmtree(old) -> `check_replaceable(out_dir)` first:
         the folder carries our marker and nothing beyond the files it lists (else UnsafeOverwrite)
     remove_dead_writers_temp(`.<name>.tmp-*`, `.<name>.old-*`) -> temp folders named with a dead pid

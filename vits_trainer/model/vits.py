@@ -9,14 +9,17 @@ segment of z decoded to a waveform (mel reconstruction; the adversarial terms li
 
 from __future__ import annotations
 
+import errno
 import json
 import math
 import os
+import re
 import shutil
 from dataclasses import dataclass
 from pathlib import Path
 
 import torch
+from safetensors import SafetensorError
 from torch import nn
 from transformers import VitsModel
 
@@ -327,16 +330,36 @@ def export_model(
     tmp = out_dir.with_name(f".{out_dir.name}.tmp-{os.getpid()}")
     if tmp.exists():
         shutil.rmtree(tmp)  # this pid's own temp folder, from an earlier export in this process
-    plain = plain_copy(model)
-    plain.save_pretrained(tmp)
-    tokenizer.save_pretrained(tmp)
-    if speakers:
-        (tmp / "speakers.json").write_text(
-            json.dumps(speakers, ensure_ascii=False, indent=1), encoding="utf-8"
-        )
-    if extras is not None:  # e.g. the discriminator, saved beside the generator
-        extras(tmp)
-    write_marker(tmp, kind, run, step)  # last: lists every file this export wrote
-    readable_as_umask(tmp)
+    try:
+        plain = plain_copy(model)
+        plain.save_pretrained(tmp)
+        tokenizer.save_pretrained(tmp)
+        if speakers:
+            (tmp / "speakers.json").write_text(
+                json.dumps(speakers, ensure_ascii=False, indent=1), encoding="utf-8"
+            )
+        if extras is not None:  # e.g. the discriminator, saved beside the generator
+            extras(tmp)
+        write_marker(tmp, kind, run, step)  # last: lists every file this export wrote
+        readable_as_umask(tmp)
+    except SafetensorError as err:
+        # safetensors reports a full disk (or any write error) as its own error, not an OSError: as an
+        # OSError, the callers' handling of a failed export applies (a warning, or the final export's
+        # error line naming the last good checkpoint), where it ended the run with a traceback
+        shutil.rmtree(tmp, ignore_errors=True)  # this pid's temp folder, made above: no user file in it
+        raise _as_os_error(err) from err
+    except BaseException:
+        # a half-written export left on a full disk takes the space the next save needs
+        shutil.rmtree(tmp, ignore_errors=True)  # this pid's temp folder, made above: no user file in it
+        raise
     replace_export(tmp, out_dir)  # checks the marker of what it replaces
     return out_dir
+
+
+def _as_os_error(err: Exception) -> OSError:
+    """safetensors' "... I/O error: No space left on device (os error 28)" as OSError(28, its strerror)."""
+    found = re.search(r"os error (\d+)", str(err))
+    if found:
+        code = int(found.group(1))
+        return OSError(code, os.strerror(code))
+    return OSError(errno.EIO, str(err))

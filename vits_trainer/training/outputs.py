@@ -225,6 +225,11 @@ class RunOutputs:
         except UnsafeOverwrite as err:  # a file the user put into best_model/ is never deleted
             self.best_model_refused = str(err)
             s.log(f"warning: best model not exported: {err}")
+        except OSError as err:
+            # a full disk: best_model/ keeps what it had, as when the final weights' copy fails, and
+            # training goes on (it ended the run, checkpoints failing the same way only warned)
+            self.best_model_refused = str(err.strerror or err)
+            s.log(f"warning: best model not updated ({self.best_model_refused})")
         s.budget.observe_export(time.perf_counter() - t0)
 
     def write_report(self) -> None:
