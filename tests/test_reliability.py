@@ -382,6 +382,23 @@ def test_disk_full_during_exports_keeps_training_and_says_so(
     assert not list((tmp_path / "checkpoints").glob(".best_model.tmp-*"))
 
 
+def test_failed_final_export_with_no_checkpoint_saved_does_not_name_one(
+    tmp_path, tiny_model_dir, tone_corpus, monkeypatch, capsys
+):
+    """Every save of a new run failed (a full disk), then the export: the error line named "the last good
+    checkpoint is None", a checkpoint to resume from that does not exist."""
+
+    def disk_full(*args, **kwargs):
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(outputs_module, "write_checkpoint", disk_full)
+    monkeypatch.setattr(outputs_module, "export_model", disk_full)
+    _, summary = train_tiny(tmp_path, tone_corpus, tiny_model_dir, max_steps=2)
+    out = capsys.readouterr().out
+    assert summary["final_model"] is None and "is None" not in out, out[-2000:]
+    assert "failed (No space left on device); no checkpoint of this run could be saved either" in out
+
+
 def test_resume_falls_back_when_the_newest_checkpoint_is_damaged(
     tmp_path, tiny_model_dir, tone_corpus, capsys
 ):

@@ -141,9 +141,18 @@ class RunEnd:
                 check_own_export(s.output_dir, s.checkpoint_dir, "--output_dir")  # checked at start-up too
             return self.outputs.export(s.output_dir)
         except (OSError, UnsafeOverwrite) as err:
+            last = self.outputs.last_checkpoint
+            # a new run whose every save failed too (a full disk) has no checkpoint to name: "is None" read
+            # as one to resume from
+            where = (
+                f"the last good checkpoint is {last}"
+                if last is not None
+                else "no checkpoint of this run could be saved either (see the warnings above): free "
+                "space on the disk and start it again"
+            )
             s.log(
                 f"error: exporting the final model to {s.output_dir} failed ({getattr(err, 'strerror', None) or err}); "
-                f"the last good checkpoint is {self.outputs.last_checkpoint}"
+                + where
             )
             return None
 
