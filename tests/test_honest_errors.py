@@ -262,6 +262,33 @@ def test_signal_before_any_improvement_names_no_best_model(
     assert words == "no best model (no evaluation since step 0: stopped by a signal)"
 
 
+def test_a_signal_during_the_start_evaluation_saves_step_0(
+    tmp_path, tiny_model_dir, tone_corpus, monkeypatch
+):
+    """docs/training.md said a signal during the start evaluation stopped the set-up ("interrupted", exit
+    130, nothing saved); the loop's handler holds already: the evaluation ends, step 0 is saved and the
+    starting weights exported, which fixes the run's settings for a run in the same folder."""
+    import os
+    import signal
+
+    from vits_trainer.training.outputs import RunOutputs
+
+    real_eval = RunOutputs.run_eval
+
+    def signal_during_start(self, tag, *args, **kwargs):
+        if tag == "start":
+            SIGNALS_SENT.append(signal.SIGTERM)
+            os.kill(os.getpid(), signal.SIGTERM)
+        return real_eval(self, tag, *args, **kwargs)
+
+    monkeypatch.setattr(RunOutputs, "run_eval", signal_during_start)
+    _, summary = train_tiny(tmp_path, tone_corpus, tiny_model_dir, max_steps=5)
+    assert summary["stopped_reason"] == "signal" and summary["steps"] == 0 and summary["final_model"]
+    assert [p.name for p in list_checkpoints(tmp_path / "checkpoints")] == ["step_00000000"]
+    docs = " ".join((ROOT / "docs" / "training.md").read_text(encoding="utf-8").split())
+    assert "during the start evaluation lets it finish, then saves a checkpoint of step 0" in docs
+
+
 def test_a_signal_no_test_sent_stops_pytest_instead_of_failing_a_test(
     tmp_path, tiny_model_dir, tone_corpus, monkeypatch
 ):
