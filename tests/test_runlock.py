@@ -351,6 +351,29 @@ def test_a_read_only_checkpoint_folder_names_how_to_resume_from_it(
     assert snapshot(tmp_path / "earlier") == before
 
 
+def test_a_checkpoint_from_elsewhere_is_not_resumed_into_a_folder_of_other_checkpoints(
+    tmp_path, tiny_model_dir, tone_corpus
+):
+    """--resume <copy>/step_N --checkpoint_dir X, X holding checkpoints already (another run's, or later
+    ones): the resumed run saved its steps beside them, so the next --resume auto (the command a stopped
+    run prints) continued the newest of them, another run; pruning kept those and deleted the resumed
+    run's own; another run's best_model/ stood as this one's best to beat."""
+    train_tiny(tmp_path / "b", tone_corpus, tiny_model_dir, max_steps=1)
+    resumed = list_checkpoints(tmp_path / "b" / "checkpoints")[0]
+    other = tmp_path / "a" / "checkpoints"
+    write_checkpoint(other, 30, {"a.bin": b"x"})
+    before = snapshot(tmp_path / "a")
+    cfg = tiny_config(tmp_path / "a", tone_corpus, tiny_model_dir, resume=str(resumed), max_steps=2)
+    with pytest.raises(UserError) as refused:
+        build_session(cfg, time.time())
+    assert str(refused.value) == (
+        f"--checkpoint_dir {other}: holds checkpoints already (step_00000030); a run resumed from "
+        f"{resumed} would save its own beside them and --resume auto would then continue the newest: "
+        f"--resume auto --checkpoint_dir {other} continues the run there, or give an empty --checkpoint_dir"
+    )
+    assert snapshot(tmp_path / "a") == before
+
+
 def test_a_file_system_without_locks_warns_and_the_run_goes_on(tmp_path, monkeypatch):
     # NFS without its lock daemon answers flock with ENOLCK (simulated: no such mount here); that is no
     # other run holding the folder, so refusing would stop every run on that disk

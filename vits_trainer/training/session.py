@@ -29,7 +29,7 @@ from ..model.vits import VitsGenerator
 from ..runlock import RunLock, is_main_process
 from ..safety import remove_created_on_error
 from .budget import Budget
-from .carry import carry_best_model, carry_history, set_aside_later_checkpoints
+from .carry import ABANDONED, carry_best_model, carry_history, set_aside_later_checkpoints
 from .checkpoint import MANIFEST, find_resumable, list_checkpoints, verify_checkpoint
 from .config import TrainConfig, check_data_dir, check_resume_path
 from .datasplit import (
@@ -183,7 +183,29 @@ def find_checkpoint(cfg: TrainConfig, checkpoint_dir: Path, log) -> LoadedCheckp
         manifest = verify_checkpoint(path)
     except Exception as err:
         raise UserError(f"--resume {cfg.resume}: not a usable checkpoint ({err})") from None
+    refuse_other_checkpoints(cfg.resume, path, checkpoint_dir)
     return LoadedCheckpoint(path, manifest)
+
+
+def refuse_other_checkpoints(given: str, resumed: Path, checkpoint_dir: Path) -> None:
+    """A checkpoint from another folder (an earlier session's copy) continues into a --checkpoint_dir that
+    holds no checkpoints: saved beside others (another run's, or later steps), the resumed run's steps
+    were not the newest, so --resume auto (the command a stopped run prints) continued another one,
+    pruning deleted the resumed run's own first, and another run's best_model/ was its best to beat.
+    An older checkpoint of this folder (or of its abandoned/) sets the later ones aside instead."""
+    own = {checkpoint_dir.resolve(), (checkpoint_dir / ABANDONED).resolve()}
+    if resumed.resolve().parent in own:
+        return
+    existing = list_checkpoints(checkpoint_dir)
+    if not existing:
+        return
+    names = existing[0].name + (f" and {len(existing) - 1} more" if len(existing) > 1 else "")
+    raise UserError(
+        f"--checkpoint_dir {checkpoint_dir}: holds checkpoints already ({names}); a run resumed from "
+        f"{given} would save its own beside them and --resume auto would then continue the newest: "
+        f"--resume auto --checkpoint_dir {checkpoint_dir} continues the run there, or give an empty "
+        "--checkpoint_dir"
+    )
 
 
 # a run's own files in its checkpoint folder, besides the checkpoints
