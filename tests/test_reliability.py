@@ -382,6 +382,23 @@ def test_disk_full_during_exports_keeps_training_and_says_so(
     assert not list((tmp_path / "checkpoints").glob(".best_model.tmp-*"))
 
 
+def test_disk_full_while_writing_an_evaluations_samples_keeps_training(
+    tmp_path, tiny_model_dir, tone_corpus, monkeypatch, capsys
+):
+    """The sample WAVs an evaluation speaks, written to a full disk: the OSError ended the run with a
+    traceback at its start evaluation (or mid-run, losing the steps since the last checkpoint)."""
+
+    def disk_full(*args, **kwargs):
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(outputs_module, "synthesize", disk_full)
+    monkeypatch.setattr(outputs_module, "write_wavs", disk_full)  # the free-running pass's own takes
+    _, summary = train_tiny(tmp_path, tone_corpus, tiny_model_dir, max_steps=2, eval_samples=1)
+    out = capsys.readouterr().out
+    assert summary["steps"] == 2 and summary["final_model"]
+    assert "warning: samples of step 0 not written (No space left on device)" in out, out[-2000:]
+
+
 def test_failed_final_export_with_no_checkpoint_saved_does_not_name_one(
     tmp_path, tiny_model_dir, tone_corpus, monkeypatch, capsys
 ):

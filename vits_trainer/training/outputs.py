@@ -161,7 +161,12 @@ class RunOutputs:
         s.state.val_history.append({k: v for k, v in record.items() if k != "event"})
         self.metrics.write(record)
         if s.is_main and s.cfg.eval_samples:
-            self.write_samples(step, spoken)
+            try:
+                self.write_samples(step, spoken)
+            except OSError as err:
+                # a full disk: the scores are recorded; the WAVs are written atomically, so any written are
+                # whole (an export copies those), and training goes on, as after a failed checkpoint
+                s.log(f"warning: samples of step {step} not written ({err.strerror or err})")
         if improved:
             s.state.best_val, s.state.best_step = score, step
         s.log(
