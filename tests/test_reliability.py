@@ -410,10 +410,17 @@ def test_failed_final_export_with_no_checkpoint_saved_does_not_name_one(
 
     monkeypatch.setattr(outputs_module, "write_checkpoint", disk_full)
     monkeypatch.setattr(outputs_module, "export_model", disk_full)
-    _, summary = train_tiny(tmp_path, tone_corpus, tiny_model_dir, max_steps=2)
+    _, summary = train_tiny(tmp_path, tone_corpus, tiny_model_dir, max_steps=2, save_minutes=0.001)
     out = capsys.readouterr().out
     assert summary["final_model"] is None and "is None" not in out, out[-2000:]
     assert "failed (No space left on device); no checkpoint of this run could be saved either" in out
+    # a folder that holds the run's results refuses a new run: starting again means another folder
+    assert "start it again with another --checkpoint_dir" in out
+    # nor did the failed saves speak of a previous checkpoint that was never written
+    assert "the previous one is intact" not in out
+    assert (
+        "checkpoint at step 1 failed (No space left on device); no checkpoint of this run is saved yet" in out
+    )
 
 
 def test_resume_falls_back_when_the_newest_checkpoint_is_damaged(

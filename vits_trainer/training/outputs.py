@@ -350,9 +350,15 @@ class RunOutputs:
             try:
                 path = write_checkpoint(s.checkpoint_dir, s.budget.global_step, files, info={"why": why})
             except OSError as err:
+                # a new run whose first saves fail has no previous checkpoint to speak of
+                kept = (
+                    "the previous one is intact"
+                    if self.last_checkpoint is not None
+                    else "no checkpoint of this run is saved yet"
+                )
                 s.log(
                     f"warning: checkpoint at step {s.budget.global_step} failed ({err.strerror or err}); "
-                    f"the previous one is intact, retrying at the next interval"
+                    f"{kept}, retrying at the next interval"
                 )
             else:
                 self.last_checkpoint = path

@@ -148,7 +148,7 @@ class RunEnd:
                 f"the last good checkpoint is {last}"
                 if last is not None
                 else "no checkpoint of this run could be saved either (see the warnings above): free "
-                "space on the disk and start it again"
+                "space on the disk and start it again with another --checkpoint_dir"
             )
             s.log(
                 f"error: exporting the final model to {s.output_dir} failed ({getattr(err, 'strerror', None) or err}); "
