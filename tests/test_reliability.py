@@ -374,10 +374,8 @@ def test_disk_full_during_exports_keeps_training_and_says_so(
     assert summary["steps"] == 6 and summary["final_model"] is None
     assert "warning: best model not updated (No space left on device)" in out, out[-3000:]
     assert summary["best_model"] is None and summary["best_model_not_exported"] == "No space left on device"
-    assert (
-        f"failed (No space left on device); the last good checkpoint is {tmp_path / 'checkpoints' / 'step_00000006'}"
-        in out
-    )
+    last = tmp_path / "checkpoints" / "step_00000006"
+    assert f"failed (No space left on device); the last good checkpoint is {last}" in out
     assert not list(tmp_path.glob(".final_model.tmp-*"))
     assert not list((tmp_path / "checkpoints").glob(".best_model.tmp-*"))
 

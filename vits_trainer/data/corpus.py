@@ -478,8 +478,8 @@ def _table_rows(
             taken = _rows_taken_in(fields, delimiter, index[audio_column])
             if taken:  # each row listed in the report, not lost in one row's text
                 detail = (
-                    f"a '\"' opened on line {number} is never closed: the {len(taken)} row(s) after it were read "
-                    'as its text; close it, or double it ("") for a quote inside a text'
+                    f"a '\"' opened on line {number} is never closed: the {len(taken)} row(s) after it were "
+                    'read as its text; close it, or double it ("") for a quote inside a text'
                 )
                 rows.append(Problem(origin, "malformed_row", detail, id_of(fields)))
                 for offset, cells in taken:
@@ -876,14 +876,15 @@ def transcript_tables_hint(source: Source) -> str:
         if named is not None:
             return (
                 f"; {named[1].name} is beside {named[0].name} but a transcript is read from "
-                f"{named[0].with_suffix('.txt').name}: copy or rename each (LibriTTS: x.normalized.txt to x.txt), "
-                "or list the clips and their texts in a table (columns file_name, text) and pass it as --source"
+                f"{named[0].with_suffix('.txt').name}: copy or rename each (LibriTTS: x.normalized.txt to "
+                "x.txt), or list the clips and their texts in a table (columns file_name, text) and pass it "
+                "as --source"
             )
         if apart is not None:
             return (
-                f"; the transcripts are in folders of their own: {apart[1]} is not beside {apart[0]}; put each "
-                "x.txt beside its x.wav, or list the clips and their texts in a table (columns file_name, text) "
-                "and pass it as --source"
+                f"; the transcripts are in folders of their own: {apart[1]} is not beside {apart[0]}; put "
+                "each x.txt beside its x.wav, or list the clips and their texts in a table (columns "
+                "file_name, text) and pass it as --source"
             )
         example = f" ({lacking.with_suffix('.txt').name} for {lacking.name})" if lacking else ""
         return (

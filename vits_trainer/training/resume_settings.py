@@ -7,8 +7,9 @@ command line's values, except:
   came from the saved one, which the model card names, and a different one is said to be unused;
   nor RUN_FIXED (--val_fraction, --seed, --extend_vocab, --discriminator, --discriminator_width,
   --num_speakers, --best_metric): the validation clips, the random state, the vocabulary, the
-  discriminator, the voices and the best model's score are the checkpoint's, so a different value would change nothing but what the
-  run's settings say (or, for --best_metric, compare one metric's scores with another's);
+  discriminator, the voices and the best model's score are the checkpoint's, so a different value
+  would change nothing but what the run's settings say (or, for --best_metric, compare one metric's
+  scores with another's);
 - NOT_RESTORED: what belongs to this session or this machine, not to the run:
     --target_hours      this process's budget (--total_hours, the whole run's horizon, is restored)
     --resume            how this session finds the checkpoint
