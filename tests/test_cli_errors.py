@@ -232,6 +232,8 @@ def test_a_misspelt_flag_is_named_with_the_one_meant_before_a_missing_one(capsys
         # `--push_to_hub "$REPO"` with REPO unset trained the whole budget and pushed nothing, silently
         (train_vits.main, ["--push_to_hub", ""], "argument --push_to_hub: needs a repo id, USER/NAME"),
         (train_vits.main, ["--push_to_hub= "], "argument --push_to_hub: needs a repo id, USER/NAME"),
+        # `--resume "$CKPT"` with CKPT unset named the folder the command runs in
+        (train_vits.main, ["--resume", ""], "argument --resume: needs auto, none or a checkpoint folder"),
     ]
     for main, argv, expected in cases:
         assert run_cli(main, argv) == 2

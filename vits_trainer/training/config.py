@@ -168,7 +168,13 @@ class TrainConfig:
         "validation metric that chooses best_model: val_mel (teacher-forced) | val_mel_dtw (free-running)",
         choices=["val_mel", "val_mel_dtw"],
     )
-    resume: str = _f("auto", "auto (newest complete checkpoint) | none | PATH of a checkpoint folder")
+    resume: str = _f(
+        "auto",
+        "auto (newest complete checkpoint) | none | PATH of a checkpoint folder",
+        # an unset shell variable (--resume "$CKPT") read as ".", the folder the command runs in
+        nonempty="auto, none or a checkpoint folder, step_NNNNNNNN (an empty value would name the current "
+        "folder)",
+    )
     log_every: int = _f(
         10,
         "optimiser steps between metric lines (metrics.jsonl, trackers); slow steps: one a minute at least",
