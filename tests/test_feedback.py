@@ -29,7 +29,7 @@ from vits_trainer.errors import UserError
 from vits_trainer.feedback.config import HIDDEN_FLAGS, FeedbackConfig
 from vits_trainer.feedback.judgement import paired_judgement
 from vits_trainer.feedback.promotion import promotion
-from vits_trainer.feedback.replay import check_feedback_inputs, original_val_ids
+from vits_trainer.feedback.replay import add_feedback_speakers, check_feedback_inputs, original_val_ids
 from vits_trainer.feedback.round import FeedbackRun, run_feedback
 from vits_trainer.feedback.versions import REPORT_NAME, choose_version, read_latest, write_latest
 from vits_trainer.training.checkpoint import write_checkpoint
@@ -408,6 +408,25 @@ def data_of_a_round(tmp_path, light_base, feedback):
     store, _ = load_clip_store(light_base["data"], 16000, log=lines.append, progress=False)
     split = run.data_fn(cfg, store, run.inputs.text, {"0": 0}, 256, None, lines.append)
     return run, split, lines
+
+
+def test_a_feedback_speaker_taken_as_an_id_of_a_voice_says_whose_voice_it_trains():
+    """Feedback prepared without a speaker column is all speaker "0": on a model of named voices its clips
+    trained speaker_id 0, whoever that is (here "7"), and nothing said so; an id no original speaker has
+    trains a voice never trained before."""
+    speakers, lines = {"7": 0, "ali": 1, "zin": 2}, []
+    add_feedback_speakers(speakers, ["0", "ali"], 3, lines.append)
+    assert speakers["0"] == 0 and speakers["ali"] == 1
+    assert lines == [
+        "note: feedback speaker '0' is not a speaker of the original data; its clips train speaker_id 0, "
+        "the voice of 7 (a speaker column naming the voice says which one: prepare_data.py --speaker_column)"
+    ]
+    speakers, lines = {"0": 0, "2": 2}, []
+    add_feedback_speakers(speakers, ["1"], 3, lines.append)
+    assert speakers["1"] == 1 and "speaker_id 1, a voice no speaker of the original data has" in lines[0]
+    lines = []
+    add_feedback_speakers({"0": 0}, ["0", "bob"], 1, lines.append)  # one voice: nothing to say
+    assert lines == []
 
 
 @pytest.mark.parametrize("clips, judged", [(6, 1), (3, 0)])

@@ -205,6 +205,17 @@ def add_feedback_speakers(speakers: dict[str, int], names: list[str], num_speake
             speakers[name] = 0
         elif name.isascii() and name.isdigit() and int(name) < num_speakers and str(int(name)) == name:
             speakers[name] = int(name)
+            # said, not silent: a feedback folder prepared without a speaker column is all speaker "0",
+            # which is taken as speaker_id 0, the voice of whichever speaker had that id (or of none)
+            voice = sorted(n for n, i in speakers.items() if i == int(name) and n != name)
+            whose = (
+                f"the voice of {', '.join(voice)}" if voice else "a voice no speaker of the original data has"
+            )
+            log(
+                f"note: feedback speaker {name!r} is not a speaker of the original data; its clips train "
+                f"speaker_id {name}, {whose} (a speaker column naming the voice says which one: "
+                f"prepare_data.py --speaker_column)"
+            )
         else:
             log(
                 f"warning: feedback speaker {name!r} is not a speaker of the original data; its clips are skipped"
