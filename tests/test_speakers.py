@@ -133,6 +133,28 @@ def test_the_start_line_says_which_id_each_speaker_got(single):
     assert any("azad = 0, narin = 1" in line for line in lines), lines
 
 
+def test_a_run_from_an_exported_model_of_several_voices_keeps_their_ids(single, tmp_path):
+    """An export's speakers.json (7 = 0, ali = 1, zin = 2) fine-tuned on ali and zin alone was renumbered
+    from the data (ali = 0, zin = 1): each trained another voice's embedding, and nothing said so."""
+    from vits_trainer.model.speakers import read_known_speakers
+
+    wide = add_speakers(single, 3)
+    (tmp_path / "speakers.json").write_text(json.dumps({"7": 0, "ali": 1, "zin": 2}))
+    known = read_known_speakers(tmp_path, print)
+    lines = []
+    _, mapping = resolve_speakers(None, wide, ["zin", "ali", "zin"], None, lines.append, known=known)
+    assert mapping == {"ali": 1, "zin": 2, "7": 0}  # the voice absent from this data is still named
+    # a new name takes an id no known voice has; with none left, one of a voice absent here, said
+    assert speaker_map(["bob", "ali"], 4, known=known) == {"ali": 1, "bob": 3, "7": 0, "zin": 2}
+    lines = []
+    assert speaker_map(["bob", "ali"], 3, log=lines.append, known=known) == {"ali": 1, "bob": 0, "zin": 2}
+    assert lines == [
+        "note: speaker 'bob' takes speaker_id 0, the voice of 7 in the model's speakers.json (not in this "
+        "data): every other id is taken"
+    ]
+    assert read_known_speakers(tmp_path / "nowhere", print) is None
+
+
 def test_a_long_speaker_map_is_cut_short_in_the_log(single):
     lines = []
     names = [f"s{i:02d}" for i in range(30)]

@@ -20,12 +20,16 @@ from .clipstore import ClipStore, Log
 # Speakers, tokens, validation split
 
 
-def speaker_map(speakers: Sequence[str], num_speakers: int, log: Log = print) -> dict[str, int]:
+def speaker_map(
+    speakers: Sequence[str], num_speakers: int, log: Log = print, known: dict[str, int] | None = None
+) -> dict[str, int]:
     """Map speaker names to embedding ids of a model with `num_speakers` speakers.
 
-    Single-speaker models: everyone is 0. Multi-speaker: a name that is a canonical integer below
+    Single-speaker models: everyone is 0. Multi-speaker: a name of `known` (the speakers.json of the
+    model folder the run starts from) keeps its id there; a name that is a canonical integer below
     `num_speakers` keeps that id (data prepared with the checkpoint's own speaker ids), the other
-    names take the free ids in sorted order.
+    names take the free ids in sorted order, ids no known speaker has first. Known speakers absent from
+    the data stay in the map with their ids, so the exported speakers.json still names every voice.
     """
     names = sorted(set(speakers))
     if num_speakers <= 1:
@@ -40,14 +44,32 @@ def speaker_map(speakers: Sequence[str], num_speakers: int, log: Log = print) ->
             f"the data has {len(names)} distinct speakers but the model has only {num_speakers} "
             f"speaker embeddings; merge speakers in metadata.csv or use a model with more speakers"
         )
-    mapping: dict[str, int] = {}
+    known = {
+        str(name): sid
+        for name, sid in (known or {}).items()
+        if isinstance(sid, int) and not isinstance(sid, bool) and 0 <= sid < num_speakers
+    }
+    # an exported model's voices keep their names: renumbered from this data alone (ali = 1, zin = 2
+    # fine-tuned on ali and zin only became ali = 0, zin = 1), each trained the other's voice silently
+    mapping: dict[str, int] = {name: known[name] for name in names if name in known}
     for name in names:
-        if name.isascii() and name.isdigit() and str(int(name)) == name and int(name) < num_speakers:
-            mapping[name] = int(name)
-    free = iter(sorted(set(range(num_speakers)) - set(mapping.values())))
+        if name not in mapping and name.isascii() and name.isdigit() and str(int(name)) == name:
+            if int(name) < num_speakers and int(name) not in mapping.values():
+                mapping[name] = int(name)
+    left = [i for i in range(num_speakers) if i not in mapping.values()]
+    free = iter([i for i in left if i not in known.values()] + [i for i in left if i in known.values()])
     for name in names:
         if name not in mapping:
             mapping[name] = next(free)
+            whose = sorted(n for n, i in known.items() if i == mapping[name])
+            if whose:
+                log(
+                    f"note: speaker {name!r} takes speaker_id {mapping[name]}, the voice of {', '.join(whose)} "
+                    f"in the model's speakers.json (not in this data): every other id is taken"
+                )
+    for name, sid in sorted(known.items()):
+        if name not in mapping and sid not in mapping.values():
+            mapping[name] = sid
     return mapping
 
 

@@ -14,6 +14,8 @@ the functions that build models, not by this module.
 from __future__ import annotations
 
 import copy
+import json
+from pathlib import Path
 from typing import TYPE_CHECKING
 
 from ..data.items import speaker_map
@@ -65,11 +67,19 @@ def add_speakers(model: VitsModel, num_speakers: int) -> VitsModel:
     return wide.train(model.training)
 
 
-def resolve_speakers(wanted: int | str | None, model: VitsModel, names: list[str], stored: dict | None, log):
+def resolve_speakers(
+    wanted: int | str | None,
+    model: VitsModel,
+    names: list[str],
+    stored: dict | None,
+    log,
+    known: dict | None = None,
+):
     """(model, speaker name -> id) for this run. A resumed run keeps the checkpoint's map (its model is
     already built with that many speakers); `wanted` (--num_speakers: None = the model's own, "auto" or
     a count) widens a single-speaker model. A resumed single-voice model trains that voice on every
-    speaker of the data, those its map has not seen too (a table's speaker column read since)."""
+    speaker of the data, those its map has not seen too (a table's speaker column read since). `known`:
+    the speakers.json of the model folder a new run starts from (its voices keep their ids)."""
     if stored and model.config.num_speakers <= 1:
         return model, {**stored, **dict.fromkeys(sorted(set(names) - set(stored)), 0)}
     if stored:
@@ -78,7 +88,7 @@ def resolve_speakers(wanted: int | str | None, model: VitsModel, names: list[str
     if wanted is None or model.config.num_speakers > 1 or (wanted == "auto" and distinct <= 1):
         if wanted is not None and model.config.num_speakers > 1:
             log(f"--num_speakers: the model already has {model.config.num_speakers} speakers; kept")
-        mapping = speaker_map(names, model.config.num_speakers, log=log)
+        mapping = speaker_map(names, model.config.num_speakers, log=log, known=known)
         if model.config.num_speakers > 1:
             log(f"speakers: {describe_map(mapping)} (speakers.json beside the exported model)")
         return model, mapping
@@ -96,6 +106,19 @@ def resolve_speakers(wanted: int | str | None, model: VitsModel, names: list[str
         f"{describe_map(mapping)}; the map is saved as speakers.json beside the exported model"
     )
     return model, mapping
+
+
+def read_known_speakers(model_dir: Path | None, log) -> dict | None:
+    """The speaker name -> id map exported beside a model of several voices (speakers.json), or None."""
+    path = None if model_dir is None else Path(model_dir) / "speakers.json"
+    if path is None or not path.is_file():
+        return None
+    try:
+        names = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError) as err:
+        log(f"warning: {path} is not readable JSON ({err}); the speakers are numbered from the data")
+        return None
+    return names if isinstance(names, dict) else None
 
 
 def is_bare_id(name: object, speaker_id: object) -> bool:

@@ -24,7 +24,7 @@ from ..data.shapes import PadLengths
 from ..data.text import TextEncoder
 from ..errors import UserError
 from ..model.discriminator import VitsDiscriminator
-from ..model.speakers import resolve_speakers
+from ..model.speakers import read_known_speakers, resolve_speakers
 from ..model.vits import VitsGenerator
 from ..runlock import RunLock, is_main_process
 from ..safety import remove_created_on_error
@@ -394,7 +394,12 @@ def _build_session(
     else:  # the vocabulary is the checkpoint's; data given anew may say what it lacks
         report_unknown_characters(text, store.texts, log)
     model, speakers = resolve_speakers(
-        cfg.speakers_wanted(), model, store.speakers, trainer_state.get("speakers"), log
+        cfg.speakers_wanted(),
+        model,
+        store.speakers,
+        trainer_state.get("speakers"),
+        log,
+        known=read_known_speakers(model_dir, log),  # an export's voices keep their ids
     )
     _describe_growth(model, *loaded, log)
     generator = make_generator(cfg, model, log, accelerator.device)
