@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import numpy as np
 import pytest
 import yaml  # comes with transformers (and accelerate, datasets)
 
@@ -400,6 +401,17 @@ def test_a_resumed_session_that_trains_no_step_keeps_the_final_model_as_it_was(
     assert second["session_steps"] == 0 and second["final_model"] == str(final)
     assert {p.name: p.read_bytes() for p in final.iterdir() if p.is_file()} == before
     assert f"final model: {final} holds the weights of step 2 already" in capsys.readouterr().out
+
+
+def test_the_data_line_counts_the_speakers_the_training_clips_have():
+    """The speaker map names voices this data lacks (a base's speakers.json, a resumed run's) and may give
+    one voice two names (a feedback folder's "0"): the card said "from 4 speakers" for clips of 3."""
+    from vits_trainer.training.model_card import speakers_trained
+
+    names = {"7": 0, "ali": 1, "zin": 2, "0": 0}
+    assert speakers_trained(names, 3, np.array([0, 0, 1, 2, 1])) == 3
+    assert speakers_trained(names, 3, np.array([1, 2, 2])) == 2
+    assert speakers_trained({"a": 0, "b": 0, "c": 0}, 1, np.zeros(3, np.int64)) == 3  # one voice from 3
 
 
 def test_a_multi_speaker_card_names_the_voice_of_each_speaker_id():

@@ -548,6 +548,16 @@ def evaluations_known(
     return tuple(rows)
 
 
+def speakers_trained(speakers: dict[str, int], voices: int, speaker_ids) -> int:
+    """How many speakers the training clips have: every name of the map for a single voice (one voice
+    learnt from them all), else the voices the clips train. The map also names voices absent from this
+    data (a resumed run's, an exported base's) and gives a feedback folder's speaker "0" the id of a
+    named voice: counted as names, a card said "from 4 speakers" of 3 voices, or of 2 voices trained."""
+    if voices <= 1:
+        return len(speakers)
+    return len({int(i) for i in speaker_ids})
+
+
 def run_facts(s, kind: str, samples: tuple[Sample, ...] = ()) -> CardFacts:
     """The card's facts of session `s` (training/session.py) at the moment `kind` is exported, with the
     `samples` the export copied into the folder."""
@@ -577,7 +587,7 @@ def run_facts(s, kind: str, samples: tuple[Sample, ...] = ()) -> CardFacts:
         hours=float(lengths.sum()) / data.train.sample_rate / 3600,
         clips=len(data.train),
         val_clips=sum(len(v) for v in data.val_sets.values()) - data.val_trained_clips,
-        speakers=len(s.speakers),
+        speakers=speakers_trained(s.speakers, s.model.config.num_speakers, data.train.speaker_ids),
         voices=s.model.config.num_speakers,
         speaker_names=dict(s.speakers) if s.model.config.num_speakers > 1 else {},
         feedback_clips=data.feedback_clips,
