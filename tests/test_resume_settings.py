@@ -142,6 +142,25 @@ def test_a_feedback_resume_from_another_folder_keeps_the_rounds_relative_folders
     assert (merged.data_dir, merged.feedback_dir) == ("training", "feedback")
 
 
+def test_a_resumed_feedback_version_keeps_the_base_it_started_from():
+    """Another --base_model given to a resumed version was printed as winning and named as the base in the
+    version's model card, while its weights continued from the base it started from."""
+    from vits_trainer.feedback.config import HIDDEN_FLAGS, FeedbackConfig
+
+    saved = FeedbackConfig(base_model="/m/best_model").to_dict()
+    parser = ArgumentParser()
+    add_arguments(parser, FeedbackConfig, skip=HIDDEN_FLAGS)
+    given = parse_config(parser, ["--base_model", "/other/model"], FeedbackConfig)
+    lines = []
+    keep = frozenset({"output_dir", *HIDDEN_FLAGS})
+    merged = restore_settings(given, saved, lines.append, "step_00000012", keep=keep)
+    assert merged.base_model == "/m/best_model"
+    assert lines == [
+        "resume: --base_model /other/model is not used: this run continues its checkpoint, trained from "
+        "/m/best_model; to start a new version from /other/model, add --resume none"
+    ]
+
+
 def given_args(cfg) -> list[str]:
     return ["--checkpoint_dir", cfg.checkpoint_dir]
 

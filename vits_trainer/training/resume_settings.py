@@ -3,8 +3,9 @@
 Every checkpoint stores the run's settings (trainer_state.json "config"). On resume they replace this
 command line's values, except:
 - flags given explicitly on this command line (TrainConfig.explicit): they win, and each one that
-  differs from the saved value is printed; but not --model_name (RUN_BASE): the checkpoint's weights
-  came from the saved one, which the model card names, and a different one is said to be unused;
+  differs from the saved value is printed; but not --model_name, nor train_feedback.py's --base_model
+  (RUN_BASE): the checkpoint's weights came from the saved one, which the model card names, and a
+  different one is said to be unused;
   nor RUN_FIXED (--val_fraction, --seed, --extend_vocab, --discriminator, --discriminator_width,
   --num_speakers, --best_metric): the validation clips, the random state, the vocabulary, the
   discriminator, the voices and the best model's score are the checkpoint's, so a different value
@@ -55,8 +56,14 @@ SHARING = ("push_to_hub", "hub_public", "push_best")
 NOT_RESTORED = frozenset({"target_hours", "resume", "checkpoint_dir", "explicit", *MACHINE, *SHARING})
 
 
-# what the run's weights started from: a resumed run's checkpoint decides it, whatever is given
-RUN_BASE = frozenset({"model_name"})
+# what the run's weights started from: a resumed run's checkpoint decides it, whatever is given; each
+# with how to start from the one given instead. train_feedback.py's --base_model too: given anew to a
+# resumed version it was printed as winning, and named in the version's model card as its base (and
+# loaded for "before" numbers not yet taken), while the weights continued from the version's own base
+RUN_BASE = {
+    "model_name": "to train {value} from the start, give another --checkpoint_dir",
+    "base_model": "to start a new version from {value}, add --resume none",
+}
 # fixed for the run's life: the checkpoint holds the validation ids and every random generator's state
 RUN_FIXED = {
     "val_fraction": "the validation clips are the checkpoint's, the same in every session",
@@ -109,7 +116,7 @@ def restore_settings(
             changes[name] = old  # the checkpoint's weights came from it: the card must name it
             log(
                 f"resume: --{name} {_show(value)} is not used: this run continues its checkpoint, trained "
-                f"from {_show(old)}; to train {_show(value)} from the start, give another --checkpoint_dir"
+                f"from {_show(old)}; {RUN_BASE[name].format(value=_show(value))}"
             )
         elif name in cfg.explicit and name in RUN_FIXED:
             changes[name] = old
