@@ -153,6 +153,13 @@ def test_a_run_from_an_exported_model_of_several_voices_keeps_their_ids(single, 
         "data): every other id is taken"
     ]
     assert read_known_speakers(tmp_path / "nowhere", print) is None
+    # data without a speaker column (all "0") trains voice 0, whose name the note gives
+    lines = []
+    assert speaker_map(["0"], 3, log=lines.append, known=known) == {"0": 0, "ali": 1, "zin": 2}
+    assert lines == [
+        "note: speaker '0' is not a name of the model's speakers.json; it trains speaker_id 0, the voice "
+        "of 7 there"
+    ]
 
 
 def test_a_long_speaker_map_is_cut_short_in_the_log(single):

@@ -56,6 +56,12 @@ def speaker_map(
         if name not in mapping and name.isascii() and name.isdigit() and str(int(name)) == name:
             if int(name) < num_speakers and int(name) not in mapping.values():
                 mapping[name] = int(name)
+                whose = sorted(n for n, i in known.items() if i == int(name))
+                if whose:  # data without a speaker column is all "0": it trains that id's named voice
+                    log(
+                        f"note: speaker {name!r} is not a name of the model's speakers.json; it trains "
+                        f"speaker_id {name}, the voice of {', '.join(whose)} there"
+                    )
     left = [i for i in range(num_speakers) if i not in mapping.values()]
     free = iter([i for i in left if i not in known.values()] + [i for i in left if i in known.values()])
     for name in names:
