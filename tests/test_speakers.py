@@ -298,6 +298,27 @@ def test_a_run_without_validation_is_not_told_its_voices_lack_a_validation_clip(
     assert not any("no validation clip" in line for line in lines), lines
 
 
+def test_a_voice_the_data_does_not_speak_is_not_said_to_lack_a_validation_clip(tmp_path, tiny_model_dir):
+    """A voice of the base's speakers.json with no clip in this data kept its id in the map; the note
+    said it had no validation clip and advised a larger --val_fraction, which cannot hold it out."""
+    from vits_trainer.data.clipstore import load_clip_store
+    from vits_trainer.data.text import TextEncoder
+    from vits_trainer.training.datasplit import split_data
+
+    corpus = tmp_path / "corpus"
+    make_corpus(corpus, num_clips=12, num_speakers=1, seed=3)
+    store, _ = load_clip_store(corpus, 16000, log=lambda line: None, progress=False)
+    speakers = speaker_map(store.speakers, 3, known={"rojda": 1, "zin": 2})
+    assert set(speakers) == {"0", "rojda", "zin"}
+    cfg = tiny_config(tmp_path, corpus, tiny_model_dir, val_fraction=0.25)
+    lines = []
+    data = split_data(
+        cfg, store, TextEncoder.from_pretrained(tiny_model_dir), speakers, 256, None, lines.append
+    )
+    assert len(data.val_sets["val"]) > 0
+    assert not any("no validation clip" in line for line in lines), lines
+
+
 def test_the_note_on_voices_without_a_validation_clip_comes_when_the_split_is_drawn_only():
     """A resume keeps its split (a new --val_fraction changes nothing there): the note, whose advice is a
     larger --val_fraction, is said when the split is drawn, not again at every resume."""

@@ -112,7 +112,12 @@ def split_data(
     if len(val) == 0 and cfg.val_fraction > 0:
         log("warning: no usable validation clips: no validation, no best_model")
     elif fresh_split and len(val):  # --val_fraction 0 holds out nothing on purpose: no voice was left out
-        note = unscored_voices_note(speakers, val.speaker_ids.tolist())
+        # the voices this data speaks: the map also names voices with no clip here (an exported base's
+        # speakers.json, kept with their ids), which a larger --val_fraction would not hold out either
+        present = set(store.speakers)
+        note = unscored_voices_note(
+            {n: i for n, i in speakers.items() if n in present}, val.speaker_ids.tolist()
+        )
         if note:
             log(note)
     return DataSplit(store, train, {"val": val} if len(val) else {}, val_ids, dropped + dropped_val)
