@@ -675,6 +675,26 @@ def test_a_wrong_base_model_folder_names_the_one_to_pass(tmp_path, tiny_model_di
         check_feedback_paths(cfg)
 
 
+def test_latest_before_any_promotion_names_the_current_model(tmp_path):
+    """After a first round that was not promoted, the next round's documented command (--base_model
+    <output_dir>/latest) said only "no such folder": the current model is still the rounds' base."""
+    from vits_trainer.feedback.config import check_base_model_folder
+
+    root = tmp_path / "feedback_models"
+    (root / "v1").mkdir(parents=True)
+    (root / "v1" / REPORT_NAME).write_text(json.dumps({"base_model": "/m/best_model", "promoted": False}))
+    expected = (
+        f"--base_model {root / 'latest'}: no such folder; no feedback version in {root} has been promoted "
+        "yet, so there is no latest: the current model is still the base model, /m/best_model; pass it"
+    )
+    with pytest.raises(UserError, match=re.escape(expected)):
+        check_base_model_folder(str(root / "latest"))
+    with pytest.raises(UserError, match=re.escape("promoted yet, so there is no latest: the current model")):
+        check_base_model_folder(str(root))
+    with pytest.raises(UserError, match=re.escape("no such folder (the model to improve")):
+        check_base_model_folder(str(tmp_path / "elsewhere" / "latest"))
+
+
 def test_unprepared_recordings_as_feedback_dir_get_the_prepare_command(tmp_path, tiny_model_dir, tone_corpus):
     # the recordings themselves given as --feedback_dir: preparing them into that folder would be refused
     recordings = tmp_path / "recordings"

@@ -107,8 +107,12 @@ def check_base_model_folder(value: str) -> Path:
             instead = ""
         raise UserError(f"--base_model {base}: is a file, not a model folder{instead}")
     if not base.is_dir():
+        # <output_dir>/latest before any round was promoted (the documented next round's command after
+        # a first round that was not): "no such folder" said nothing of which model is current
+        unpromoted = _not_promoted_yet(base.parent) if base.name == "latest" and not base.is_symlink() else ""
         raise UserError(
-            f"--base_model {base}: no such folder (the model to improve, e.g. training/checkpoints/best_model)"
+            f"--base_model {base}: no such folder"
+            + (unpromoted or " (the model to improve, e.g. training/checkpoints/best_model)")
         )
     if not (base / "config.json").is_file():
         if (base / "latest").exists() or (base / "latest.json").is_file():
@@ -116,9 +120,32 @@ def check_base_model_folder(value: str) -> Path:
         elif (base / "model" / "config.json").is_file():
             instead = f"; this version's model is {base / 'model'}"
         else:
-            instead = ""
+            instead = _not_promoted_yet(base)
         raise UserError(f"--base_model {base}: not a model folder (no config.json){instead}")
     return base
+
+
+def _not_promoted_yet(root: Path) -> str:
+    """'; no version ... promoted yet ...' when `root` holds feedback versions and no `latest`: the current
+    model is then the base model their newest round started from; '' otherwise."""
+    from .versions import LATEST_JSON, REPORT_NAME, RUN_NAME, list_versions
+
+    versions = list_versions(root)
+    if not versions or (root / LATEST_JSON).exists():
+        return ""
+    base = None
+    for _, version in reversed(versions):
+        for name in (REPORT_NAME, RUN_NAME):
+            try:
+                base = json.loads((version / name).read_text(encoding="utf-8")).get("base_model")
+            except (OSError, ValueError, AttributeError):
+                continue
+            if base:
+                break
+        if base:
+            break
+    current = f": the current model is still the base model, {base}; pass it" if base else ""
+    return f"; no feedback version in {root} has been promoted yet, so there is no latest{current}"
 
 
 def check_feedback_paths(cfg) -> None:
