@@ -153,6 +153,8 @@ def test_a_run_from_an_exported_model_of_several_voices_keeps_their_ids(single, 
         "data): every other id is taken"
     ]
     assert read_known_speakers(tmp_path / "nowhere", print) is None
+    # two names of one voice (a feedback round's "0" beside "7"): both stay
+    assert speaker_map(["0", "ali"], 3, known={**known, "0": 0}) == {"0": 0, "7": 0, "ali": 1, "zin": 2}
     # data without a speaker column (all "0") trains voice 0, whose name the note gives
     lines = []
     assert speaker_map(["0"], 3, log=lines.append, known=known) == {"0": 0, "ali": 1, "zin": 2}

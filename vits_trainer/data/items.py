@@ -73,8 +73,10 @@ def speaker_map(
                     f"note: speaker {name!r} takes speaker_id {mapping[name]}, the voice of {', '.join(whose)} "
                     f"in the model's speakers.json (not in this data): every other id is taken"
                 )
+    # (a voice another name of this data now trains is left out; two names of one voice there both stay)
+    retrained = {sid for name, sid in mapping.items() if known.get(name) != sid}
     for name, sid in sorted(known.items()):
-        if name not in mapping and sid not in mapping.values():
+        if name not in mapping and sid not in retrained:
             mapping[name] = sid
     return mapping
 
