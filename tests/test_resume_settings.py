@@ -202,6 +202,9 @@ def test_num_speakers_given_on_resume_is_said_to_be_unused():
     assert merged.num_speakers == ""
     assert lines[0].startswith("resume: --num_speakers 2 is not used: the voices are the checkpoint's")
     assert not any("(the checkpoint's run used" in line for line in lines)
+    lines = []  # a one-voice run given --num_speakers auto on resume: its model's own count
+    restore_settings(parse(["--num_speakers", "auto"]), TrainConfig().to_dict(), lines.append, source="s")
+    assert lines[0].endswith("(the model's own in this run)"), lines
 
 
 def test_a_resumed_run_keeps_the_model_it_was_trained_from():
