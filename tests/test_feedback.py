@@ -789,6 +789,26 @@ def test_a_rerecorded_validation_sentence_is_evaluated_never_trained(tmp_path, l
     assert any("say sentences of the original validation split" in line for line in lines)
 
 
+def test_a_validation_sentence_in_decomposed_unicode_is_still_that_sentence(
+    tmp_path, light_base, feedback_dir
+):
+    """The tokenizer reads text as NFC: "şev baş" typed decomposed (s + U+0327) is the same sentence, so
+    it is held out as the original validation's, not trained on."""
+    import unicodedata
+
+    from vits_trainer.feedback.replay import _norm
+
+    sentence = "Şev baş, tu çawa yî?"
+    assert _norm(unicodedata.normalize("NFD", sentence)) == _norm(sentence)
+    cfg = feedback_cfg(tmp_path / "out", light_base, feedback_dir)
+    run = FeedbackRun(cfg, time.time(), [].append)
+    texts = ["şev baş", "ez baş im", "tu çawa yî", "silav heval", "rojbaş"]
+    ids = [f"fb{i}" for i in range(len(texts))]
+    nfd = [unicodedata.normalize("NFD", t) for t in texts]
+    train, evaluated = run.feedback_split(ids, nfd, ["0" * 16] * len(ids), {_norm("şev baş")}, [].append)
+    assert 0 in evaluated and 0 not in train
+
+
 def test_feedback_clips_left_out_are_in_the_report_and_warned_about_once(tmp_path, light_base, feedback_dir):
     """A metadata.csv line naming no clip, and a clip whose audio cannot be read: each warned about once,
     and recorded for feedback_report.json (unusable_feedback_lines, dropped_feedback_clips)."""

@@ -11,6 +11,7 @@ import contextlib
 import hashlib
 import json
 import math
+import unicodedata
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -223,7 +224,9 @@ def add_feedback_speakers(speakers: dict[str, int], names: list[str], num_speake
 
 
 def _norm(text: str) -> str:
-    return " ".join(text.lower().split())
+    # NFC as the tokenizer sees it (data/text.py): a sentence typed in decomposed form (a folder not made
+    # by prepare_data.py) was another sentence here, so a validation sentence was trained on
+    return " ".join(unicodedata.normalize("NFC", text).lower().split())
 
 
 def _accelerate_state():
