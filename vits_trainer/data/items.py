@@ -70,8 +70,8 @@ def speaker_map(
             whose = sorted(n for n, i in known.items() if i == mapping[name])
             if whose:
                 log(
-                    f"note: speaker {name!r} takes speaker_id {mapping[name]}, the voice of {', '.join(whose)} "
-                    f"in the model's speakers.json (not in this data): every other id is taken"
+                    f"note: speaker {name!r} takes speaker_id {mapping[name]}, the voice of "
+                    f"{', '.join(whose)} in the model's speakers.json (not in this data): every other id is taken"
                 )
     # (a voice another name of this data now trains is left out; two names of one voice there both stay)
     retrained = {sid for name, sid in mapping.items() if known.get(name) != sid}
