@@ -272,3 +272,41 @@ def test_a_text_file_that_cannot_be_read_is_one_error_line(tmp_path, capsys, tin
         assert code == 2 and err.startswith("error:") and len(err.splitlines()) == 1, err
         assert expected in err and "Traceback" not in err, err
     assert not (tmp_path / "o").exists()
+
+
+def test_a_long_text_is_cut_into_pieces_at_its_sentences_and_each_fits():
+    """A text over PIECE_CHARS is spoken in pieces: whole sentences where they fit (several to a piece),
+    a longer one cut at its commas, then between words, a longer word where the limit falls; nothing of
+    the text is lost or reordered. One forward over a long text took memory with the square of its
+    tokens (4,000 characters: 5 GB with the tiny model; ~18,000 were killed)."""
+    from vits_trainer.model.synthesis import pieces_of
+
+    assert pieces_of("abc, def.  ghi") == ["abc, def.  ghi"]  # within the limit: as it is
+    sentences = [f"sentence {k} has some words in it." for k in range(40)]
+    text = " ".join(sentences)
+    pieces = pieces_of(text, limit=100)
+    assert all(len(p) <= 100 for p in pieces) and " ".join(pieces) == text
+    assert all(p.endswith(".") for p in pieces)  # cut between sentences only
+    # packed: the next piece's first sentence did not fit in the one before
+    assert all(len(a) + 1 + len(b.split(".")[0]) + 1 > 100 for a, b in zip(pieces, pieces[1:], strict=False))
+
+    clauses = ", ".join(["a clause of words"] * 12) + "."
+    assert [len(p) for p in pieces_of(clauses, limit=60)] == [56] * 4  # three 18-character clauses each
+    assert all(p.endswith((",", ".")) for p in pieces_of(clauses, limit=60))
+    words = " ".join(["word"] * 30)
+    assert all(len(p) <= 12 for p in pieces_of(words, limit=12)) and " ".join(pieces_of(words, 12)) == words
+    assert pieces_of("x" * 25, limit=10) == ["x" * 10, "x" * 10, "x" * 5]
+
+
+def test_a_long_text_is_spoken_in_pieces_into_one_file(tmp_path, capsys, tiny_model_dir):
+    """Over PIECE_CHARS characters: one WAV, the pieces joined by a short silence, and a note saying so."""
+    from vits_trainer.model.synthesis import PIECE_CHARS
+
+    sentence = "abc def ghi jkl mno abc def ghi jkl mno."
+    text = " ".join([sentence] * (2 * PIECE_CHARS // len(sentence) + 2))
+    out = tmp_path / "long.wav"
+    code, stdout, _ = speak(capsys, "--model", tiny_model_dir, "--text", text, "--out", out)
+    assert code == 0, stdout
+    check_wav(out)
+    assert f"{len(text)} characters, spoken in 3 pieces of at most {PIECE_CHARS}" in stdout, stdout
+    assert len(FILE_LINE.findall(stdout)) == 1 and TOTAL_LINE.search(stdout).group(1) == "1", stdout

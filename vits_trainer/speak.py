@@ -76,7 +76,11 @@ def build_parser() -> argparse.ArgumentParser:
         "already in the local cache",
     )
     text = parser.add_mutually_exclusive_group(required=True)
-    text.add_argument("--text", help="one sentence to speak; --out is then a .wav file")
+    text.add_argument(
+        "--text",
+        help="the text to speak, into one file (--out is then a .wav file); a text over 400 characters is "
+        "spoken in pieces, sentence by sentence",
+    )
     text.add_argument(
         "--text_file",
         help="UTF-8 file (or UTF-16 with its byte-order mark), one sentence per line (blank lines skipped); "
@@ -282,12 +286,18 @@ def main(argv: list[str] | None = None) -> int:
     total_audio = total_taken = 0.0
     files = f"{len(sentences)} file{'s' if len(sentences) != 1 else ''}"
     width = max(len(f"total ({files})"), *(len(str(s.path)) for s in sentences))
-    for sentence, token_ids in zip(sentences, ids, strict=True):
+    for sentence, token_ids in zip(sentences, ids, strict=True):  # token ids of the sentence's pieces
         dropped = synthesis.unknown_characters(voice, sentence.text)
         if dropped:  # each character apart: run together they read like a word
             shown = " ".join(repr(c) for c in dropped)
             print(
                 f"note: {sentence.where} ({sentence.path.name}): not in the vocabulary, not spoken: {shown}",
+                flush=True,
+            )
+        if len(token_ids) > 1:
+            print(
+                f"note: {sentence.where} ({sentence.path.name}): {len(sentence.text)} characters, spoken "
+                f"in {len(token_ids)} pieces of at most {synthesis.PIECE_CHARS}, sentence by sentence",
                 flush=True,
             )
         take = synthesis.speak(voice, token_ids, speaker_id, args.seed, args.speaking_rate)
