@@ -469,6 +469,27 @@ def test_rows_taken_in_by_a_quote_never_closed_are_each_reported(tmp_path):
     assert set(output_rows(tmp_path / "out2")) == {"wavs_a0", "wavs_a2"}
 
 
+def test_a_closed_quoted_text_on_two_lines_before_the_audio_column_takes_in_no_row(tmp_path):
+    """text,file: a quoted text on two lines ends its second line with the file's cell, which named an
+    audio file, so a well-formed table was reported as a quote never closed, with a row that is none."""
+    from vits_trainer.data.corpus import read_table
+    from vits_trainer.data.corpus_rows import Problem
+
+    lines = ["text,file", "hello,wavs/a0.wav", '"a text on', 'two lines",wavs/a1.wav', "third,wavs/a2.wav"]
+    (tmp_path / "t.csv").write_text("\n".join(lines) + "\n", encoding="utf-8")
+    rows = read_table(tmp_path / "t.csv").rows
+    assert not [r for r in rows if isinstance(r, Problem)]
+    assert [(r.source_id, r.text) for r in rows][1] == ("wavs/a1", "a text on\ntwo lines")
+    # one never closed there is still each row's
+    lines = ["text,file", "hello,wavs/a0.wav", '"unclosed,wavs/a1.wav', "third,wavs/a2.wav"]
+    (tmp_path / "u.csv").write_text("\n".join(lines) + "\n", encoding="utf-8")
+    rows = read_table(tmp_path / "u.csv").rows
+    assert [(r.origin, r.reason) for r in rows if isinstance(r, Problem)] == [
+        ("u.csv:3", "malformed_row"),
+        ("u.csv:4", "malformed_row"),
+    ]
+
+
 def test_csv_default_columns_and_quoted_text(tmp_path):
     src = tmp_path / "t"
     write_audio(src / "x.wav", speech("abc", 16000), 16000)

@@ -520,14 +520,19 @@ def _rows_taken_in(fields: list[str], delimiter: str, audio_index: int) -> list[
     """The rows a quoted field that is never closed took in: (line after the record's first, cells) of
     each line inside the record that names an audio file in the audio column. A quoted text on two
     lines takes in none (its line break is reported as such)."""
-    taken = []
-    for offset, line in enumerate(delimiter.join(fields).split("\n")[1:], start=1):
-        cells = line.rstrip("\r").split(delimiter)
-        if (
-            audio_index < len(cells)
-            and Path(cells[audio_index].strip().strip('"')).suffix.lower() in AUDIO_EXTENSIONS
-        ):
-            taken.append((offset, cells))
+    taken, offset = [], 0
+    # the lines inside each field, not of the record joined: a closed quoted text on two lines ends its
+    # second line with the record's next fields (`"two\nlines",wavs/a.wav`), which named an audio file
+    for field in fields:
+        lines = field.split("\n")
+        for k, line in enumerate(lines[1:], start=1):
+            cells = line.rstrip("\r").split(delimiter)
+            if (
+                audio_index < len(cells)
+                and Path(cells[audio_index].strip().strip('"')).suffix.lower() in AUDIO_EXTENSIONS
+            ):
+                taken.append((offset + k, cells))
+        offset += len(lines) - 1
     return taken
 
 
