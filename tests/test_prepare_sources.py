@@ -490,6 +490,31 @@ def test_a_closed_quoted_text_on_two_lines_before_the_audio_column_takes_in_no_r
     ]
 
 
+def test_a_headerless_list_whose_texts_hold_unquoted_commas_keeps_its_two_columns(tmp_path):
+    """path,text without a header, most texts holding an unquoted comma: most rows have 3 cells, and the
+    list was read as path,speaker,text, every such text's first word a speaker and the rest its text,
+    while the one row that was right was reported malformed."""
+    from vits_trainer.data.corpus import read_table
+    from vits_trainer.data.corpus_rows import Problem
+
+    lines = ["wavs/a.wav,Hello world", "wavs/b.wav,Well, that is fine", "wavs/c.wav,Yes, I think so"]
+    (tmp_path / "t.csv").write_text("\n".join(lines) + "\n", encoding="utf-8")
+    source = read_table(tmp_path / "t.csv")
+    assert "no header row: columns read as audio, text (the first row is a clip)" in source.notes
+    assert [(r.source_id, r.text) for r in source.rows if not isinstance(r, Problem)] == [
+        ("wavs/a", "Hello world")
+    ]
+    assert [r.origin for r in source.rows if isinstance(r, Problem)] == ["t.csv:2", "t.csv:3"]
+    # a first row lacking its speaker among path,speaker,text rows: the list's columns are theirs
+    lines = ["wavs/a.wav,Hello world", "wavs/b.wav,ali,Well that is fine", "wavs/c.wav,zin,Yes I think so"]
+    (tmp_path / "s.csv").write_text("\n".join(lines) + "\n", encoding="utf-8")
+    rows = read_table(tmp_path / "s.csv").rows
+    assert [(r.text, r.speaker) for r in rows if not isinstance(r, Problem)] == [
+        ("Well that is fine", "ali"),
+        ("Yes I think so", "zin"),
+    ]
+
+
 def test_csv_default_columns_and_quoted_text(tmp_path):
     src = tmp_path / "t"
     write_audio(src / "x.wav", speech("abc", 16000), 16000)

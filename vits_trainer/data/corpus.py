@@ -553,6 +553,11 @@ def _most_rows_columns(first: list[str], records: list[tuple[list[str], int]]) -
     counts = Counter(len(fields) for fields, _ in records if any(x.strip() for x in fields))
     counts[len(first)] += 1
     most = max(counts, key=lambda n: (counts[n], n == len(first)))
+    longer = [f for f, _ in records if len(f) == most] if most > len(first) else []
+    # texts split at their unquoted commas ("Well, that is fine"), each cell after one beginning with a
+    # space: not more columns. Read as path,speaker,text, their first words were speakers, the rest texts
+    if 2 * sum(all(x[:1].isspace() for x in f[len(first) :]) for f in longer) > len(longer):
+        most = len(first)
     if most == len(first):
         template = first
     else:
