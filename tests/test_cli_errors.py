@@ -211,6 +211,7 @@ def test_a_misspelt_flag_is_named_with_the_one_meant_before_a_missing_one(capsys
     """In-process (argument parsing only): the misspelt flag comes first, with its likely meaning, not
     argparse's 'the following arguments are required' for the flag it was meant to be."""
     import prepare_data
+    import train_feedback
     import train_vits
     from vits_trainer import speak
     from vits_trainer.errors import run_cli
@@ -234,6 +235,7 @@ def test_a_misspelt_flag_is_named_with_the_one_meant_before_a_missing_one(capsys
         (train_vits.main, ["--push_to_hub= "], "argument --push_to_hub: needs a repo id, USER/NAME"),
         # `--resume "$CKPT"` with CKPT unset named the folder the command runs in
         (train_vits.main, ["--resume", ""], "argument --resume: needs auto, none or a checkpoint folder"),
+        (train_feedback.main, ["--resume", ""], "argument --resume: needs auto, none or a checkpoint folder"),
     ]
     for main, argv, expected in cases:
         assert run_cli(main, argv) == 2

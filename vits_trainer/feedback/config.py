@@ -80,6 +80,8 @@ class FeedbackConfig(TrainConfig):
         "auto",
         "auto (continue the newest version if it is unfinished, else start a new one) | none (always a "
         "new version) | PATH of a checkpoint folder inside a version",
+        nonempty="auto, none or a checkpoint folder inside a version (an empty value would name the current "
+        "folder)",
     )
 
     def validate(self, resumed: bool = False, final: bool = True) -> None:
