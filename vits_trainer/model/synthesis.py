@@ -27,7 +27,7 @@ from .vits import load_vits_model
 
 # characters spoken in one forward: a longer text is spoken in pieces, sentence by sentence. The text
 # encoder's attention grows with the square of its tokens and the decoder's activations with the audio:
-# 4,000 characters in one forward took 5 GB with the tiny model, ~18,000 were killed for memory. 400 is
+# 2,845 characters in one forward took 2.6 GB with the tiny model, ~18,000 were killed for memory. 400 is
 # ~25 s of speech, beyond the clips a model trains on (at most 20 s by default)
 PIECE_CHARS = 400
 PIECE_GAP_SECONDS = 0.2  # silence between the pieces of a long text, as between two sentences
@@ -166,8 +166,7 @@ def speak(
     for ids in pieces:
         input_ids = torch.tensor([ids], dtype=torch.long, device=voice.device)
         with bounded_durations(model):
-            waveform = (
-                model(input_ids=input_ids, **kwargs).waveform[0].float().cpu().numpy()
-            )  # waits for the GPU
+            waveform = model(input_ids=input_ids, **kwargs).waveform[0]
+        waveform = waveform.float().cpu().numpy()  # waits for the GPU
         waveforms += [gap, waveform] if waveforms else [waveform]
     return Take(np.concatenate(waveforms), time.perf_counter() - start, voice.sampling_rate)
