@@ -234,9 +234,11 @@ def test_a_run_ending_on_the_trials_last_step_reports_the_chosen_size():
 
     policy = object.__new__(choice_module.MicroBatchPolicy)
     policy.s = SimpleNamespace(
-        state=SimpleNamespace(micro_batch_size=16, split=1), cfg=SimpleNamespace(batch_size=8)
+        state=SimpleNamespace(micro_batch_size=16, split=1),
+        cfg=SimpleNamespace(batch_size=8),
+        accelerator=SimpleNamespace(num_processes=1),
     )
-    policy.trial, policy.last_micro, policy.step_clips = None, 32, 32
+    policy.trial, policy.last_micro, policy.step_clips, policy.whole_step_samples = None, 32, 32, 32
     assert policy.used() == {"micro_batch_size": 16, "micro_batches_per_step": 2}
     policy.s.state.split = 2  # after an out-of-memory split, the halved size
     assert policy.used() == {"micro_batch_size": 8, "micro_batches_per_step": 4}
@@ -381,3 +383,22 @@ def test_gan_step_called_with_the_cycles_clips_weighs_each_part_by_its_share():
         step({"input_ids": torch.zeros(n, 2)}, micro_index=i, cycle_length=2, cycle_clips=4)
     step({"input_ids": torch.zeros(3, 2)}, micro_index=0, cycle_length=2)  # equal parts: 1 / 2
     assert calls == [(True, False, 0.75), (False, True, 0.25), (True, False, 0.5)]
+
+
+def test_an_epoch_smaller_than_a_step_reports_the_micro_batches_it_runs(
+    tmp_path, tiny_model_dir, monkeypatch, capsys
+):
+    """6 training clips, a step of 8 (--batch_size 8): each step trains on those 6. With
+    --micro_batch_size 2 that is 3 passes of 2, not the 4 a full step would take: the log line and
+    train_summary.json say the 3 the run did (they said 8 clips and 4 passes)."""
+    from vits_trainer.data.synthetic import make_corpus
+
+    make_corpus(tmp_path / "data", num_clips=6, sample_rate=16000, seed=1)
+    steps = record_steps(monkeypatch)
+    _, summary = train_tiny(
+        tmp_path, tmp_path / "data", tiny_model_dir, val_fraction=0, micro_batch_size="2", max_steps=1
+    )
+    out = capsys.readouterr().out
+    assert [s["parts"] for s in steps] == [[2, 2, 2]]
+    assert "micro-batch: 2 clips x 3 (gradient accumulation) = 6 clips per optimiser step" in out, out
+    assert summary["micro_batch_size"] == 2 and summary["micro_batches_per_step"] == 3

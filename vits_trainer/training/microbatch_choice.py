@@ -208,9 +208,15 @@ class MicroBatchPolicy:
 
     def describe(self, micro: int) -> str:
         per = " per process" if self.s.accelerator.num_processes > 1 else ""
+        # the clips a step trains: an epoch smaller than a configured step trains all of it in each
+        # step, in fewer passes (6 clips at --batch_size 8, micro-batch 2: 3 passes, not 4 of 8 clips)
+        clips = self.clips_trained_per_step()
+        whole = (
+            "" if clips == self.step_clips else f", the whole epoch (a step of {self.step_clips} otherwise)"
+        )
         return (
-            f"{micro} clips x {accumulation_for(self.step_clips, micro)} (gradient accumulation) = "
-            f"{self.step_clips} clips per optimiser step{per}"
+            f"{micro} clips x {accumulation_for(clips, micro)} (gradient accumulation) = "
+            f"{clips} clips per optimiser step{per}{whole}"
         )
 
     def start(self) -> None:
@@ -389,7 +395,8 @@ class MicroBatchPolicy:
         micro = self.size() if self.trial is None else (self.last_micro or self.size())
         return {
             "micro_batch_size": micro,
-            "micro_batches_per_step": accumulation_for(self.step_clips, micro),
+            # the passes a step runs: of its clips, the whole epoch when that is smaller than a step
+            "micro_batches_per_step": accumulation_for(self.clips_trained_per_step(), micro),
         }
 
     def smaller_after_oom(self, failed: int) -> int:
