@@ -340,3 +340,34 @@ def test_the_steps_after_the_last_metric_line_get_one_at_the_end(tmp_path, tiny_
     records = [json.loads(line) for line in (session.checkpoint_dir / "metrics.jsonl").open()]
     assert [r["step"] for r in records if "event" not in r] == [3]
     assert summary["steps"] == 3
+
+
+def test_clips_left_out_are_named_by_set_in_the_log_and_listed_in_the_summary(
+    tmp_path, tiny_model_dir, capsys
+):
+    """A clip whose text has no character of the vocabulary, one in the training clips and one in the
+    validation clips, and a WAV that no longer reads: each warning says which set its count is of (it
+    said '1 of 2 clip(s) dropped' of a corpus of 12), and train_summary.json lists every clip left out
+    and why (the log names only the first three of each kind)."""
+    from vits_trainer.data.items import held_out_positions
+
+    data = tmp_path / "data"
+    make_corpus(data, num_clips=12, sample_rate=16000, seed=2)
+    lines = (data / "metadata.csv").read_text(encoding="utf-8").splitlines()
+    ids = [line.split("|")[0] for line in lines]
+    (data / "wavs" / f"{ids[-1]}.wav").write_bytes(b"not a wav")  # left out before the split
+    val = held_out_positions(ids[:-1], 0.1, 0)
+    train = [i for i in range(len(ids) - 1) if i not in val]
+    for i in (val[0], train[0]):
+        clip_id, _, *rest = lines[i].split("|")
+        lines[i] = "|".join([clip_id, "xyz qrs", *rest])
+    (data / "metadata.csv").write_text("\n".join(lines) + "\n", encoding="utf-8")
+    _, summary = train_tiny(tmp_path, data, tiny_model_dir, max_steps=1, val_fraction=0.1)
+    out = capsys.readouterr().out
+    assert f"warning: 1 of {len(train)} training clip(s) dropped ({ids[train[0]]}: no tokens" in out, out
+    assert f"warning: 1 of {len(val)} validation clip(s) dropped ({ids[val[0]]}: no tokens" in out, out
+    left_out = {clip_id: why for clip_id, why in summary["dropped_clips"]}
+    assert set(left_out) == {ids[train[0]], ids[val[0]], ids[-1]}, left_out
+    assert "no tokens" in left_out[ids[val[0]]] and "unreadable" in left_out[ids[-1]]
+    saved = json.loads((tmp_path / "final_model" / "train_summary.json").read_text())
+    assert saved["dropped_clips"] == summary["dropped_clips"]

@@ -122,8 +122,10 @@ def build_items(
     speaker_to_id: dict[str, int],
     hop_length: int,
     log: Log = print,
+    what: str = "clip(s)",
 ) -> tuple[TrainingItems, list[tuple[str, str]]]:
     """Tokenize the clips at `indices`; drop (and return as (id, reason)) the ones VITS cannot align.
+    `what` names the clips in the warning ("validation clip(s)"): its count is of `indices` alone.
 
     The monotonic alignment search needs at least one spectrogram frame per token, so a clip with
     more tokens than `samples // hop_length` frames (or no tokens at all) is unusable.
@@ -149,7 +151,8 @@ def build_items(
             speaker_ids.append(speaker_to_id[speaker])
     if dropped:
         first = "; ".join(f"{i}: {why}" for i, why in dropped[:3])
-        log(f"warning: {len(dropped)} of {len(dropped) + len(kept)} clip(s) dropped ({first})")
+        more = f"; {len(dropped) - 3} more" if len(dropped) > 3 else ""
+        log(f"warning: {len(dropped)} of {len(dropped) + len(kept)} {what} dropped ({first}{more})")
     items = TrainingItems(
         store=store,
         indices=np.asarray(kept, dtype=np.int64),

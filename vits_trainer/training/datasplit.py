@@ -104,9 +104,14 @@ def split_data(
     missing = len(wanted) - len(val_idx)
     if missing:
         log(f"warning: {missing} validation clip(s) of the earlier run are no longer in the data")
-    train, dropped = build_items(store, train_idx, text.encode, speakers, hop, log=log)
+    # each warning names its set: "1 of 2 clip(s) dropped" of a corpus of 12 read as the whole corpus's
+    train, dropped = build_items(
+        store, train_idx, text.encode, speakers, hop, log=log, what="training clip(s)"
+    )
     val_idx = interleave_voices(val_idx, store.speakers, speakers)
-    val, dropped_val = build_items(store, val_idx, text.encode, speakers, hop, log=log)
+    val, dropped_val = build_items(
+        store, val_idx, text.encode, speakers, hop, log=log, what="validation clip(s)"
+    )
     if len(train) == 0:
         raise UserError(f"no usable training clips in {cfg.data_dir} (see the warnings above)")
     if len(val) == 0 and cfg.val_fraction > 0:

@@ -225,6 +225,8 @@ class RunEnd:
             "micro_batches_per_step": loop_figures["micro_batches_per_step"],
             "micro_batch_trial": state.micro_batch_trial,
             "length_buckets": s.pad is not None,
+            # clips of the data this session did not train or validate on, and why (the log names a few)
+            "dropped_clips": [list(d) for d in s.data.dropped],
             "compile": loop_figures["compile"],
             "final_model": str(exported) if exported else None,
             "last_checkpoint": str(outputs.last_checkpoint) if outputs.last_checkpoint else None,

@@ -407,6 +407,8 @@ def _build_session(
         cfg, store, text, speakers, generator.hop_length, trainer_state.get("val_ids"), log
     )
     describe_data(data, report, log)
+    # every clip left out, unreadable ones included, for train_summary.json: the log names three of a kind
+    data.dropped = [*report.skipped, *data.dropped]
     saved_batch = (trainer_state.get("config") or {}).get("batch_size") if ckpt is not None else None
     key = epoch_clips_key(data.train, data.epoch_samples)
     note_earlier_clips(state, key, resumed=ckpt is not None)
