@@ -439,3 +439,41 @@ def test_a_run_whose_final_weights_were_not_scored_gives_no_final_voice_scores(
     )
     assert summary["stopped_reason"] == "signal" and summary["final_val"] is None
     assert "final_by_speaker" not in summary, summary
+
+
+def test_a_voice_with_no_training_clip_is_named_before_training():
+    """50 speakers of one clip each with --num_speakers auto: the 4 voices whose only clip was held out
+    for validation got an embedding no step trains, exported in speakers.json as if trained, and nothing
+    said so. A warning names them; a voice with a training clip, or a model of one voice, gets none."""
+    from types import SimpleNamespace
+
+    import numpy as np
+
+    from vits_trainer.data.clipstore import ClipStore
+    from vits_trainer.training.config import TrainConfig
+    from vits_trainer.training.datasplit import split_data
+
+    n = 12
+    lengths = np.full(n, 4000, dtype=np.int64)
+    offsets = np.concatenate([[0], np.cumsum(lengths)])
+    names = ["ali"] * (n - 1) + ["zin"]
+    store = ClipStore(
+        [f"c{k}" for k in range(n)], ["a"] * n, names, offsets, np.zeros(offsets[-1], np.int16), 16000
+    )
+    text = SimpleNamespace(encode=lambda s: [1, 2])
+    cfg = TrainConfig(val_fraction=0.25, seed=0)
+    lines: list[str] = []
+    split_data(cfg, store, text, {"ali": 0, "zin": 1}, 256, ["c0", "c11"], lines.append)  # zin: val only
+    warnings = [line for line in lines if "no training clip" in line]
+    assert len(warnings) == 1 and warnings[0].startswith("warning: 1 of 2 voices have no training clip (zin)")
+    lines.clear()
+    split_data(cfg, store, text, {"ali": 0, "zin": 1}, 256, ["c0", "c1"], lines.append)  # zin trains
+    split_data(cfg, store, text, {"ali": 0, "zin": 0}, 256, ["c0", "c11"], lines.append)  # one voice
+    assert not [line for line in lines if "no training clip" in line], lines
+    # --max_samples 2 leaves zin's clip out, not zin: the model still gets (and exports) that voice
+    cfg = TrainConfig(val_fraction=0.25, seed=0, max_samples=2)
+    split_data(cfg, store, text, {"ali": 0, "zin": 1}, 256, ["c0"], lines.append)
+    assert any(
+        line.startswith("warning: 1 of 2 voices have no training clip (zin)") and "past --max_samples" in line
+        for line in lines
+    ), lines

@@ -114,6 +114,21 @@ def split_data(
     )
     if len(train) == 0:
         raise UserError(f"no usable training clips in {cfg.data_dir} (see the warnings above)")
+    # a voice whose every clip was held out (or dropped) keeps an embedding no step trains, and is
+    # exported in speakers.json like the others: one clip per speaker put whole voices in validation.
+    # Every voice of the data counts, as in the map: --max_samples leaves clips out, not voices
+    spoken = {speakers[name] for name in set(store.speakers) if name in speakers}
+    untrained = sorted(spoken - set(train.speaker_ids.tolist()))
+    if len(set(speakers.values())) > 1 and untrained:
+        names = [" / ".join(sorted(n for n, i in speakers.items() if i == sid)) for sid in untrained]
+        more = f" and {len(names) - 8} more" if len(names) > 8 else ""
+        log(
+            f"warning: {len(untrained)} of {len(spoken)} voices have no training clip ({', '.join(names[:8])}"
+            f"{more}): their clips are all held out for validation, dropped"
+            + (", or past --max_samples" if cfg.max_samples else "")
+            + ", so no step trains their "
+            "speaker embedding; give them more clips, or train without validation (--val_fraction 0)"
+        )
     if len(val) == 0 and cfg.val_fraction > 0:
         log("warning: no usable validation clips: no validation, no best_model")
     elif fresh_split and len(val):  # --val_fraction 0 holds out nothing on purpose: no voice was left out
