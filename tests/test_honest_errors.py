@@ -558,3 +558,12 @@ def test_characters_the_vocabulary_lacks_are_said_to_be_added_with_extend_vocab(
     assert ("drops them" in lines[0]) != extend, lines
     if extend:
         assert "--extend_vocab adds them" in lines[0] and lines[1].startswith("vocabulary extended by 3")
+
+
+def test_a_run_without_validation_says_why_its_final_weights_were_not_evaluated(
+    tmp_path, tiny_model_dir, tone_corpus
+):
+    """--val_fraction 0: train_summary.json's final_eval_skipped said "not run", which is no reason."""
+    _, summary = train_tiny(tmp_path, tone_corpus, tiny_model_dir, max_steps=1, val_fraction=0.0)
+    assert summary["final_val"] is None
+    assert summary["final_eval_skipped"] == "no validation clips to evaluate on"

@@ -104,6 +104,8 @@ class RunEnd:
             else:
                 self.final_eval_skipped = f"no time left: {max(0.0, left):.0f} s left for it, it takes ~{budget.eval_seconds():.0f} s"
                 s.log(f"final evaluation skipped: {self.final_eval_skipped}")
+        else:  # --val_fraction 0, or no validation clip was usable: the summary says so, not "not run"
+            self.final_eval_skipped = "no validation clips to evaluate on"
 
     def final_is_best(self) -> bool:
         """Whether the final weights scored best. Only weights this session trained: with no step, they
