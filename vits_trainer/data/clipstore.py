@@ -186,8 +186,14 @@ def _read_clip(path: Path, sample_rate: int) -> tuple[np.ndarray | None, str | N
         with sf.SoundFile(path) as f:
             rate = f.samplerate
             if f.subtype in ("FLOAT", "DOUBLE"):
+                data = f.read(dtype="float32", always_2d=True)
+                # NaN would be cast to an arbitrary int16 and Inf clipped to full scale: audio that is
+                # not the recording, skipped here as prepare_data.py skips it
+                bad = int(data.size - np.count_nonzero(np.isfinite(data)))
+                if bad:
+                    return None, f"{bad} NaN/Inf samples", False
                 # libsndfile's float->int16 conversion does not clip: values past +-1 would wrap around
-                data = np.clip(f.read(dtype="float32", always_2d=True), -1.0, 1.0) * 32767.0
+                data = np.clip(data, -1.0, 1.0) * 32767.0
             else:
                 data = f.read(dtype="int16", always_2d=True)
     except Exception as err:  # soundfile raises several types for missing/corrupt files
