@@ -1166,3 +1166,16 @@ def test_the_session_gives_the_budget_a_whole_steps_samples(tmp_path, tiny_model
     cfg = tiny_config(tmp_path / "small", tone_corpus, tiny_model_dir, max_samples=12, val_fraction=0.0)
     cfg.gradient_accumulation_steps = 2
     assert build_session(cfg, time.time()).budget.full_step_samples == 12
+
+
+def test_the_total_hours_warning_gives_the_value_the_flag_had():
+    """--total_hours 0.005 was echoed as '--total_hours 0.01' (two decimals): a flag the user never gave."""
+    b = Budget(36.0, 0.0, total_seconds=18.0, clock=FakeClock(0.0))
+    assert (BudgetLR(b, warmup_steps=10).horizon_warning() or "").startswith(
+        "--total_hours 0.005 ends before"
+    )
+    b = Budget(1000, 0.0, total_seconds=18.0, clock=FakeClock(0.0))
+    b.load_state_dict({"spent_seconds": 40.0, "global_step": 50})
+    assert (BudgetLR(b, warmup_steps=10).horizon_warning() or "").startswith(
+        "--total_hours 0.005 is already spent (0.01 h)"
+    )

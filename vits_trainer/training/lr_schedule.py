@@ -192,15 +192,14 @@ class BudgetLR:
         if b.total_seconds is None:
             return None
         spent = b.spent_seconds()
+        # the flag as given (as --target_hours is echoed): two decimals made 0.005 read "0.01"
+        total = f"--total_hours {round(b.total_seconds / 3600, 6):g}"
         if spent >= b.total_seconds:
-            return (
-                f"--total_hours {b.total_seconds / 3600:.2f} is already spent ({spent / 3600:.2f} h): "
-                "the learning rate stays at its minimum"
-            )
+            return f"{total} is already spent ({spent / 3600:.2f} h): the learning rate stays at its minimum"
         if b.total_seconds - b.spent_before < b.target_seconds - b.final_reserve():
             end = b.process_start + b.total_seconds - b.spent_before
             return (
-                f"--total_hours {b.total_seconds / 3600:.2f} ends before this session's training "
+                f"{total} ends before this session's training "
                 f"(at ~{hhmm(end, b.clock())}): the learning rate stays at its minimum after that"
             )
         return None
