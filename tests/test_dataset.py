@@ -985,3 +985,15 @@ def test_a_float_wav_with_nan_or_inf_samples_is_skipped_as_prepare_data_skips_it
     assert set(reasons) == {nan_id, inf_id} and len(store2) == len(store) - 2
     assert reasons[nan_id] == reasons[inf_id] == "100 NaN/Inf samples"
     assert any("2 clip(s) could not be read and are skipped" in m for m in logs)
+
+
+def test_a_missing_clip_names_the_file_looked_for(corpus: Path) -> None:
+    """metadata.csv giving a file name as the id (`clip00001.wav|...`, as an LJSpeech list may): the
+    warning said `clip00000.wav: missing file` beside an existing wavs/clip00000.wav; it names the file
+    looked for."""
+    rows = (corpus / "metadata.csv").read_text().splitlines()
+    first = rows[0].split("|")[0]
+    rows[0] = rows[0].replace(f"{first}|", f"{first}.wav|", 1)
+    (corpus / "metadata.csv").write_text("\n".join(rows) + "\n")
+    _, report = load(corpus)
+    assert dict(report.skipped)[f"{first}.wav"] == f"missing file (wavs/{first}.wav.wav)"

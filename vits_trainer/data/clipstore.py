@@ -197,7 +197,9 @@ def _read_clip(path: Path, sample_rate: int) -> tuple[np.ndarray | None, str | N
             else:
                 data = f.read(dtype="int16", always_2d=True)
     except Exception as err:  # soundfile raises several types for missing/corrupt files
-        reason = "missing file" if not path.exists() else f"unreadable ({str(err).splitlines()[0][:120]})"
+        # the file looked for: an id given as a file name (x.wav) is looked for as wavs/x.wav.wav
+        missing = f"missing file ({path.parent.name}/{path.name})"
+        reason = missing if not path.exists() else f"unreadable ({str(err).splitlines()[0][:120]})"
         return None, reason, False
     if data.shape[0] == 0:
         return None, "empty audio", False
