@@ -166,6 +166,7 @@ def trial_policy(sizes, steps, step_clips=16, batch_size=8):
     policy.agreement = SimpleNamespace(integer=lambda x: x)
     policy.metrics = SimpleNamespace(write=lambda record: None)
     policy.step_clips = policy.effective_step_clips = step_clips
+    policy.whole_step_samples = step_clips  # an epoch of many steps: each trains a whole one
     policy.trial, policy.trial_steps = MicroBatchTrial(sizes, steps), []
     return policy
 
