@@ -342,15 +342,14 @@ def export_model(
             extras(tmp)
         write_marker(tmp, kind, run, step)  # last: lists every file this export wrote
         readable_as_umask(tmp)
-    except SafetensorError as err:
-        # safetensors reports a full disk (or any write error) as its own error, not an OSError: as an
-        # OSError, the callers' handling of a failed export applies (a warning, or the final export's
-        # error line naming the last good checkpoint), where it ended the run with a traceback
-        shutil.rmtree(tmp, ignore_errors=True)  # this pid's temp folder, made above: no user file in it
-        raise _as_os_error(err) from err
-    except BaseException:
+    except BaseException as err:
         # a half-written export left on a full disk takes the space the next save needs
         shutil.rmtree(tmp, ignore_errors=True)  # this pid's temp folder, made above: no user file in it
+        if isinstance(err, SafetensorError):
+            # safetensors reports a full disk (or any write error) as its own error, not an OSError: as
+            # an OSError, the callers' handling of a failed export applies (a warning, or the final
+            # export's error line naming the last good checkpoint), where it ended the run with a traceback
+            raise _as_os_error(err) from err
         raise
     replace_export(tmp, out_dir)  # checks the marker of what it replaces
     return out_dir
