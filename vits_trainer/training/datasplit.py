@@ -117,14 +117,13 @@ def split_data(
     # a voice whose every clip was held out (or dropped) keeps an embedding no step trains, and is
     # exported in speakers.json like the others: one clip per speaker put whole voices in validation.
     # Every voice of the data counts, as in the map: --max_samples leaves clips out, not voices
-    spoken = {speakers[name] for name in set(store.speakers) if name in speakers}
+    present = set(store.speakers)  # the names this data speaks
+    spoken = {speakers[name] for name in present if name in speakers}
     untrained = sorted(spoken - set(train.speaker_ids.tolist()))
     if len(set(speakers.values())) > 1 and untrained:
-        names = [" / ".join(sorted(n for n, i in speakers.items() if i == sid)) for sid in untrained]
-        more = f" and {len(names) - 8} more" if len(names) > 8 else ""
         log(
-            f"warning: {len(untrained)} of {len(spoken)} voices have no training clip ({', '.join(names[:8])}"
-            f"{more}): their clips are all held out for validation, dropped"
+            f"warning: {len(untrained)} of {len(spoken)} voices have no training clip "
+            f"({voices_named(speakers, untrained)}): their clips are all held out for validation, dropped"
             + (", or past --max_samples" if cfg.max_samples else "")
             + ", so no step trains their "
             "speaker embedding; give them more clips, or train without validation (--val_fraction 0)"
@@ -134,7 +133,6 @@ def split_data(
     elif fresh_split and len(val):  # --val_fraction 0 holds out nothing on purpose: no voice was left out
         # the voices this data speaks: the map also names voices with no clip here (an exported base's
         # speakers.json, kept with their ids), which a larger --val_fraction would not hold out either
-        present = set(store.speakers)
         note = unscored_voices_note(
             {n: i for n, i in speakers.items() if n in present}, val.speaker_ids.tolist()
         )
@@ -153,13 +151,20 @@ def unscored_voices_note(speakers: dict[str, int], val_speaker_ids: list[int], l
     missing = [sid for sid in voices if sid not in set(val_speaker_ids)]
     if not missing:
         return None
-    names = {sid: sorted(n for n, v in speakers.items() if v == sid) for sid in missing}
-    shown = ", ".join(" / ".join(names[sid]) for sid in missing[:limit])
-    more = f" and {len(missing) - limit} more" if len(missing) > limit else ""
     return (
-        f"note: {len(missing)} of {len(voices)} voices have no validation clip ({shown}{more}): no "
+        f"note: {len(missing)} of {len(voices)} voices have no validation clip "
+        f"({voices_named(speakers, missing, limit)}): no "
         "evaluation scores them and no sample speaks them; a larger --val_fraction holds out more clips"
     )
+
+
+def voices_named(speakers: dict[str, int], voices: list[int], limit: int = 8) -> str:
+    """The first `limit` of `voices` (ids of `speakers`), each by its names joined with " / ", and how
+    many more."""
+    shown = ", ".join(
+        " / ".join(sorted(n for n, v in speakers.items() if v == sid)) for sid in voices[:limit]
+    )
+    return shown + (f" and {len(voices) - limit} more" if len(voices) > limit else "")
 
 
 def interleave_voices(positions: list[int], names: list[str], speakers: dict[str, int]) -> list[int]:
