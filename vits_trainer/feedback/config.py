@@ -135,19 +135,18 @@ def _not_promoted_yet(root: Path) -> str:
     versions = list_versions(root)
     if not versions or (root / LATEST_JSON).exists():
         return ""
-    base = None
-    for _, version in reversed(versions):
-        for name in (REPORT_NAME, RUN_NAME):
-            try:
-                base = json.loads((version / name).read_text(encoding="utf-8")).get("base_model")
-            except (OSError, ValueError, AttributeError):
-                continue
-            if base:
-                break
-        if base:
-            break
+    files = [version / name for _, version in reversed(versions) for name in (REPORT_NAME, RUN_NAME)]
+    base = next(filter(None, map(_base_model_in, files)), None)  # the newest version's that says
     current = f": the current model is still the base model, {base}; pass it" if base else ""
     return f"; no feedback version in {root} has been promoted yet, so there is no latest{current}"
+
+
+def _base_model_in(path: Path) -> str | None:
+    """The base_model a version's report or run file names, None when it names none or cannot be read."""
+    try:
+        return json.loads(path.read_text(encoding="utf-8")).get("base_model")
+    except (OSError, ValueError, AttributeError):
+        return None
 
 
 def check_feedback_paths(cfg) -> None:
