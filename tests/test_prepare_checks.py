@@ -554,36 +554,24 @@ def test_audio_resampled_up_is_a_warning(tmp_path):
     assert [w["id"] for w in again.report["warnings"]] == ["low"] and again.report["counts"]["reused"] == 2
 
 
-def test_a_file_cut_short_is_a_warning(tmp_path):
-    """Half an MP3 (a copy that stopped midway) decoded to a fraction of its header's 4 s and was kept
-    with its whole transcript, with no word but the decoder's own on stderr."""
+@pytest.mark.parametrize(("suffix", "subtype"), [(".mp3", None), (".wav", "PCM_16"), (".wav", "FLOAT")])
+def test_a_file_cut_short_is_a_warning(tmp_path, suffix, subtype):
+    """Half a file (a copy or download that stopped midway) was kept with its whole transcript: an MP3
+    decoded to a fraction of its header's 4 s with no word but the decoder's own on stderr, and a WAV gave
+    no warning at all, libsndfile giving the length of the samples present, not the header's."""
     src = tmp_path / "pairs"
-    whole = write_audio(src / "whole.mp3", speech("abc de fgh", 16000, seconds=4.0), 16000)
+    whole = write_audio(
+        src / f"whole{suffix}", speech("abc de fgh", 16000, seconds=4.0), 16000, subtype=subtype
+    )
     (src / "whole.txt").write_text("abc de fgh", encoding="utf-8")
     data = whole.read_bytes()
-    (src / "cut.mp3").write_bytes(data[: len(data) // 2])
+    (src / f"cut{suffix}").write_bytes(data[: len(data) // 2])
     (src / "cut.txt").write_text("abc de fgh", encoding="utf-8")
     result, _ = run_prepare(src, tmp_path / "out")
     assert [(w["id"], w["warning"]) for w in result.report["warnings"]] == [("cut", "shorter_than_header")]
     assert "where its header says 4.00 s" in result.report["warnings"][0]["detail"]
     again, _ = run_prepare(src, tmp_path / "out")  # reused, still warned about
     assert [w["id"] for w in again.report["warnings"]] == ["cut"] and again.report["counts"]["reused"] == 2
-
-
-@pytest.mark.parametrize("subtype", ["PCM_16", "FLOAT"])
-def test_a_wav_cut_short_is_a_warning(tmp_path, subtype):
-    """Half a WAV (a copy or download that stopped midway) was kept with its whole transcript and no
-    warning: libsndfile gives the length of the samples present, not the header's, so the file never
-    looked shorter than its header."""
-    src = tmp_path / "pairs"
-    whole = write_audio(src / "whole.wav", speech("abc de fgh", 16000, seconds=4.0), 16000, subtype=subtype)
-    (src / "whole.txt").write_text("abc de fgh", encoding="utf-8")
-    data = whole.read_bytes()
-    (src / "cut.wav").write_bytes(data[: len(data) // 2])
-    (src / "cut.txt").write_text("abc de fgh", encoding="utf-8")
-    result, _ = run_prepare(src, tmp_path / "out")
-    assert [(w["id"], w["warning"]) for w in result.report["warnings"]] == [("cut", "shorter_than_header")]
-    assert "where its header says 4.00 s" in result.report["warnings"][0]["detail"]
 
 
 def test_a_wav_whose_header_was_never_finished_says_so(tmp_path):
