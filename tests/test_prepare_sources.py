@@ -320,6 +320,29 @@ def test_a_headerless_path_text_speaker_list_keeps_its_texts(tmp_path):
     }
 
 
+def test_a_vits_filelist_finds_its_clips_from_the_folder_it_is_run_in(tmp_path, monkeypatch):
+    """VITS's filelists (filelists/x.txt) name their clips from the repository's root, where training
+    runs, not from the list's own folder: run there as the docs show, every clip was missing_audio.
+    A path found beside the list still wins."""
+    repo = tmp_path / "vits"
+    for stem in ("one", "two"):
+        write_audio(repo / "wavs" / f"{stem}.wav", speech("abc", 16000), 16000)
+    (repo / "filelists").mkdir()
+    lines = ["wavs/one.wav|first clip", "wavs/two.wav|second clip"]
+    (repo / "filelists" / "train.txt").write_text("\n".join(lines) + "\n", encoding="utf-8")
+    monkeypatch.chdir(repo)
+    run_prepare("filelists/train.txt", tmp_path / "out")
+    assert output_rows(tmp_path / "out") == {
+        "wavs_one": ("first clip", "0"),
+        "wavs_two": ("second clip", "0"),
+    }
+    # a clip beside the list is the one it names, whatever the current folder holds
+    write_audio(repo / "filelists" / "wavs" / "one.wav", speech("abc de fg", 16000), 16000)
+    run_prepare("filelists/train.txt", tmp_path / "out2")
+    beside, from_root = (sf.info(tmp_path / out / "wavs" / "wavs_one.wav").frames for out in ("out2", "out"))
+    assert beside > from_root
+
+
 def test_a_pipe_filelist_keeps_its_quotes_and_commas(tmp_path):
     """A headerless path|text list whose first text has more commas than the line has pipes was read as
     a CSV (no audio column found); an opening quote swallowed the rows after it."""

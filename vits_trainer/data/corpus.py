@@ -499,7 +499,8 @@ def _table_rows(
             if not rel:
                 rows.append(Problem(origin, "missing_audio", f"empty {audio_column} field"))
                 continue
-            audio = resolve_in(audio_root, rel)
+            # else from the current folder: VITS's filelists name clips from the repository's root
+            audio = resolve_in(audio_root, rel, Path.cwd())
             if id_column is not None:
                 clip_id = fields[index[id_column]].strip()
             elif id_from == "stem":
