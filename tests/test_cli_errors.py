@@ -229,6 +229,13 @@ def test_a_misspelt_flag_is_named_with_the_one_meant_before_a_missing_one(capsys
             "unrecognized flag --lerning_rate; did you mean --learning_rate?",
         ),
         (speak.main, ["--modle", "x"], "unrecognized flag --modle; did you mean --model?"),
+        # a flag cut short is meant as the one it begins (--base for --base_model, which was --seed)
+        (train_feedback.main, ["--base", "m"], "unrecognized flag --base; did you mean --base_model?"),
+        (
+            train_vits.main,
+            ["--grad", "1"],
+            "did you mean --gradient_accumulation_steps or --gradient_checkpointing?",
+        ),
         (train_vits.main, ["--zzzz"], "unrecognized flag --zzzz (see --help)"),
         # `--push_to_hub "$REPO"` with REPO unset trained the whole budget and pushed nothing, silently
         (train_vits.main, ["--push_to_hub", ""], "argument --push_to_hub: needs a repo id, USER/NAME"),

@@ -150,8 +150,13 @@ class ArgumentParser(argparse.ArgumentParser):
             if not name.startswith("--") or name in self._option_string_actions:
                 continue
             underscored = "--" + name[2:].replace("-", "_")
-            close = [underscored] if underscored in known else difflib.get_close_matches(name, known, n=1)
-            hint = f"; did you mean {close[0]}?" if close else ""
+            # a flag cut short (--base) means one it begins (--base_model), not the nearest spelling (--seed)
+            begun = sorted(flag for flag in known if flag.startswith(underscored))
+            if underscored in known:
+                close = [underscored]
+            else:
+                close = begun[:3] or difflib.get_close_matches(name, known, n=1)
+            hint = f"; did you mean {' or '.join(close)}?" if close else ""
             self.error(f"unrecognized flag {name}{hint}")
 
     def error(self, message: str):
