@@ -64,6 +64,10 @@ def test_saved_settings_win_unless_a_flag_is_given():
     # a switch as it is typed (it read "--gradient_checkpointing True")
     assert "--gradient_checkpointing," in lines[-1] and "True" not in lines[-1]
     assert "resume: --no-overwrite_output_dir (the checkpoint's run used --overwrite_output_dir)" in lines
+    # a setting the run never set reads "none", not Python's None
+    unset_total = restore_settings(parse(["--total_hours", "0.5"]), saved, lines.append, source="x")
+    assert unset_total.total_hours == 0.5
+    assert "resume: --total_hours 0.5 (the checkpoint's run used none)" in lines
     built_in_code = TrainConfig(learning_rate=3e-4)
     assert restore_settings(built_in_code, saved, lines.append, source="x") is built_in_code
 

@@ -177,7 +177,8 @@ def _flag(name: str, value) -> str:
 
 
 def _show(value) -> str:
-    return "''" if value == "" else str(value)
+    # None: a setting the run never set (--total_hours not given); Python's "None" read as a value
+    return "''" if value == "" else "none" if value is None else str(value)
 
 
 def resume_command(script: str, cfg, folder_flag: str, folder: str) -> str:
