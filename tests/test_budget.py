@@ -193,7 +193,7 @@ def test_plan_arithmetic():
         f"plan: {plan.optimizer_steps:,} steps this session, {plan.epochs:.1f} epochs of 200 steps "
         f"({plan.full_epochs} full), ~32.0 samples/s, "
     )
-    assert "(budget 1.00 h)" in text and "training ends ~" in text and "run ends ~" in text
+    assert "(budget 1 h)" in text and "training ends ~" in text and "run ends ~" in text
     d = plan.to_dict()
     assert d["full_epochs"] == plan.full_epochs and "T" in d["train_end_iso"] and "T" in d["run_end_iso"]
 
@@ -1177,5 +1177,12 @@ def test_the_total_hours_warning_gives_the_value_the_flag_had():
     b = Budget(1000, 0.0, total_seconds=18.0, clock=FakeClock(0.0))
     b.load_state_dict({"spent_seconds": 40.0, "global_step": 50})
     assert (BudgetLR(b, warmup_steps=10).horizon_warning() or "").startswith(
-        "--total_hours 0.005 is already spent (0.01 h)"
+        "--total_hours 0.005 is already spent (0.0111 h)"
     )
+
+
+def test_a_budget_is_shown_as_its_flag_was_given():
+    """The plan said "(budget 0.01 h)" for --target_hours 0.015: two decimals, a budget never given."""
+    from vits_trainer.training.budget import hours
+
+    assert [hours(h * 3600) for h in (0.015, 9.5, 1.0, 0.1)] == ["0.015 h", "9.5 h", "1 h", "0.1 h"]

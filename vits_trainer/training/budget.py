@@ -100,6 +100,11 @@ def hhmm(wall: float, now: float) -> str:
     return time.strftime("%a %H:%M", t)
 
 
+def hours(seconds: float) -> str:
+    """A budget in hours as its flag is typed: two decimals made --target_hours 0.015 read "0.01 h"."""
+    return f"{round(seconds / 3600, 6):g} h"
+
+
 def _iso(wall: float) -> str:
     return datetime.fromtimestamp(wall).astimezone().isoformat(timespec="seconds")
 
@@ -140,7 +145,7 @@ class Plan:
             f"step{'' if self.steps_per_epoch == 1 else 's'} ({self.full_epochs} full), "
             f"~{self.samples_per_second:.1f} samples/s, "
             f"training ends ~{hhmm(self.train_end_wall, now)}, run ends ~{hhmm(self.run_end_wall, now)} "
-            f"(budget {self.budget_seconds / 3600:.2f} h)",
+            f"(budget {hours(self.budget_seconds)})",
             f"plan: {self.seconds_per_epoch:,.0f} s per epoch; final reserve: eval {self.eval_seconds:.0f} s "
             f"+ save {self.save_seconds:.0f} s + export {self.export_seconds:.0f} s "
             f"+ safety {self.safety_seconds:.0f} s"

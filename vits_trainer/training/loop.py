@@ -28,7 +28,7 @@ import torch
 from ..data.loader import HOST_ONLY_KEYS, move_batch
 from ..model.triton_support import triton_problem
 from .agreement import Agreement
-from .budget import hhmm
+from .budget import hhmm, hours
 from .compile_choice import CompileChoice
 from .cpushare import cpu_share
 from .microbatch import micro_batches
@@ -589,7 +589,7 @@ class Trainer:
             ended_by = f"--max_steps {s.cfg.max_steps:,}"
         else:
             ended_by = (
-                f"the time budget ({budget.target_seconds / 3600:.2f} h, of which the final evaluation, save "
+                f"the time budget ({hours(budget.target_seconds)}, of which the final evaluation, save "
                 f"and export keep ~{budget.final_reserve():.0f} s)"
             )
         s.log(budget.no_plan_line(ended_by, self.session_rate()))

@@ -22,7 +22,7 @@ import math
 from collections.abc import Callable, Iterable
 from typing import TYPE_CHECKING, Any
 
-from .budget import hhmm
+from .budget import hhmm, hours
 
 if TYPE_CHECKING:
     import torch
@@ -192,10 +192,9 @@ class BudgetLR:
         if b.total_seconds is None:
             return None
         spent = b.spent_seconds()
-        # the flag as given (as --target_hours is echoed): two decimals made 0.005 read "0.01"
-        total = f"--total_hours {round(b.total_seconds / 3600, 6):g}"
+        total = f"--total_hours {hours(b.total_seconds)[:-2]}"  # as given, as --target_hours is echoed
         if spent >= b.total_seconds:
-            return f"{total} is already spent ({spent / 3600:.2f} h): the learning rate stays at its minimum"
+            return f"{total} is already spent ({spent / 3600:.3g} h): the learning rate stays at its minimum"
         if b.total_seconds - b.spent_before < b.target_seconds - b.final_reserve():
             end = b.process_start + b.total_seconds - b.spent_before
             return (
