@@ -1139,3 +1139,35 @@ def test_report_zip_takes_a_file_dated_before_1980(tmp_path):
     (folder / "report.html").write_text('<audio src="samples/step_00000010/a.wav"></audio>', encoding="utf-8")
     with zipfile.ZipFile(write_report_archive(folder)) as z:
         assert z.read(f"{tmp_path.name}-checkpoints/samples/step_00000010/a.wav") == wav.read_bytes()
+
+
+def test_a_feedback_rounds_best_is_named_by_the_score_it_was_picked_by(tmp_path):
+    """A feedback round's best is its feedback set's val_mel: the status said "val_mel 1.613" beside an
+    evaluations table whose val_mel column (the original set's) read 1.331 at that step."""
+    t0 = 1_700_000_000.0
+    records = [
+        {
+            "event": "eval",
+            "tag": tag,
+            "step": step,
+            "epoch": 0,
+            "time": t0 + step,
+            "best_key": "feedback_val_mel",
+            "feedback_val_mel": fb,
+            "val_mel": orig,
+        }
+        for step, tag, fb, orig in [(0, "start", 1.791, 1.483), (8, "final", 1.613, 1.331)]
+    ]
+    records.append({"event": "end", "step": 8, "time": t0 + 20, "stopped_reason": "budget"})
+    (tmp_path / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
+    page = write_report(tmp_path, None, "val_mel").read_text(encoding="utf-8")
+    status = page[page.index('<section id="status">') : page.index("</section>")]
+    assert "(feedback_val_mel 1.613)" in status and "(val_mel 1.613)" not in status
+    evaluations = page[page.index('<section id="evaluations">') :]
+    assert "the lowest <code>feedback_val_mel</code>" in evaluations[: evaluations.index("</p>")]
+    # a plain run's status names its own score
+    for r in records[:2]:
+        del r["best_key"], r["feedback_val_mel"]
+    (tmp_path / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
+    page = write_report(tmp_path, None, "val_mel").read_text(encoding="utf-8")
+    assert "(val_mel 1.331)" in page[page.index('<section id="status">') : page.index("</section>")]

@@ -338,6 +338,17 @@ def primary(record: dict, key: str):
     return record.get(prefix + key, record.get(key))
 
 
+def metric_name(record: dict, metric: str) -> str:
+    """The key metric_of reads `metric` from: "feedback_val_mel" in a feedback round's evaluation, whose
+    plain val_mel (the original set's) is another column of the page."""
+    best = record.get("best_key")
+    prefix = best[: best.index("val_")] if isinstance(best, str) and "val_" in best else ""
+    for key in (prefix + metric, metric):
+        if key in record:
+            return key
+    return next((k for k in record if k.endswith("_" + metric)), metric)
+
+
 def metric_of(record: dict, metric: str) -> float | None:
     """`metric` of an evaluation: of the validation set that picks the best model (its `best_key`; a
     feedback round's is its feedback set, "feedback_val_mel", beside the original set's "val_mel")."""
@@ -393,7 +404,7 @@ def status_section(run: RunFiles, best: dict | None, best_metric: str, now: floa
             (
                 "best evaluation",
                 f'<a href="#eval-{best.get("step")}">step {_fmt(best.get("step"))}</a> '
-                f"({escape(best_metric)} {_fmt(metric_of(best, best_metric))}){start}",
+                f"({escape(metric_name(best, best_metric))} {_fmt(metric_of(best, best_metric))}){start}",
             )
         )
     if summary:
@@ -727,7 +738,8 @@ def evals_section(run: RunFiles, evals: list[dict], best: dict | None, best_metr
         css.append("best" if is_best else "")
     header = ["step", "tag", "epoch", *[escape(k) for k in columns], "seconds", "samples"]
     note = (
-        f"<p>Newest first. Best: the lowest <code>{escape(best_metric)}</code> (--best_metric) of the first "
+        f"<p>Newest first. Best: the lowest <code>{escape(metric_name(best or evals[-1], best_metric))}</code> "
+        f"(--best_metric {escape(best_metric)}) of the first "
         "validation set; the free-running scores (DTW mel, MCD, duration ratio) come from sentences spoken "
         "from text alone, as at inference.</p>"
     )
