@@ -488,6 +488,9 @@ def test_feedback_run_improves_feedback_and_is_promoted(promoted_run, base):
     card = (v1 / "model" / "README.md").read_text(encoding="utf-8")
     assert "Trained from the local folder `best_model`" in card and "9 feedback clips trained on" in card
     assert "held-out feedback clips" in card and "`feedback_report.json`" in card
+    # the round is judged and finished: its page offers no command to "continue" it (a new version)
+    page = (v1 / "checkpoints" / "report.html").read_text(encoding="utf-8")
+    assert "Training report" in page and "--resume auto" not in page
     # every feedback sentence, before and after
     for when in ("before", "after"):
         wavs = {p.stem for p in (v1 / "samples" / when).glob("*.wav")}
@@ -561,6 +564,7 @@ def test_interrupted_run_resumes_the_same_version(tmp_path, base, feedback_dir):
     assert proc.returncode == 0, err1[-3000:]
     assert "SIGTERM received" in out1 and "--resume auto" in out1.splitlines()[-1]
     assert not (out / "v1" / REPORT_NAME).exists()  # unfinished: the next run continues it
+    assert "--resume auto" in (out / "v1" / "checkpoints" / "report.html").read_text(encoding="utf-8")
     stopped = json.loads((out / "v1" / "checkpoints" / "train_summary.json").read_text())["steps"]
     assert stopped >= 4
     before = list((out / "v1" / "samples" / "before").glob("*.wav"))

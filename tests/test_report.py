@@ -1171,3 +1171,21 @@ def test_a_feedback_rounds_best_is_named_by_the_score_it_was_picked_by(tmp_path)
     (tmp_path / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
     page = write_report(tmp_path, None, "val_mel").read_text(encoding="utf-8")
     assert "(val_mel 1.331)" in page[page.index('<section id="status">') : page.index("</section>")]
+
+
+@pytest.mark.parametrize("why, offered", [("budget", False), ("max_steps", False), ("signal", True)])
+def test_a_judged_feedback_round_offers_no_command_to_continue_it(tmp_path, why, offered):
+    """Once a feedback round ends (but by a signal) it is judged and finished: its page offered
+    `train_feedback.py --resume auto` as the command that "continues" it, which starts a new version."""
+    fake_run(tmp_path)
+    command = "python train_feedback.py --resume auto --output_dir out --target_hours 0.5"
+    from vits_trainer.training.report import read_metrics
+
+    records = read_metrics(tmp_path / "metrics.jsonl")
+    ends = [r for r in records if r.get("event") == "end"]
+    ends[-1]["stopped_reason"] = why
+    (tmp_path / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
+    page = write_report(tmp_path, command, resumable_after_end=False).read_text(encoding="utf-8")
+    assert (html.escape(command) in page) is offered
+    # a train_vits.py run goes on from where it ended, whatever ended it
+    assert html.escape(command) in write_report(tmp_path, command).read_text(encoding="utf-8")

@@ -274,6 +274,7 @@ class FeedbackRun(FeedbackData):
                 shutil.rmtree(self.version, ignore_errors=True)
             raise
         session.resume_command = resume_command("train_feedback.py", self.cfg, "--output_dir", self.root)
+        session.resumable_after_end = False  # a round that ends (but by a signal) is judged: finished
         return session
 
     def measure_before(self, session) -> None:

@@ -244,7 +244,9 @@ class RunOutputs:
             "train_vits.py", s.cfg, "--checkpoint_dir", s.checkpoint_dir
         )
         try:
-            written = write_report(s.checkpoint_dir, command, s.cfg.best_metric)
+            written = write_report(
+                s.checkpoint_dir, command, s.cfg.best_metric, resumable_after_end=s.resumable_after_end
+            )
         except Exception as err:  # a page is never worth losing the run over
             s.log(f"warning: report.html not written ({err})")
             return

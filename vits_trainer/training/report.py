@@ -199,10 +199,17 @@ def write_report(
     resume_command: str | None = None,
     best_metric: str = "val_mel",
     now: float | None = None,
+    resumable_after_end: bool = True,
 ) -> Path:
-    """Write <checkpoint_dir>/report.html from the folder's files (temp file, then rename)."""
+    """Write <checkpoint_dir>/report.html from the folder's files (temp file, then rename).
+    `resumable_after_end` False: `resume_command` continues the run only until it ends, but by a signal
+    (a feedback round is judged when it ends, and the same command then starts a new version)."""
     folder = Path(checkpoint_dir)
-    page = render(read_run(folder), resume_command, best_metric, time.time() if now is None else now)
+    run = read_run(folder)
+    ended, why = run_state(run)
+    if ended and why != "signal" and not resumable_after_end:
+        resume_command = None
+    page = render(run, resume_command, best_metric, time.time() if now is None else now)
     out = folder / REPORT_FILE
     write_text_atomic(out, page)
     return out

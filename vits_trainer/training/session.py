@@ -106,6 +106,9 @@ class Session:
     model_source: str
     run_lock: object | None = None  # runlock.RunLock of --checkpoint_dir (main process), released by the loop
     resume_command: str | None = None  # report.html's command to continue (None: train_vits.py's)
+    # whether resume_command still continues the run once it ended (a feedback round's is judged then: the
+    # command would start a new version)
+    resumable_after_end: bool = True
 
     def lr_pairs(self) -> list[tuple]:
         """(optimizer, its LR scheduler) for the generator and the discriminator."""
