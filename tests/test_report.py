@@ -1189,3 +1189,21 @@ def test_a_judged_feedback_round_offers_no_command_to_continue_it(tmp_path, why,
     assert (html.escape(command) in page) is offered
     # a train_vits.py run goes on from where it ended, whatever ended it
     assert html.escape(command) in write_report(tmp_path, command).read_text(encoding="utf-8")
+
+
+def test_a_run_stopped_before_any_evaluation_of_trained_weights_does_not_say_none_scored_better(tmp_path):
+    """Stopped by a signal after one step: only the start evaluation exists. The page said "no trained
+    weights scored better" (none were evaluated), where the model card says they were not evaluated."""
+    t0 = 1_700_000_000.0
+    records = [
+        {"event": "eval", "tag": "start", "step": 0, "epoch": 0, "time": t0, "val_mel": 4.1},
+        {"step": 1, "epoch": 0, "time": t0 + 5, "loss_g": 200.0, "loss_mel": 3.8},
+        {"event": "end", "step": 1, "time": t0 + 9, "stopped_reason": "signal"},
+    ]
+    (tmp_path / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
+    summary = {"steps": 1, "stopped_reason": "signal", "best_step": 0, "best_model": None}
+    (tmp_path / "train_summary.json").write_text(json.dumps(summary))
+    page = write_report(tmp_path).read_text(encoding="utf-8")
+    status = page[page.index('<section id="status">') : page.index("</section>")]
+    assert "the weights the run started from" in status and "no trained weights were evaluated" in status
+    assert "scored better" not in status

@@ -403,9 +403,11 @@ def status_section(run: RunFiles, best: dict | None, best_metric: str, now: floa
     if best is not None:
         start = ""
         if best.get("tag") == "start":  # the start evaluation is never exported: say why best_model is empty
+            # (a run stopped before its first evaluation after the start has no trained weights scored)
+            later = any(_after(e, best.get("step", 0)) for e in run.events("eval"))
             start = (
                 ": the weights the run started from, never exported as best_model; no trained weights "
-                f"scored better{'' if ended else ' yet'}"
+                f"{'scored better' if later else 'were evaluated'}{'' if ended else ' yet'}"
             )
         facts.append(
             (
