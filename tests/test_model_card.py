@@ -436,3 +436,13 @@ def test_the_usage_speaks_a_sentence_of_the_models_language():
     assert 'tts("Silav, \\"tu\\" çawa yî?", forward_params={"speaker_id": 1})' in usage  # its voice too
     assert "Text to speak." not in usage
     assert 'text = "Text to speak."' in card(base_model_facts(MMS)).split("## Usage")[1]  # no samples
+
+
+def test_a_sentence_with_characters_yaml_may_not_hold_raw_keeps_the_front_matter_valid():
+    """A transcript decoded with the wrong code page keeps C1 control characters ("it\\x92s"), which a YAML
+    reader refuses raw: the whole front matter (license, widget) was unreadable, as the hub reads it
+    too. Line and paragraph separators raw in a quoted scalar are read as line breaks: another text."""
+    texts = ["it\x92s \x7fhere", "one\u2028two\u2029three\x85four"]
+    samples = tuple(Sample(f"samples/sample_{k + 1}.wav", t, f"c{k}") for k, t in enumerate(texts))
+    text = card(base_model_facts(MMS), samples=samples)
+    assert [w["text"] for w in front_matter(text)["widget"]] == texts

@@ -226,7 +226,16 @@ def _yaml_scalar(value: str) -> str:
         "off",
         "null",
     )
-    return value if plain else json.dumps(value, ensure_ascii=False)  # JSON strings are YAML too
+    if plain:
+        return value
+    # JSON strings are YAML too, but for what JSON leaves raw and YAML may not hold: C1 controls (a
+    # transcript decoded with the wrong code page), which YAML refuses, and NEL / line and paragraph
+    # separators, which it reads as line breaks; escaped as \uXXXX, which both read alike
+    return re.sub(
+        r"[\x7f-\x9f\u2028\u2029]",
+        lambda m: f"\\u{ord(m.group()):04x}",
+        json.dumps(value, ensure_ascii=False),
+    )
 
 
 def _front_matter(facts: CardFacts) -> str:
