@@ -657,8 +657,10 @@ def test_a_multi_speaker_runs_samples_name_their_speaker(tmp_path):
     for k in range(2):
         tiny_wav(step / f"c{k}.wav")
     table = sample_table(read_run(tmp_path), step)
-    assert '<b>c0</b> (speaker bob, speaker_id 1)<br><span class="said">sentence 0</span>' in table
-    assert '<b>c1</b> (speaker alice, speaker_id 0)<br><span class="said">sentence 1</span>' in table
+    assert '<b>c0</b> (speaker bob, speaker_id 1)<br><span class="said" dir="auto">sentence 0</span>' in table
+    assert (
+        '<b>c1</b> (speaker alice, speaker_id 0)<br><span class="said" dir="auto">sentence 1</span>' in table
+    )
     write_references(tmp_path / "single" / "samples", Items(), 2)  # a single-speaker run: no names
     assert (
         "speaker_name"
@@ -1207,3 +1209,23 @@ def test_a_run_stopped_before_any_evaluation_of_trained_weights_does_not_say_non
     status = page[page.index('<section id="status">') : page.index("</section>")]
     assert "the weights the run started from" in status and "no trained weights were evaluated" in status
     assert "scored better" not in status
+
+
+def test_a_right_to_left_sentence_is_laid_out_right_to_left(tmp_path):
+    """An Arabic-script sentence in the page's left-to-right flow had its final full stop (a neutral
+    character, which takes the paragraph's direction) drawn where it reads first; its cell now takes its
+    direction from its own first letter."""
+    from vits_trainer.training.report import read_run, sample_table
+
+    reference = tmp_path / "samples" / REFERENCE_FOLDER
+    reference.mkdir(parents=True)
+    said = {"c0": "سڵاو، چۆنی.", "c1": "silav, tu çawa yî?"}
+    listing = {clip: {"text": text, "speaker": 0} for clip, text in said.items()}
+    (reference / SENTENCES_FILE).write_text(json.dumps(listing), encoding="utf-8")
+    step = tmp_path / "samples" / "step_00000004"
+    step.mkdir()
+    for clip in said:
+        tiny_wav(step / f"{clip}.wav")
+    table = sample_table(read_run(tmp_path), step)
+    for text in said.values():
+        assert f'<span class="said" dir="auto">{html.escape(text)}</span>' in table

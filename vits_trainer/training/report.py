@@ -984,7 +984,7 @@ def _sentence(run: RunFiles, clip: str) -> str:
     sentence = run.sentences.get(clip) or {}
     text, voice = sentence.get("text"), sentence.get("speaker_name")
     voice = f" (speaker {escape(str(voice))}, speaker_id {sentence.get('speaker')})" if voice else ""
-    return f'<b>{escape(clip)}</b>{voice}<br><span class="said">{escape(str(text)) if text else ""}</span>'
+    return f'<b>{escape(clip)}</b>{voice}<br><span class="said" dir="auto">{escape(str(text)) if text else ""}</span>'
 
 
 def _audio(rel: str) -> str:
