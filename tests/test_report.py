@@ -1229,3 +1229,24 @@ def test_a_right_to_left_sentence_is_laid_out_right_to_left(tmp_path):
     table = sample_table(read_run(tmp_path), step)
     for text in said.values():
         assert f'<span class="said" dir="auto">{html.escape(text)}</span>' in table
+
+
+def test_a_resumed_runs_status_says_its_speed_is_the_last_sessions(tmp_path):
+    """train_summary.json's samples_per_second is the last session's: after a resume the status gave a
+    2.58 of the second session as the run's, beside a first session's 4.57 in the timeline."""
+    t0 = 1_700_000_000.0
+    start = {"event": "session", "process_start": t0, "started": t0 + 1, "target_seconds": 60.0}
+    records = [{**start, "step": 0, "time": t0, "resumed_from": None}]
+    records += [{"event": "end", "step": 4, "time": t0 + 9, "stopped_reason": "signal"}]
+    records += [{**start, "process_start": t0 + 20, "step": 4, "time": t0 + 21, "resumed_from": 4}]
+    records += [{"event": "end", "step": 8, "time": t0 + 30, "stopped_reason": "budget"}]
+    (tmp_path / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
+    summary = {"steps": 8, "stopped_reason": "budget", "samples_per_second": 2.58, "wall_seconds": 10.0}
+    (tmp_path / "train_summary.json").write_text(json.dumps(summary))
+    page = write_report(tmp_path).read_text(encoding="utf-8")
+    assert "<th>samples per second (last session)</th><td>2.58</td>" in page
+    assert "<th>wall time / budget (last session)</th>" in page
+    one = [records[0], records[-1]]  # one session: nothing to tell apart
+    (tmp_path / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in one))
+    page = write_report(tmp_path).read_text(encoding="utf-8")
+    assert "<th>samples per second</th><td>2.58</td>" in page

@@ -423,7 +423,10 @@ def status_section(run: RunFiles, best: dict | None, best_metric: str, now: floa
                 f"{_duration(summary.get('wall_seconds'))} / {_duration(summary.get('target_seconds'))}",
             ),
             ("epochs trained", _fmt(summary.get("epochs_trained"), 3)),
-            ("samples per second", _fmt(summary.get("samples_per_second"), 3) + _gpu_limit(summary)),
+            (
+                "samples per second" + (" (last session)" if sessions > 1 else ""),
+                _fmt(summary.get("samples_per_second"), 3) + _gpu_limit(summary),
+            ),
             ("final model", _folder_link(summary.get("final_model"), run.folder)),
             (
                 "best model",
