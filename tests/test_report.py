@@ -1250,3 +1250,30 @@ def test_a_resumed_runs_status_says_its_speed_is_the_last_sessions(tmp_path):
     (tmp_path / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in one))
     page = write_report(tmp_path).read_text(encoding="utf-8")
     assert "<th>samples per second</th><td>2.58</td>" in page
+
+
+def test_a_run_ended_without_any_evaluation_does_not_say_one_is_yet_to_come(tmp_path):
+    """--val_fraction 0: the ended run's page said "None yet." under Evaluations, as if one would come."""
+    t0 = 1_700_000_000.0
+    records = [
+        {
+            "event": "session",
+            "step": 0,
+            "time": t0,
+            "process_start": t0,
+            "started": t0 + 1,
+            "resumed_from": None,
+        },
+        {"step": 6, "epoch": 0, "time": t0 + 5, "loss_g": 200.0, "mel": 3.9},
+        {"event": "end", "step": 6, "time": t0 + 9, "stopped_reason": "max_steps"},
+    ]
+    (tmp_path / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
+    why = "no validation clips to evaluate on"
+    summary = {"steps": 6, "stopped_reason": "max_steps", "final_val": None, "final_eval_skipped": why}
+    (tmp_path / "train_summary.json").write_text(json.dumps(summary))
+    page = write_report(tmp_path).read_text(encoding="utf-8")
+    section = page[page.index('<section id="evaluations">') :]
+    assert f"<p>None: {why}.</p>" in section[: section.index("</section>")]
+    records.pop()  # still running: one may come
+    (tmp_path / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
+    assert "<p>None yet.</p>" in write_report(tmp_path).read_text(encoding="utf-8")

@@ -724,7 +724,10 @@ def _eval_columns(evals: list[dict]) -> list[str]:
 
 def evals_section(run: RunFiles, evals: list[dict], best: dict | None, best_metric: str) -> str:
     if not evals:
-        return '<section id="evaluations"><h2>Evaluations</h2><p>None yet.</p></section>'
+        ended, _ = run_state(run)
+        why = (run.summary or {}).get("final_eval_skipped") if ended else None
+        said = f"None: {escape(str(why))}." if why else "None." if ended else "None yet."
+        return f'<section id="evaluations"><h2>Evaluations</h2><p>{said}</p></section>'
     columns = _eval_columns(evals)
     shown = set(player_steps(run, evals, best))
     rows, css = [], []
