@@ -753,7 +753,8 @@ def evals_section(run: RunFiles, evals: list[dict], best: dict | None, best_metr
         css.append("best" if is_best else "")
     header = ["step", "tag", "epoch", *[escape(k) for k in columns], "seconds", "samples"]
     note = (
-        f"<p>Newest first. Best: the lowest <code>{escape(metric_name(best or evals[-1], best_metric))}</code> "
+        f"<p>Newest first. Best: the lowest <code>{escape(metric_name(best or evals[-1], best_metric))}"
+        "</code> "
         f"(--best_metric {escape(best_metric)}) of the first "
         "validation set; the free-running scores (DTW mel, MCD, duration ratio) come from sentences spoken "
         "from text alone, as at inference.</p>"
@@ -990,7 +991,8 @@ def _sentence(run: RunFiles, clip: str) -> str:
     sentence = run.sentences.get(clip) or {}
     text, voice = sentence.get("text"), sentence.get("speaker_name")
     voice = f" (speaker {escape(str(voice))}, speaker_id {sentence.get('speaker')})" if voice else ""
-    return f'<b>{escape(clip)}</b>{voice}<br><span class="said" dir="auto">{escape(str(text)) if text else ""}</span>'
+    said = escape(str(text)) if text else ""
+    return f'<b>{escape(clip)}</b>{voice}<br><span class="said" dir="auto">{said}</span>'
 
 
 def _audio(rel: str) -> str:
