@@ -108,7 +108,8 @@ class StepWindow:
     """What the steps since the last metric line added up to. Written by `run_epoch` (the loader's
     wait), `run_micro_batches` (a completed cycle's metrics) and `train_step` (the step's time and
     clips); read and replaced by a new one in `log_step`. The Trainer keeps one for the whole session
-    too (`session_steps`: its times and waits, for train_summary.json)."""
+    too (`session_window`: its times and waits, for train_summary.json; the session's step count is
+    `budget.session_steps`)."""
 
     samples: int = 0
     seconds: float = 0.0
@@ -203,7 +204,8 @@ class Trainer:
         self.recovery = Recovery(session, self.metrics, lambda: self.outputs.last_checkpoint)
         self.run_end = RunEnd(session, self.outputs, self.agreement)
         self.batches_per_step = cfg.gradient_accumulation_steps  # loader batches; micro-batches may differ
-        self.session_steps = StepWindow()  # every step of this session: its time, data and device waits
+        # every step of this session: its time, data and device waits (budget.session_steps counts them)
+        self.session_window = StepWindow()
         # on a GPU: whether the host or the GPU limits the steps (on a CPU nothing queues: always ~0)
         self.reports_device_wait = session.device.type == "cuda"
         self.resumed_from_step = session.budget.global_step if session.resumed_from else None
@@ -256,7 +258,7 @@ class Trainer:
             except StopIteration:
                 break
             wait = time.perf_counter() - t0
-            self.session_steps.wait += wait
+            self.session_window.wait += wait
             self.window.wait += wait
             cycle_start = (b // self.batches_per_step) * self.batches_per_step
             cycle_length = min(self.batches_per_step, n_batches - cycle_start)
@@ -290,8 +292,8 @@ class Trainer:
         stop_reason, save_now = self.stop_decision(self.outputs.interval_save_due())
         s.g_scheduler.step()  # after the decision: every rank now has the same LR progress
         s.d_scheduler.step()
-        for steps in (self.session_steps, self.window):
-            steps.add_step(seconds, samples, compiling, result.device_wait)
+        for window in (self.session_window, self.window):
+            window.add_step(seconds, samples, compiling, result.device_wait)
         state.samples_seen += samples
         state.batch_in_epoch = position  # a checkpoint from here on resumes after this step
         self.recovery.after_step(result, pending)
@@ -467,7 +469,7 @@ class Trainer:
     def session_rate(self) -> float:
         """Samples per second over every step of this session (the budget's own figure skips the warm-up
         steps)."""
-        seconds = self.session_steps.seconds
+        seconds = self.session_window.seconds
         return self.s.budget.session_samples / seconds if seconds else 0.0
 
     def checkpoint_figures(self) -> dict:
@@ -481,9 +483,9 @@ class Trainer:
             "samples_per_second": self.session_rate(),
             "budget_stop": self.budget_stop,
             "resumed_from_step": self.resumed_from_step,
-            "data_wait_fraction": self.session_steps.data_wait_fraction(),
+            "data_wait_fraction": self.session_window.data_wait_fraction(),
             # None too for a session of no step: it waited for nothing
-            "device_wait_fraction": self.session_steps.device_wait_fraction()
+            "device_wait_fraction": self.session_window.device_wait_fraction()
             if self.reports_device_wait
             else None,
             **self.checkpoint_figures(),
