@@ -237,8 +237,10 @@ class Trainer:
             return self.end_run(stop_reason)
         finally:
             self.signals.restore()
-            if s.run_lock is not None:  # released by end_run; here too when the run raised (a notebook's
-                s.run_lock.release()  # next run in this process would be refused its own folder)
+            # however the run ended, the next one may use the folder (raised too: a notebook's next run in
+            # this process would be refused its own folder)
+            if s.run_lock is not None:
+                s.run_lock.release()
 
     def run_epoch(self) -> str | None:
         """The rest of the current epoch, one optimiser step per cycle of loader batches; the stop
@@ -453,17 +455,14 @@ class Trainer:
         return stop_reason
 
     def end_run(self, stop_reason: str | None) -> dict:
-        """After the last step: the end of the run (run_end.py), the thread setting restored, the lock
-        released; the summary."""
-        s = self.s
+        """After the last step: the end of the run (run_end.py), the thread setting restored; the summary
+        (`train` then releases the run's lock)."""
         if self.cpu_share is not None:
             self.threads["thread_changes"] = self.cpu_share.changes
             self.threads["torch_threads_at_end"] = self.cpu_share.threads
         summary = self.run_end.finish(stop_reason, self.loop_figures())
         if self.cpu_share is not None and self.cpu_share.changes:  # the process's own setting again
             self.cpu_share.apply(self.cpu_share.max_threads)  # (a notebook goes on using it)
-        if s.run_lock is not None:  # the run has ended: the next one may use the folder
-            s.run_lock.release()
         return summary
 
     def session_rate(self) -> float:
