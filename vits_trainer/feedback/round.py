@@ -399,24 +399,24 @@ class FeedbackRun(FeedbackData):
         if not summary.get("final_model"):
             promoted, reason = False, "the model could not be exported (see the error above)"
         previous = read_latest(self.root)  # read once: the check below and the message name the same model
-        current = self.base_is_not_current(previous)
-        if promoted and current:
+        other_current = self.base_is_not_current(previous)  # the current model, when it is not our base
+        if promoted and other_current:
             promoted, reason = (
                 False,
-                f"{reason}; but it was trained from another model than the current one, {current}, and not "
-                f"compared with it (start a round from {self.root / 'latest'})",
+                f"{reason}; but it was trained from another model than the current one, {other_current}, and "
+                f"not compared with it (start a round from {self.root / 'latest'})",
             )
         if promoted:
             latest = write_latest(self.root, self.version, self.log)
             message = f"promoted {self.version.name}: {reason}; latest -> {self.version / 'model'}"
         else:
             latest = previous
-            current = (
+            stays = (
                 f"the current model stays {previous['version']} ({self.root / previous['relative_path']})"
                 if previous
                 else f"the current model stays the base model ({self.info.get('base_model') or self.inputs.base_model})"
             )
-            message = f"not promoted: {reason}; {self.version.name} is kept in {self.version}, {current}"
+            message = f"not promoted: {reason}; {self.version.name} is kept in {self.version}, {stays}"
         return {
             "version": self.version.name,
             "promoted": promoted,
