@@ -406,6 +406,13 @@ class Trainer:
         note = s.budget_lr.horizon_note(s.peak_lr)
         if note and stop_reason is None:  # a session that trains no step follows no schedule
             s.log(f"note: {note}")
+        self.say_no_step(stop_reason)
+        return stop_reason
+
+    def say_no_step(self, stop_reason: str | None) -> None:
+        """Why a session trains no step, when the stop decision before the first one ended it (a signal
+        says its own)."""
+        s, budget = self.s, self.s.budget
         if stop_reason == "budget":
             weighed = budget.stop_state()  # the step with its headroom: the figures the rule compared
             s.log(
@@ -418,7 +425,6 @@ class Trainer:
                 f"max_steps: step {budget.global_step} is --max_steps {s.cfg.max_steps} already: no training "
                 "step (--max_steps 0 lets the budget decide)"
             )
-        return stop_reason
 
     def write_session_record(self, started: float) -> None:
         """Where this process's time went before training (report.html's timeline): its start, the
@@ -582,7 +588,7 @@ class Trainer:
 
     def say_no_plan(self, stop_reason: str | None) -> None:
         """A session whose steps ended before the benchmark made a plan still gets a plan line (a slow
-        run's log had none): what it trained and why. A signal says its own; no step: start_run said why."""
+        run's log had none): what it trained and why. A signal says its own; no step: say_no_step said why."""
         s, budget = self.s, self.s.budget
         if budget.current_plan is not None or budget.session_steps == 0 or stop_reason == "signal":
             return
