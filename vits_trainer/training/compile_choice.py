@@ -104,7 +104,7 @@ class CompileChoice:
         self.failures = 0
         self.switched = 0  # steps after a switch of scope still taken as compilation (SWITCH_STEPS)
         self.late_steps = 0  # steps after the compiling ones taken as compilation (LATE_COMPILE_STEPS)
-        self.step_samples = 0  # samples of the last whole step
+        self.step_samples = 0  # clips of the last whole step (observe's `samples`)
         # where compiled code is kept for a resume (None: torch's default, in the temporary folder)
         self.cache_folder = None if checkpoint_dir is None else Path(checkpoint_dir) / CACHE_FOLDER
         self.cache: str | None = None  # the folder in use once compiling
@@ -163,8 +163,10 @@ class CompileChoice:
             self._start_compiling()
 
     def observe(self, seconds: float, samples: int, clean: bool) -> bool:
-        """One optimiser step ended. `clean`: a whole step at the run's micro-batch size, run once.
-        Returns whether its time measures the run's speed (False for the compiling steps)."""
+        """One optimiser step ended. `samples`: the clips it put through the networks, every process's
+        (loop.Trainer's `clips`, not the epoch's samples the budget counts); each "per sample" figure
+        here is per such clip. `clean`: a whole step at the run's micro-batch size, run once. Returns
+        whether its time measures the run's speed (False for the compiling steps)."""
         per_sample = seconds / samples if samples else None
         if clean:
             self.step_samples = samples  # a whole step's: what a later judgement's figures are per step of
