@@ -32,9 +32,8 @@ def main(argv: list[str] | None = None) -> int:
 
     parser = ArgumentParser(description=__doc__.split("\n\n")[0])
     add_arguments(parser, FeedbackConfig, skip=HIDDEN_FLAGS)
-    cfg = parse_config(
-        parser, argv, FeedbackConfig
-    )  # cfg.explicit: the flags given (a resume keeps the rest)
+    # cfg.explicit: the flags given (a resume keeps the rest)
+    cfg = parse_config(parser, argv, FeedbackConfig)
     result = run_feedback(cfg, PROCESS_START)  # validates first: a bad flag never loads torch
     return 1 if result.get("exported") is False else 0  # the export failed: its error line said so
 

@@ -92,9 +92,8 @@ class CompileChoice:
         self.log = log
         self.compilations = compilations  # graphs compiled (and CUDA graphs recorded) so far
         self.graphs_seen = 0
-        self.phase = (
-            "undecided"  # -> "off" | "eager" (measuring) -> "compiling" -> "measuring" -> "on" | "off"
-        )
+        # "undecided" -> "off" | "eager" (measuring) -> "compiling" -> "measuring" -> "on" | "off"
+        self.phase = "undecided"
         self.reason = ""
         self.eager: list[float] = []  # seconds per sample of eager steps (the first may be a warm-up)
         self.eager_reference: float | None = None

@@ -66,9 +66,8 @@ class TrainState:
     consecutive_skips: int = 0
     recoveries: int = 0  # reloads after too many consecutive skipped steps
     lr_scale: float = 1.0  # halved by each recovery
-    precision: str | None = (
-        None  # set when a recovery moved the run off fp16/bf16; a resumed session keeps it
-    )
+    # set when a recovery moved the run off fp16/bf16; a resumed session keeps it
+    precision: str | None = None
     split: int = 1  # the micro-batch is divided by this (doubled by each out-of-memory retry)
     # clips per micro-batch (microbatch_choice.py): chosen by the trial or --micro_batch_size, before any
     # out-of-memory split; None until chosen. A resumed run on the same hardware keeps it.
