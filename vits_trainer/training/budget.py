@@ -509,6 +509,11 @@ class Budget:
             self.planned_horizon_steps = steps  # only ever lowered: the warmup ramp stays monotone
         self._horizon_estimated = True
 
+    @property
+    def horizon_estimated(self) -> bool:
+        """planned_horizon_steps is the first measured steps' estimate, not yet a plan's."""
+        return self._horizon_estimated
+
     def benchmark_done(self) -> bool:
         """True once ``benchmark_samples`` samples were measured after the skipped first steps, or a
         minute of at least two slow steps."""
@@ -553,11 +558,6 @@ class Budget:
         round's after-samples, the --push_to_hub upload), so the loop stops early enough for it; one
         amount per `what`, a later call replacing that one's."""
         self._after_loop[what] = max(0.0, float(seconds))
-
-    @property
-    def horizon_estimated(self) -> bool:
-        """planned_horizon_steps is the first measured steps' estimate, not yet a plan's."""
-        return self._horizon_estimated
 
     def after_loop_seconds(self) -> float:
         """What is kept for the work after the loop's final export (reserve_after_loop)."""
