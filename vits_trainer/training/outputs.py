@@ -374,11 +374,14 @@ class RunOutputs:
         return path
 
     def export(self, folder: Path) -> Path | None:
+        """The current weights exported into `folder` (model/vits.export_model), with the discriminator,
+        the validation split, the samples of their evaluation and the model card: the folder, or None on
+        every process but the main one. `folder` is the run's best_model/ (export_best) or --output_dir
+        (RunEnd.export_final); the marker and the card name which by the folder's place."""
         s = self.s
         if not s.is_main:
             return None
         speakers = s.speakers if s.model.config.num_speakers > 1 else None
-
         kind = "best_model" if folder == s.checkpoint_dir / "best_model" else "final_model"
 
         def extras(tmp: Path) -> None:
