@@ -1064,7 +1064,8 @@ def test_with_several_processes_rank_0_keeps_its_own_clock_and_the_others_follow
     """Every rank sets the LR from rank 0's progress and warmup cap, broadcast with each stop decision.
     Rank 0 itself must go on reading its clock: once it took the broadcast value as its own, it sent back
     that first value forever, and the LR of every multi-process run stayed at its peak after warmup. The
-    warmup cap travels too: each rank planned its own from its own timings (230 against 227 steps)."""
+    warmup cap travels too: each rank planned its own from its own timings (230 against 227 steps). They
+    travel in one sum over the ranks, the other ranks sending zeros (and their signal flag)."""
     from types import SimpleNamespace
 
     import accelerate.utils
@@ -1074,11 +1075,12 @@ def test_with_several_processes_rank_0_keeps_its_own_clock_and_the_others_follow
 
     sent = []
 
-    def broadcast(packet, from_process):  # the packet rank 0 sends: what every rank receives
+    def reduce(packet, reduction):  # the sum every rank receives: rank 0's packet, the others' zeros
+        assert reduction == "sum"
         sent.append(packet.tolist())
-        return packet if not sent_by_rank0 else torch.tensor(sent_by_rank0[-1])
+        return packet if not sent_by_rank0 else packet + torch.tensor(sent_by_rank0[-1])
 
-    monkeypatch.setattr(accelerate.utils, "broadcast", broadcast)
+    monkeypatch.setattr(accelerate.utils, "reduce", reduce)
 
     def rank(is_main: bool):
         clock = FakeClock(0.0)
@@ -1104,7 +1106,7 @@ def test_with_several_processes_rank_0_keeps_its_own_clock_and_the_others_follow
     assert progress[0] < progress[1] < progress[2]  # was 0.2, 0.2, 0.2
     assert main.s.budget_lr.progress() == pytest.approx(progress[2])  # the value it sent, as the others
 
-    sent_by_rank0.append([0.0, 0.0, 0.5, 7.0])
+    sent_by_rank0.append([0.0, 0.0, 0.5, 7.0, 0.0])
     other, _ = rank(False)  # its own clock says 0, its own warmup 0: it follows rank 0's 0.5 and 7
     Trainer.stop_decision(other)
     assert other.s.budget_lr.progress() == 0.5 and other.s.budget_lr.effective_warmup_steps == 7

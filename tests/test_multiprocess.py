@@ -5,7 +5,9 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -67,6 +69,36 @@ def test_two_processes_stop_together_and_resume(tmp_path, tiny_model_dir, tone_c
     second = json.loads((tmp_path / "final_model" / "train_summary.json").read_text())
     assert second["resumed_from_step"] == first_steps and second["steps"] == first_steps + 2
     assert second["stopped_reason"] == "max_steps"
+
+
+def test_a_signal_to_one_worker_stops_every_process_and_a_single_process_resume_continues(
+    tmp_path, tiny_model_dir, tone_corpus
+):
+    """SIGTERM reaching rank 1 only (a platform or a user signalling one worker) stops the run at that step,
+    saved and exported once, with the command to resume: rank 0 alone decided, so the signal was ignored
+    and the run trained on to its budget. The checkpoint then continues in one process."""
+    settings = cli_settings(tmp_path, tone_corpus, tiny_model_dir, target_hours=600 / 3600, max_steps=8)
+    cmd = [*two_cpu_processes(ROOT / "tests" / "mp_signal.py", 29535), *cli_args(settings)]
+    env = dict(os.environ, SIGNAL_AT_STEP="2")
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=900, env=env)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    assert "a signal reached another process of the run: finishing this step, then saving" in proc.stdout
+    assert proc.stdout.count("stopped by a signal at step 2; continue with: accelerate launch") == 1
+    summary = json.loads((tmp_path / "final_model" / "train_summary.json").read_text())
+    assert summary["stopped_reason"] == "signal" and summary["steps"] == 2  # was max_steps, 8
+    assert (tmp_path / "checkpoints" / "step_00000002").is_dir()
+
+    # 2 -> 1 process: the step count goes on from the checkpoint
+    args = cli_args({"checkpoint_dir": tmp_path / "checkpoints", "cpu": True, "max_steps": 3})
+    proc = subprocess.run(
+        [sys.executable, str(ROOT / "train_vits.py"), "--resume", "auto", *args, "--target_hours", "0.1"],
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    second = json.loads((tmp_path / "final_model" / "train_summary.json").read_text())
+    assert second["resumed_from_step"] == 2 and second["steps"] == 3, second
 
 
 def test_a_single_process_run_beside_idle_gpus_says_how_to_use_them(monkeypatch):

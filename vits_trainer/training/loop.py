@@ -501,7 +501,8 @@ class Trainer:
 
     def stop_decision(self, want_save: bool = False) -> tuple[str | None, bool]:
         """(stop reason, save now?) as the main process sees them (its clock, its signals), the same on
-        every rank; in multi-process runs rank 0's LR progress and warmup cap travel along."""
+        every rank; in multi-process runs rank 0's LR progress and warmup cap travel along, and a signal
+        any rank received stops them all (SIGTERM sent to one worker was ignored: the run trained on)."""
         s = self.s
         reason = None
         if s.is_main:
@@ -514,15 +515,21 @@ class Trainer:
                 reason = "max_steps"
         code = STOP_REASONS.index(reason)  # a number, to travel to the other ranks
         if s.accelerator.num_processes > 1:
-            from accelerate.utils import broadcast
+            from accelerate.utils import reduce
 
             lr = s.budget_lr  # rank 0's own figures (the value shared before would freeze them)
-            packet = torch.tensor(
-                [code, float(want_save), lr.own_progress(), lr.own_warmup_steps()], device=s.device
+            # one sum over the ranks: rank 0's figures (the others send zeros), and how many got a signal
+            figures = (
+                [code, float(want_save), lr.own_progress(), lr.own_warmup_steps()] if s.is_main else [0] * 4
             )
-            code, save, lr_progress, warmup = broadcast(packet, from_process=0).tolist()
+            packet = torch.tensor([*figures, float(self.signals.received is not None)], device=s.device)
+            code, save, lr_progress, warmup, signalled = reduce(packet, "sum").tolist()
             code, want_save = int(code), bool(save)
             lr.share_progress(lr_progress, int(warmup))  # every rank, rank 0 too: one LR for all
+            if signalled and STOP_REASONS[code] != "signal":  # only another process got it (its handler's
+                # line is not the main process's to print); the loop ends here, so this is said once
+                s.log("a signal reached another process of the run: finishing this step, then saving")
+                code = STOP_REASONS.index("signal")
         return STOP_REASONS[code], want_save
 
     def follow_load(self, settle: bool = False) -> None:
