@@ -245,27 +245,25 @@ def read_ljspeech(root: Path) -> Source:
             )
             parsed = parsed[1:]
     replaced = 0
-    absolute: dict[int, Path] = {}  # row index -> its audio, where the id is an absolute path's file name
+    absolute_ids = _AbsolutePathIds()
     for number, fields in parsed:
-        clip_id, audio = _ljspeech_audio(root, clips, fields[0].strip())
-        if (
-            Path(fields[0].strip()).suffix.lower() in AUDIO_EXTENSIONS
-            and Path(fields[0].strip()).is_absolute()
-        ):
-            absolute[len(rows)] = audio
+        first = fields[0].strip()
+        clip_id, audio = _ljspeech_audio(root, clips, first)
         text, speaker = fields[1], "0"
         if len(fields) == 3 and third_is_speaker:
             speaker = fields[2].strip() or "0"
         elif len(fields) == 3 and fields[2].strip():
             replaced += fields[2].strip() != fields[1].strip()
             text = fields[2]  # the normalized column, when present
-        rows.append(Candidate(clip_id, text, speaker, f"{meta.name}:{number}", audio_path=audio))
+        id_path = first if Path(first).suffix.lower() in AUDIO_EXTENSIONS else None
+        candidate = Candidate(clip_id, text, speaker, f"{meta.name}:{number}", audio_path=audio)
+        absolute_ids.append(rows, candidate, id_path)
     if replaced:
         notes.append(
             f"metadata.csv's third column is read as normalized text (LJSpeech's id|text|normalized_text): "
             f"it is the text of {replaced} row(s) where it differs from the second"
         )
-    return Source("ljspeech", str(root), _absolute_ids_apart(rows, absolute), folder=root, notes=notes)
+    return Source("ljspeech", str(root), absolute_ids.apart(rows), folder=root, notes=notes)
 
 
 def _is_header_row(fields: list[str]) -> bool:
@@ -470,7 +468,7 @@ def _table_rows(
             return Path(value).stem if id_from == "stem" else _path_id(value)
 
         rows: list[Row] = []
-        absolute: dict[int, Path] = {}  # row index -> its audio, where the id is an absolute path's file name
+        absolute_ids = _AbsolutePathIds()
         for fields, number in itertools.chain(pending, records):
             origin = f"{path.name}:{number}"
             if not any(x.strip() for x in fields):
@@ -501,20 +499,21 @@ def _table_rows(
                 continue
             # else from the current folder: VITS's filelists name clips from the repository's root
             audio = resolve_in(audio_root, rel, Path.cwd())
+            id_path = None  # the path the id is made from, when it is
             if id_column is not None:
                 clip_id = fields[index[id_column]].strip()
             elif id_from == "stem":
                 clip_id = Path(rel).stem
             else:
-                clip_id = _path_id(rel)
-                if Path(rel).is_absolute():
-                    absolute[len(rows)] = audio
+                clip_id, id_path = _path_id(rel), rel
             if id_from == "stem" and not audio.exists() and not audio.suffix:
                 audio = audio.with_suffix(".mp3")  # some Common Voice releases list paths without .mp3
             speaker = fields[index[speaker_column]].strip() if speaker_column else ""
             text = fields[index[text_column]]
-            rows.append(Candidate(clip_id, text, speaker or "0", origin, audio_path=audio))
-    return _absolute_ids_apart(rows, absolute)
+            absolute_ids.append(
+                rows, Candidate(clip_id, text, speaker or "0", origin, audio_path=audio), id_path
+            )
+    return absolute_ids.apart(rows)
 
 
 def _rows_taken_in(fields: list[str], delimiter: str, audio_index: int) -> list[tuple[int, list[str]]]:
@@ -576,21 +575,35 @@ def _most_rows_columns(first: list[str], records: list[tuple[list[str], int]]) -
     return columns
 
 
-def _absolute_ids_apart(rows: list[Row], absolute: dict[int, Path]) -> list[Row]:
-    """Ids from absolute audio paths (`absolute`: row index -> its file) are the bare file names, unless
-    two different files share one (/data/spk1/000.wav, /data/spk2/000.wav): then the second was dropped
-    as a duplicate of the first. Those ids are then each file's path from the folder all of them share
-    (spk1/000, spk2/000), as a relative path's is; the same file listed twice stays a duplicate."""
-    files_by_id: dict[str, set[str]] = {}
-    for i, audio in absolute.items():
-        files_by_id.setdefault(rows[i].source_id, set()).add(os.path.normpath(audio))
-    if all(len(files) == 1 for files in files_by_id.values()):
+class _AbsolutePathIds:
+    """A reader's rows whose id `_path_id` made from an absolute audio path: the bare file name. Two
+    different files may share one (/data/spk1/000.wav, /data/spk2/000.wav), and the second would be
+    dropped as a duplicate of the first: `apart` then gives each of those rows its file's path from the
+    folder all of them share (spk1/000, spk2/000), as a relative path's id is; the same file listed twice
+    stays a duplicate. The readers of tables, LJSpeech's metadata.csv and audiofolder records share it."""
+
+    def __init__(self) -> None:
+        self._audio: dict[int, str] = {}  # row index -> its audio file, normalised
+
+    def append(self, rows: list[Row], candidate: Candidate, id_path: str | None) -> None:
+        """Append `candidate` to `rows`; `id_path`: the audio path, as the source writes it, that its id
+        was made from (None: the id was not made from a path)."""
+        if id_path is not None and Path(id_path).is_absolute():
+            self._audio[len(rows)] = os.path.normpath(candidate.audio_path)
+        rows.append(candidate)
+
+    def apart(self, rows: list[Row]) -> list[Row]:
+        """`rows`, those ids made from different files of one name replaced as above."""
+        files_by_id: dict[str, set[str]] = {}
+        for i, audio in self._audio.items():
+            files_by_id.setdefault(rows[i].source_id, set()).add(audio)
+        if all(len(files) == 1 for files in files_by_id.values()):
+            return rows
+        common = os.path.commonpath(list(self._audio.values()))
+        rows = list(rows)
+        for i, audio in self._audio.items():
+            rows[i] = replace(rows[i], source_id=_path_id(os.path.relpath(audio, common)))
         return rows
-    common = os.path.commonpath([os.path.normpath(audio) for audio in absolute.values()])
-    rows = list(rows)
-    for i, audio in absolute.items():
-        rows[i] = replace(rows[i], source_id=_path_id(os.path.relpath(os.path.normpath(audio), common)))
-    return rows
 
 
 def _refuse_a_clip_for_a_header(path: Path, header: list[str], delimiter: str, audio_root: Path) -> None:
@@ -709,7 +722,7 @@ def _record_rows(
     keys = sorted({k for r in records if r for k in r})
     text_column = pick_column(meta, keys, text_column, TEXT_COLUMNS, "--text_column")
     rows: list[Row] = []
-    absolute: dict[int, Path] = {}  # row index -> its audio, where the id is an absolute path's file name
+    absolute_ids = _AbsolutePathIds()
     for number, record in enumerate(records, start=1):
         origin = f"{meta.name}:{number}"
         if record is None:
@@ -719,14 +732,13 @@ def _record_rows(
         if not isinstance(rel, str) or not rel.strip():
             rows.append(Problem(origin, "missing_audio", f"no {audio_column} value"))
             continue
+        id_path = None if id_column else rel  # the path the id is made from, when it is
         clip_id = str(record.get(id_column, "")) if id_column else _path_id(rel)
         speaker = str(record.get(speaker_column) or "0") if speaker_column else "0"
         text = "" if text is None else str(text)
         audio = resolve_in(meta.parent, rel)
-        if not id_column and Path(rel).is_absolute():
-            absolute[len(rows)] = audio
-        rows.append(Candidate(clip_id, text, speaker, origin, audio_path=audio))
-    return _absolute_ids_apart(rows, absolute)
+        absolute_ids.append(rows, Candidate(clip_id, text, speaker, origin, audio_path=audio), id_path)
+    return absolute_ids.apart(rows)
 
 
 def _audiofolder_metadata(folder: Path) -> list[Path]:
