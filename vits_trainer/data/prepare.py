@@ -29,6 +29,7 @@ from .corpus import open_source, transcript_tables_hint
 from .corpus_rows import Problem, Source
 from .metadata import METADATA_NAME, WAVS_DIR, MetaRow, read_metadata, write_metadata
 from .prepare_checks import (
+    Planned,
     Skip,
     Vocabulary,
     check_output_folder,
@@ -162,23 +163,7 @@ def _prepare(settings: PrepareSettings, data_dir: Path, log: Callable[[str], Non
     write_json_atomic(report_path, report)
     if not rows:
         log(format_summary(report, data_dir))
-        if not source.rows:  # a header row alone, an empty metadata.csv: no row to give a reason for
-            raise UserError(
-                f"no usable clips: {source.location} (read as {source.format}) lists no clip; add the clips "
-                f"to it, or pass the table that lists them as --source (see {report_path})"
-            )
-        reasons_by = report["counts"]["skipped_by_reason"]
-        reasons = ", ".join(f"{k} {v}" for k, v in {**reasons_by, **filtered}.items()) or "none"
-        no_text = "missing_text" in reasons_by and set(reasons_by) <= {"missing_text", "missing_audio"}
-        hint = transcript_tables_hint(source) if no_text else ""
-        if filtered["filtered_speaker"] and not planned:
-            hint += f"; --speaker kept no row: {speakers_hint(source)}"
-        if reasons_by.get("unknown_chars"):  # the way on is to keep them, not to look in the report
-            hint += (
-                f"; --drop_unknown_chars dropped {reasons_by['unknown_chars']} row(s) for characters the model's "
-                "vocabulary lacks: leave it out to keep them (train_vits.py --extend_vocab adds the characters)"
-            )
-        raise UserError(f"no usable clips ({reasons}); see {report_path}{hint}")
+        raise no_usable_clips(source, report, filtered, planned, report_path)
 
     if backup is not None:  # another source's metadata.csv: moved to a fresh name, never overwritten
         os.replace(data_dir / METADATA_NAME, backup)
@@ -199,6 +184,30 @@ def _prepare(settings: PrepareSettings, data_dir: Path, log: Callable[[str], Non
 
 
 # --- report, output folder ---------------------------------------------------------------------------
+
+
+def no_usable_clips(
+    source: Source, report: dict, filtered: Counter, planned: list[Planned], report_path: Path
+) -> UserError:
+    """The error of a run that kept no row (its report written): the reasons counted, and the way on
+    where the rows say it (transcripts elsewhere, a --speaker that matched none, --drop_unknown_chars)."""
+    if not source.rows:  # a header row alone, an empty metadata.csv: no row to give a reason for
+        return UserError(
+            f"no usable clips: {source.location} (read as {source.format}) lists no clip; add the clips "
+            f"to it, or pass the table that lists them as --source (see {report_path})"
+        )
+    reasons_by = report["counts"]["skipped_by_reason"]
+    reasons = ", ".join(f"{k} {v}" for k, v in {**reasons_by, **filtered}.items()) or "none"
+    no_text = "missing_text" in reasons_by and set(reasons_by) <= {"missing_text", "missing_audio"}
+    hint = transcript_tables_hint(source) if no_text else ""
+    if filtered["filtered_speaker"] and not planned:
+        hint += f"; --speaker kept no row: {speakers_hint(source)}"
+    if reasons_by.get("unknown_chars"):  # the way on is to keep them, not to look in the report
+        hint += (
+            f"; --drop_unknown_chars dropped {reasons_by['unknown_chars']} row(s) for characters the model's "
+            "vocabulary lacks: leave it out to keep them (train_vits.py --extend_vocab adds the characters)"
+        )
+    return UserError(f"no usable clips ({reasons}); see {report_path}{hint}")
 
 
 def clip_warnings(outcome, sample_rate: int) -> list[tuple[str, str]]:
