@@ -272,8 +272,11 @@ def finish_wavs(
     unlisted: list[Path],
     clean: bool,
     log: Callable[[str], None],
-    owned: set[str] | None = None,
+    owned: set[str],
 ) -> None:
+    """The last step in wavs/: the temporary WAVs an interrupted run left are removed, and the WAVs that
+    metadata.csv does not list (`unlisted`) are removed with --clean (`clean`; only those whose ids are
+    in `owned`, this tool's), else counted in a line."""
     for tmp in wavs_dir.glob(".*.tmp"):
         if is_temp_wav(tmp):
             tmp.unlink(missing_ok=True)  # left by an interrupted run: ours, never user data
@@ -282,7 +285,7 @@ def finish_wavs(
     if clean:
         for p in unlisted:
             # --clean deletes only WAVs this tool wrote (state); check_prepare_wavs refused any other
-            if owned is None or p.stem in owned:
+            if p.stem in owned:
                 p.unlink(missing_ok=True)
         log(f"removed {len(unlisted)} WAV(s) in {wavs_dir} not listed in metadata.csv (--clean)")
     else:
