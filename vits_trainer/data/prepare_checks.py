@@ -204,8 +204,7 @@ def plan_rows(
     skipped: list[Skip] = []
     filtered: Counter = Counter()
     unknown_chars: Counter | None = Counter() if vocab is not None else None
-    first_origin: dict[str, str] = {}  # id -> where the row kept with it comes from, and its source id
-    first_source: dict[str, str] = {}
+    kept_with: dict[str, Candidate] = {}  # clip id -> the row kept with it (its origin, its source id)
     # as the rows' speakers are written: `--speaker "Ana Lopez"` is Ana_Lopez
     wanted_speakers = {clean_speaker(x) for x in settings.speakers} if settings.speakers else None
     for row in source.rows:
@@ -218,12 +217,15 @@ def plan_rows(
             skipped.append(Skip("", row.origin, "bad_id", f"unusable id {row.source_id!r}"))
             continue
         clip_id = safe_id(row.source_id)
-        if not clip_id.strip("._-") or first_source.get(clip_id, row.source_id) != row.source_id:
+        holder = kept_with.get(clip_id)
+        if not clip_id.strip("._-") or (holder is not None and holder.source_id != row.source_id):
             # an id in another script ('سڵاو' is '____'), or two that differ only there ('dîn', 'dên'):
             # the source id's digest keeps it apart
             clip_id = safe_id(row.source_id, tagged=True)
-        if clip_id in first_origin:
-            detail = f"id {clip_id!r} (source id {row.source_id!r}) already used at {first_origin[clip_id]}"
+        if clip_id in kept_with:
+            detail = (
+                f"id {clip_id!r} (source id {row.source_id!r}) already used at {kept_with[clip_id].origin}"
+            )
             skipped.append(Skip(clip_id, row.origin, "duplicate_id", detail))
             continue
         text, reason, detail = clean_text(row.text, settings.lowercase)
@@ -249,7 +251,7 @@ def plan_rows(
                 continue
         # claimed by the row kept only: a row rejected, left out by --speaker or dropped for its
         # characters leaves its id to a later one that is kept
-        first_origin[clip_id], first_source[clip_id] = row.origin, row.source_id
+        kept_with[clip_id] = row
         planned.append(Planned(clip_id, row, text, speaker))
     return planned, skipped, filtered, unknown_chars
 
