@@ -346,20 +346,20 @@ def read_commonvoice(root: Path, split: str | None) -> Source:
         raise UserError(
             f"--source {root}: no {tsv.name} (--split picks one of: {', '.join(found) or 'none'})"
         )
+    notes = [f"read {tsv.name}"]
     # Common Voice sentences contain quote characters: tab-separated, no quoting at all.
-    rows = list(
-        _table_rows(
-            tsv,
-            "\t",
-            audio_column="path",
-            text_column="sentence",
-            speaker_column="client_id",
-            id_column=None,
-            audio_root=root / "clips",
-            id_from="stem",
-        )
+    rows = _table_rows(
+        tsv,
+        "\t",
+        audio_column="path",
+        text_column="sentence",
+        speaker_column="client_id",
+        id_column=None,
+        audio_root=root / "clips",
+        notes=notes,
+        id_from="stem",
     )
-    return Source("commonvoice", str(root), rows, folder=root, notes=[f"read {tsv.name}"])
+    return Source("commonvoice", str(root), rows, folder=root, notes=notes)
 
 
 # --- Any CSV/TSV table with audio-path and text columns ------------------------------------------------
@@ -376,18 +376,16 @@ def read_table(
         raise UserError(f"--source {path}: --format csv needs a .csv/.tsv file")
     delimiter = sniff_delimiter(path)
     notes: list[str] = []
-    rows = list(
-        _table_rows(
-            path,
-            delimiter,
-            audio_column,
-            text_column,
-            speaker_column,
-            id_column,
-            path.parent,
-            notes=notes,
-            headerless=True,
-        )
+    rows = _table_rows(
+        path,
+        delimiter,
+        audio_column,
+        text_column,
+        speaker_column,
+        id_column,
+        path.parent,
+        notes=notes,
+        headerless=True,
     )
     return Source("csv", str(path), rows, folder=path.parent, notes=notes)
 
@@ -416,8 +414,8 @@ def _table_rows(
     speaker_column: str | None,
     id_column: str | None,
     audio_root: Path,
+    notes: list[str],
     id_from: str = "relpath",
-    notes: list[str] | None = None,
     headerless: bool = False,
 ) -> list[Row]:
     """The table's rows, and what is worth saying about its columns added to `notes`; `headerless` (a
@@ -455,8 +453,7 @@ def _table_rows(
             if name is not None and name not in header:
                 raise UserError(f"{path}: {flag} {name} is not a column (columns: {', '.join(header)})")
         speaker_column, speaker_notes = speaker_column_of(header, speaker_column)
-        if notes is not None:
-            notes += speaker_notes
+        notes += speaker_notes
         index = {name: i for i, name in enumerate(header)}
 
         def id_of(fields: list[str]) -> str:
