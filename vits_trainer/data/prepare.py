@@ -121,7 +121,8 @@ def _prepare(settings: PrepareSettings, data_dir: Path, log: Callable[[str], Non
         f"{source.location} read as {source.format}: {len(source.rows)} source rows; {len(planned)} pass the "
         f"text checks -> {wavs_dir} at {sample_rate} Hz"
     )
-    # which source the metadata.csv in place came from (a state from before this was kept: its run's)
+    # the source the metadata.csv in place was written from: the state's metadata_source, or, in a state
+    # written before that was recorded, the source of the run that wrote the state
     metadata_from = None
     if (data_dir / METADATA_NAME).is_file():
         metadata_from = old_state.get("metadata_source", old_state.get("source"))
