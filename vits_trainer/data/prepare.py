@@ -167,15 +167,7 @@ def _prepare(settings: PrepareSettings, data_dir: Path, log: Callable[[str], Non
         raise no_usable_clips(source, report, filtered, planned, report_path)
 
     if backup is not None:  # another source's metadata.csv: moved to a fresh name, never overwritten
-        os.replace(data_dir / METADATA_NAME, backup)
-        old_rows, _ = read_metadata(backup)
-        replaced = sorted({r.id for r in old_rows} & run.written)
-        if replaced:  # this tool's WAVs, so replaceable; but the backup no longer matches its audio
-            more = f" and {len(replaced) - 3} more" if len(replaced) > 3 else ""
-            log(
-                f"warning: {backup.name} lists {len(replaced)} clip(s) whose WAVs now hold this source's audio "
-                f"({', '.join(replaced[:3])}{more}): same ids; prepare the other source into its own --data_dir"
-            )
+        move_metadata_aside(data_dir, backup, run.written, log)
     # replaced only when the state says this tool wrote it from this same source (else backed up above)
     write_metadata(data_dir / METADATA_NAME, rows)  # last: it lists only WAVs already in place
     save_state(data_dir, source, run.state, run.begun, source_key(source.location))
@@ -266,6 +258,20 @@ def metadata_backup_name(data_dir: Path, metadata_from: str | None, source: Sour
         if not backup.exists():
             return backup
     return None
+
+
+def move_metadata_aside(data_dir: Path, backup: Path, written: set[str], log: Callable[[str], None]) -> None:
+    """Move another source's metadata.csv to `backup`, with a warning when this run wrote WAVs (`written`)
+    under ids it lists: this tool's WAVs, so replaceable; but the backup no longer matches its audio."""
+    os.replace(data_dir / METADATA_NAME, backup)
+    old_rows, _ = read_metadata(backup)
+    replaced = sorted({r.id for r in old_rows} & written)
+    if replaced:
+        more = f" and {len(replaced) - 3} more" if len(replaced) > 3 else ""
+        log(
+            f"warning: {backup.name} lists {len(replaced)} clip(s) whose WAVs now hold this source's audio "
+            f"({', '.join(replaced[:3])}{more}): same ids; prepare the other source into its own --data_dir"
+        )
 
 
 def finish_wavs(
