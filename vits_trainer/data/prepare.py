@@ -42,7 +42,7 @@ from .prepare_checks import (
     resolve_target,
     validate_settings,
 )
-from .prepare_convert import CLIP_FRACTION, AudioTarget, convert_all
+from .prepare_convert import CLIP_FRACTION, AudioTarget, Outcome, convert_all
 from .prepare_settings import PrepareSettings
 from .prepare_state import CLAIMS_NAME, REPORT_NAME, STATE_NAME, load_state, save_state, source_key
 
@@ -128,20 +128,8 @@ def _prepare(settings: PrepareSettings, data_dir: Path, log: Callable[[str], Non
         metadata_from = old_state.get("metadata_source", old_state.get("source"))
     run = convert_all(planned, source, target, wavs_dir, old_state, settings, metadata_from, log)
 
-    rows: list[MetaRow] = []
-    warnings: list[dict] = []
-    durations: list[float] = []
-    for item in planned:
-        outcome = run.outcomes[item.clip_id]
-        if outcome.reason is not None:
-            skipped.append(Skip(item.clip_id, item.row.origin, outcome.reason, outcome.detail))
-            continue
-        rows.append(MetaRow(item.clip_id, item.text, item.speaker))
-        durations.append(outcome.seconds)
-        warnings += [
-            {"id": item.clip_id, "origin": item.row.origin, "warning": kind, "detail": detail}
-            for kind, detail in clip_warnings(outcome, sample_rate)
-        ]
+    rows, audio_skipped, warnings, durations = split_by_outcome(planned, run.outcomes, sample_rate)
+    skipped += audio_skipped  # after the rows the text checks skipped, as the report lists them
 
     kept_ids = {r.id for r in rows}
     unlisted = sorted(p for p in wavs_dir.glob("*.wav") if p.stem not in kept_ids)
@@ -203,7 +191,30 @@ def no_usable_clips(
     return UserError(f"no usable clips ({reasons}); see {report_path}{hint}")
 
 
-def clip_warnings(outcome, sample_rate: int) -> list[tuple[str, str]]:
+def split_by_outcome(
+    planned: list[Planned], outcomes: dict[str, Outcome], sample_rate: int
+) -> tuple[list[MetaRow], list[Skip], list[dict], list[float]]:
+    """The planned rows by their conversion's outcome, in their order: (rows kept, rows the audio checks
+    skipped, the kept clips' warnings for the report, the kept clips' durations)."""
+    rows: list[MetaRow] = []
+    skipped: list[Skip] = []
+    warnings: list[dict] = []
+    durations: list[float] = []
+    for item in planned:
+        outcome = outcomes[item.clip_id]
+        if outcome.reason is not None:
+            skipped.append(Skip(item.clip_id, item.row.origin, outcome.reason, outcome.detail))
+            continue
+        rows.append(MetaRow(item.clip_id, item.text, item.speaker))
+        durations.append(outcome.seconds)
+        warnings += [
+            {"id": item.clip_id, "origin": item.row.origin, "warning": kind, "detail": detail}
+            for kind, detail in clip_warnings(outcome, sample_rate)
+        ]
+    return rows, skipped, warnings, durations
+
+
+def clip_warnings(outcome: Outcome, sample_rate: int) -> list[tuple[str, str]]:
     """(warning, detail) of a kept clip: cut short, recorded below the target rate, clipped."""
     found = []
     if outcome.decoded_seconds < SHORT_DECODE * outcome.header_seconds - 0.5:
