@@ -336,20 +336,26 @@ def best_eval(
     return best
 
 
-def primary(record: dict, key: str):
-    """`key` (val_mel, val_mcd, ...) of an evaluation's first validation set, the one that picks the
-    best model: a feedback round's is its feedback set ("feedback_val_mel"; the free-running scores
-    exist for it alone), named by the record's `best_key`; `key` itself in any other record."""
+def first_set_prefix(record: dict) -> str:
+    """The prefix of an evaluation record's keys of its first validation set, the one that picks the
+    best model, read from the record's `best_key`: "" in a plain run's ("val_mel"), "feedback_" in a
+    feedback round's ("feedback_val_mel", beside the original set's plain "val_mel"); "" in a record
+    from before best_key."""
     best = record.get("best_key")
-    prefix = best[: best.index("val_")] if isinstance(best, str) and "val_" in best else ""
-    return record.get(prefix + key, record.get(key))
+    return best[: best.index("val_")] if isinstance(best, str) and "val_" in best else ""
+
+
+def primary(record: dict, key: str):
+    """`key` (val_mel, val_mcd, ...) of an evaluation's first validation set (`first_set_prefix`; the
+    free-running scores exist for it alone), falling back to `key` itself; as recorded: None when
+    missing, and not checked to be a finite number (metric_of is)."""
+    return record.get(first_set_prefix(record) + key, record.get(key))
 
 
 def metric_name(record: dict, metric: str) -> str:
     """The key metric_of reads `metric` from: "feedback_val_mel" in a feedback round's evaluation, whose
     plain val_mel (the original set's) is another column of the page."""
-    best = record.get("best_key")
-    prefix = best[: best.index("val_")] if isinstance(best, str) and "val_" in best else ""
+    prefix = first_set_prefix(record)
     for key in (prefix + metric, metric):
         if key in record:
             return key
@@ -357,8 +363,7 @@ def metric_name(record: dict, metric: str) -> str:
 
 
 def metric_of(record: dict, metric: str) -> float | None:
-    """`metric` of an evaluation: of the validation set that picks the best model (its `best_key`; a
-    feedback round's is its feedback set, "feedback_val_mel", beside the original set's "val_mel")."""
+    """`metric` of an evaluation's first validation set (`primary`), as a finite number or None."""
     value = primary(record, metric)
     if value is None:  # a record from before best_key, of a run whose first set is not "val"
         value = next((v for k, v in record.items() if k.endswith("_" + metric)), None)
