@@ -39,6 +39,7 @@ from .report import (
     ARCHIVE_FILE,
     BY_SPEAKER,
     sample_folder,
+    speaker_metric,
     write_references,
     write_report,
     write_report_archive,
@@ -534,8 +535,7 @@ def describe_speaker_scores(key: str, voices: dict[str, dict], limit: int = 8) -
         else:
             parts.append(f"{name} – (no validation clip)")
     more = f" and {len(parts) - limit} more in report.html" if len(parts) > limit else ""
-    metric = key.removesuffix(BY_SPEAKER) + "val_mel"
-    return f"{metric} by speaker: " + ", ".join(parts[:limit]) + more
+    return f"{speaker_metric(key)} by speaker: " + ", ".join(parts[:limit]) + more
 
 
 def _version(package: str) -> str | None:

@@ -776,8 +776,14 @@ def scores_by_speaker(record: dict, prefix: str | None = None) -> tuple[str, dic
     for key in keys:
         value = record.get(key)
         if isinstance(value, dict):
-            return key.removesuffix(BY_SPEAKER) + "val_mel", value
+            return speaker_metric(key), value
     return None
+
+
+def speaker_metric(key: str) -> str:
+    """The metric a record's by-voice key holds: "by_speaker" -> "val_mel", "feedback_by_speaker" ->
+    "feedback_val_mel" (the set's prefix, as on its other keys)."""
+    return key.removesuffix(BY_SPEAKER) + "val_mel"
 
 
 def speaker_columns(evals: list[dict], best: dict | None) -> list[tuple[str, dict]]:
