@@ -493,8 +493,7 @@ def _evaluation(facts: CardFacts) -> str:
         [e.label, str(e.step), *(f"{e.scores[k]:.4g}" if k in e.scores else "" for k in columns)]
         for e in facts.evaluations
     ]
-    table = [header, ["---"] * len(header), *rows]
-    text = intro + "\n\n" + "\n".join("| " + " | ".join(row) + " |" for row in table)
+    text = intro + "\n\n" + _markdown_table(header, rows)
     if facts.voices > 1:
         text += _speaker_scores(facts)
     return text
@@ -515,7 +514,6 @@ def _speaker_scores(facts: CardFacts) -> str:
             mel = (e.by_speaker.get(name) or {}).get("val_mel")
             cells.append("–" if mel is None else f"{mel:.4g}")
         rows.append(cells)
-    table = [header, ["---"] * len(header), *rows]
     unmeasured = [name for name, entry in voices.items() if not entry.get("clips")]
     note = (
         f" {', '.join(_markdown_text(n) for n in unmeasured)}: none of these clips, so not measured."
@@ -525,8 +523,14 @@ def _speaker_scores(facts: CardFacts) -> str:
     return (
         f"\n\nBy voice: the teacher-forced `val_mel` of each speaker's clips among the {facts.eval_set}; "
         f"the table above is the mean over every clip: a voice counts as much as its clips do.{note}\n\n"
-        + "\n".join("| " + " | ".join(row) + " |" for row in table)
+        + _markdown_table(header, rows)
     )
+
+
+def _markdown_table(header: list[str], rows: list[list[str]]) -> str:
+    """A Markdown table; cells are Markdown already (escape what is text before: `_markdown_text`)."""
+    lines = [header, ["---"] * len(header), *rows]
+    return "\n".join("| " + " | ".join(row) + " |" for row in lines)
 
 
 # ---- the facts of a run, at export time ----------------------------------------------------------
