@@ -576,12 +576,14 @@ def run_facts(s, kind: str, samples: tuple[Sample, ...] = ()) -> CardFacts:
     `samples` the export copied into the folder."""
     import torch
 
+    from .evaluate import set_prefix
+
     cfg, data, budget = s.cfg, s.data, s.budget
     base = base_model_facts(cfg.model_name, fresh=made_by_demo(cfg, "model_name"))
     language = getattr(s.text.tokenizer, "language", None)
     if not base.language and isinstance(language, str) and language:
         base = replace(base, language=(language,))  # the tokenizer's own (MMS tokenizers name it)
-    primary = next(iter(data.val_sets), "val")
+    first_set = next(iter(data.val_sets), "val")  # the one that picks the best model and the card scores
     device = s.device
     hardware = torch.cuda.get_device_name(device) if device.type == "cuda" else device.type.upper()
     if s.accelerator.num_processes > 1:
@@ -589,9 +591,10 @@ def run_facts(s, kind: str, samples: tuple[Sample, ...] = ()) -> CardFacts:
     precision = s.accelerator.mixed_precision
     lengths = data.train.audio_lengths()
     trained = data.val_trained_clips > 0
-    eval_set = f"{primary} clips" if trained else f"held-out {primary} clips"
-    if primary == "val":
+    if first_set == "val":
         eval_set = "validation clips"
+    else:  # a feedback round's "feedback": its clips may be trained on too (too few to hold any out)
+        eval_set = f"{first_set} clips" if trained else f"held-out {first_set} clips"
     return CardFacts(
         kind=kind,
         base=base,
@@ -617,7 +620,7 @@ def run_facts(s, kind: str, samples: tuple[Sample, ...] = ()) -> CardFacts:
             s.state.val_history,
             s.state.best_step,
             budget.global_step,
-            "" if primary == "val" else f"{primary}_",
+            set_prefix(first_set),
             final=kind == "final_model",
         ),
         best_model_step=s.state.best_model_step,
