@@ -938,10 +938,10 @@ def along_the_run_section(run: RunFiles, evals: list[dict], best: dict | None) -
     rows = [["recording"] + [player(run.folder / "samples" / REFERENCE_FOLDER, clip) for clip in clips]]
     css = [""]
     for step in steps:
-        tags = ", ".join(escape(str(e.get("tag"))) for e in evals if e.get("step") == step)
         is_best = best is not None and best.get("step") == step
-        mark = ' <span class="best">best</span>' if is_best else ""
-        rows.append([f"step {step} ({tags}){mark}"] + [player(folders[step], clip) for clip in clips])
+        rows.append(
+            [f"step {_step_and_tags(evals, step, best)}"] + [player(folders[step], clip) for clip in clips]
+        )
         css.append("best" if is_best else "")
     best_too = ", the best" if best is not None and best.get("step") in steps else ""
     which = (
@@ -969,12 +969,18 @@ def samples_section(run: RunFiles, evals: list[dict], best: dict | None) -> str:
         "and the best one; older ones are in the table above.</p>"
     ]
     for step in steps:
-        tags = ", ".join(escape(str(e.get("tag"))) for e in evals if e.get("step") == step)
-        mark = ' <span class="best">best</span>' if best is not None and best.get("step") == step else ""
-        parts.append(f'<h3 id="eval-{step}">Step {step} ({tags}){mark}</h3>')
+        parts.append(f'<h3 id="eval-{step}">Step {_step_and_tags(evals, step, best)}</h3>')
         parts.append(sample_table(run, sample_folder(run.folder, step)))
     parts.append("</section>")
     return "\n".join(parts)
+
+
+def _step_and_tags(evals: list[dict], step: int, best: dict | None) -> str:
+    """A step whose samples are shown, as the rows and headings name it: the step, the tags of its
+    evaluations (one step may have several) and the best mark when it is the best one's; HTML."""
+    tags = ", ".join(escape(str(e.get("tag"))) for e in evals if e.get("step") == step)
+    mark = ' <span class="best">best</span>' if best is not None and best.get("step") == step else ""
+    return f"{step} ({tags}){mark}"
 
 
 def sample_table(run: RunFiles, folder: Path) -> str:
