@@ -406,47 +406,9 @@ def status_section(run: RunFiles, best: dict | None, best_metric: str, now: floa
         ("sessions", _fmt(sessions)),
     ]
     if best is not None:
-        start = ""
-        if best.get("tag") == "start":  # the start evaluation is never exported: say why best_model is empty
-            # (a run stopped before its first evaluation after the start has no trained weights scored)
-            later = any(_after(e, best.get("step", 0)) for e in run.events("eval"))
-            start = (
-                ": the weights the run started from, never exported as best_model; no trained weights "
-                f"{'scored better' if later else 'were evaluated'}{'' if ended else ' yet'}"
-            )
-        facts.append(
-            (
-                "best evaluation",
-                f'<a href="#eval-{best.get("step")}">step {_fmt(best.get("step"))}</a> '
-                f"({escape(metric_name(best, best_metric))} {_fmt(metric_of(best, best_metric))}){start}",
-            )
-        )
+        facts.append(("best evaluation", _best_evaluation(run, best, best_metric, ended)))
     if summary:
-        facts += [
-            (
-                "wall time / budget" + (" (last session)" if sessions > 1 else ""),
-                f"{_duration(summary.get('wall_seconds'))} / {_duration(summary.get('target_seconds'))}",
-            ),
-            ("epochs trained", _fmt(summary.get("epochs_trained"), 3)),
-            (
-                "samples per second" + (" (last session)" if sessions > 1 else ""),
-                _fmt(summary.get("samples_per_second"), 3) + _gpu_limit(summary),
-            ),
-            ("final model", _folder_link(summary.get("final_model"), run.folder)),
-            (
-                "best model",
-                _folder_link(summary.get("best_model"), run.folder)
-                + (f" (step {_fmt(summary.get('best_model_step'))})" if summary.get("best_model") else ""),
-            ),
-            ("final evaluation", _final_evaluation(summary)),
-        ]
-        hub = summary.get("hub")
-        if isinstance(hub, dict):  # --push_to_hub: where the model went, or why it did not
-            repo = escape(str(hub.get("repo")))
-            if hub.get("pushed"):
-                facts.append(("hub", f'<a href="https://huggingface.co/{repo}">{repo}</a>: uploaded'))
-            else:
-                facts.append(("hub", f"{repo}: <b>not uploaded</b> ({escape(str(hub.get('error')))})"))
+        facts += _summary_facts(run, summary, sessions)
     links = [
         name
         for name in ("metrics.jsonl", "train_summary.json", "loss_curve.png", LOG_FILE)
@@ -458,6 +420,54 @@ def status_section(run: RunFiles, best: dict | None, best_metric: str, now: floa
         facts.append(("files", " · ".join(f'<a href="{_src(n)}">{escape(n)}</a>' for n in links)))
     rows = "".join(f"<tr><th>{k}</th><td>{v}</td></tr>" for k, v in facts)
     return f'<section id="status"><h2>Status</h2><table class="facts">{rows}</table></section>'
+
+
+def _best_evaluation(run: RunFiles, best: dict, best_metric: str, ended: bool) -> str:
+    """The status's link to the best evaluation with its score; for the start evaluation, never
+    exported, why best_model/ is empty."""
+    start = ""
+    if best.get("tag") == "start":
+        # (a run stopped before its first evaluation after the start has no trained weights scored)
+        later = any(_after(e, best.get("step", 0)) for e in run.events("eval"))
+        start = (
+            ": the weights the run started from, never exported as best_model; no trained weights "
+            f"{'scored better' if later else 'were evaluated'}{'' if ended else ' yet'}"
+        )
+    return (
+        f'<a href="#eval-{best.get("step")}">step {_fmt(best.get("step"))}</a> '
+        f"({escape(metric_name(best, best_metric))} {_fmt(metric_of(best, best_metric))}){start}"
+    )
+
+
+def _summary_facts(run: RunFiles, summary: dict, sessions: int) -> list[tuple[str, str]]:
+    """The status's rows from train_summary.json, once the run ended: its time, speed, models, final
+    evaluation and hub upload; the time and speed are the last session's."""
+    facts = [
+        (
+            "wall time / budget" + (" (last session)" if sessions > 1 else ""),
+            f"{_duration(summary.get('wall_seconds'))} / {_duration(summary.get('target_seconds'))}",
+        ),
+        ("epochs trained", _fmt(summary.get("epochs_trained"), 3)),
+        (
+            "samples per second" + (" (last session)" if sessions > 1 else ""),
+            _fmt(summary.get("samples_per_second"), 3) + _gpu_limit(summary),
+        ),
+        ("final model", _folder_link(summary.get("final_model"), run.folder)),
+        (
+            "best model",
+            _folder_link(summary.get("best_model"), run.folder)
+            + (f" (step {_fmt(summary.get('best_model_step'))})" if summary.get("best_model") else ""),
+        ),
+        ("final evaluation", _final_evaluation(summary)),
+    ]
+    hub = summary.get("hub")
+    if isinstance(hub, dict):  # --push_to_hub: where the model went, or why it did not
+        repo = escape(str(hub.get("repo")))
+        if hub.get("pushed"):
+            facts.append(("hub", f'<a href="https://huggingface.co/{repo}">{repo}</a>: uploaded'))
+        else:
+            facts.append(("hub", f"{repo}: <b>not uploaded</b> ({escape(str(hub.get('error')))})"))
+    return facts
 
 
 def _gpu_limit(summary: dict) -> str:
