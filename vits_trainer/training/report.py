@@ -62,6 +62,16 @@ STOP_WORDS = {  # loop.STOP_REASONS in words, and "end"
 # ---- reading the folder ---------------------------------------------------------------------------
 
 
+def events_of(records: list[dict], event: str) -> list[dict]:
+    """The metrics records of one event ("eval", "session", "micro_batch", ...), in order."""
+    return [r for r in records if r.get("event") == event]
+
+
+def step_records(records: list[dict]) -> list[dict]:
+    """The training step lines among metrics records (no "event" key: step, losses, lr, speed), in order."""
+    return [r for r in records if "event" not in r and "step" in r]
+
+
 @dataclass
 class Sitting:
     """One process's part of the run (a resumed run has several): its `session` record (None for
@@ -72,10 +82,10 @@ class Sitting:
     end: dict | None = None
 
     def of(self, event: str) -> list[dict]:
-        return [r for r in self.records if r.get("event") == event]
+        return events_of(self.records, event)
 
     def steps(self) -> list[dict]:
-        return [r for r in self.records if "event" not in r and "step" in r]
+        return step_records(self.records)
 
 
 @dataclass
@@ -87,10 +97,10 @@ class RunFiles:
     best_model_step: int | None = None  # the step of the weights in best_model/ (its marker's)
 
     def events(self, name: str) -> list[dict]:
-        return [r for r in self.records if r.get("event") == name]
+        return events_of(self.records, name)
 
     def steps(self) -> list[dict]:
-        return [r for r in self.records if "event" not in r and "step" in r]
+        return step_records(self.records)
 
     def sittings(self) -> list[Sitting]:
         found = [Sitting()]
