@@ -342,7 +342,7 @@ def build_session(
                 carry_history(ckpt.path.parent, checkpoint_dir, ckpt.step, ckpt.manifest["created"], log)
                 best_step = trainer_state["train_state"].get("best_model_step")
                 carry_best_model(ckpt.path.parent, checkpoint_dir, best_step, log)
-            session = _build_session(cfg, process_start, data_fn, ckpt, trainer_state)
+            session = _build_session(cfg, process_start, data_fn, ckpt, trainer_state, log)
             if ckpt is not None and main and cfg.resume != "auto":  # once set-up found no bad input:
                 # a chosen older checkpoint of this folder leaves the future of its later ones
                 set_aside_later_checkpoints(checkpoint_dir, ckpt.path, ckpt.step, log)
@@ -371,11 +371,11 @@ def _build_session(
     data_fn: Callable | None,
     ckpt: LoadedCheckpoint | None,
     trainer_state: dict,
+    log: Logger,
 ) -> Session:
     """The steps of a set-up, in order (the order matters: seeds, then what is written). `trainer_state`:
-    the checkpoint's trainer_state.json ({} without one)."""
-    main = is_main_process()
-    log = Logger(main)
+    the checkpoint's trainer_state.json ({} without one); `log`: build_session's, by RANK until the
+    accelerator is made."""
     quiet_transformers()
     state, precision = _resumed_state(cfg, ckpt, trainer_state, log)
     torch.manual_seed(cfg.seed)
@@ -387,6 +387,8 @@ def _build_session(
     # for a main process that has exited, until the launcher kills it (30 s later)
     _check_output_folders(cfg, ckpt_bytes, restored_output=ckpt is not None and _restored(cfg, "output_dir"))
     accelerator = make_accelerator(precision, cfg.cpu, cfg.report_to, Path(cfg.checkpoint_dir))
+    # from here the main process is the accelerator's (Session.is_main), which the Session's log then
+    # follows; under torchrun and accelerate launch it is RANK 0's, as before
     log = Logger(accelerator.is_main_process)
     _cudnn_benchmark_off(accelerator.device)
     _describe_start(accelerator, precision, model, model_source, ckpt, log)
