@@ -121,7 +121,7 @@ class RunEnd:
         weights there: exported again, their card would describe this session's data (another corpus,
         given on resume), which never trained them. None: export as usual."""
         s, step = self.s, self.s.budget.global_step
-        if s.resumed_from is None or self.s.budget.session_steps or not s.is_main:
+        if s.resumed_from is None or s.budget.session_steps or not s.is_main:
             return None
         marker = read_marker(s.output_dir)
         if marker_step(marker) != step or not made_by(marker, s.output_dir, s.checkpoint_dir):
