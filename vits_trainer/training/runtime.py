@@ -174,10 +174,12 @@ def make_accelerator(mixed_precision: str, cpu: bool, report_to: str, project_di
     from accelerate import Accelerator
     from accelerate.utils import GradScalerKwargs
 
-    # 65536 (the default) overflows for the first dozens of steps and was seen driving losses to NaN.
-    # DDP needs no search for unused parameters: a layer the text encoder's layer drop skips still runs
-    # and gets a (zero) gradient (model/text_encoder.py)
+    # the loss scaler starts at 1024: 65536 (the default) overflows for the first dozens of steps and
+    # was seen driving losses to NaN
     handlers = [GradScalerKwargs(init_scale=1024.0, growth_interval=1000)]
+    # no DistributedDataParallelKwargs(find_unused_parameters=True): DDP needs no search for unused
+    # parameters, a layer the text encoder's layer drop skips still runs and gets a (zero) gradient
+    # (model/text_encoder.py)
     log_with = None if report_to == "none" else report_to
     if log_with == "tensorboard":
         try:
