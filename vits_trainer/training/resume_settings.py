@@ -120,7 +120,7 @@ def restore_settings(
             )
         elif name in cfg.explicit and name in RUN_FIXED:
             changes[name] = old
-            given = _flag(name, value) if isinstance(value, bool) else f"--{name} {_show(value)}"
+            given = _flag(name, value)
             unset = "the model's own" if name == "num_speakers" else "none"  # "" = not given: the default
             was = _flag(name, old) if isinstance(old, bool) else _show(old) if old != "" else unset
             log(f"resume: {given} is not used: {RUN_FIXED[name]} ({was} in this run)")
