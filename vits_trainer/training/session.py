@@ -429,11 +429,7 @@ def _build_session(
     saved_budget = trainer_state["budget"] if ckpt is not None else None
     full_step = whole_step_samples(cfg.step_clips, accelerator.num_processes, data.samples_per_epoch)
     budget = _make_budget(cfg, process_start, ckpt_bytes, saved_budget, full_step)
-    budget_lr = BudgetLR(budget, cfg.warmup_steps, min_lr_ratio=cfg.min_lr_ratio, max_steps=cfg.max_steps)
-    if ckpt is not None:  # checkpoints before the schedule had its own state kept it in the budget's
-        budget_lr.load_state_dict(
-            trainer_state.get("lr_schedule") or {"decay_start": saved_budget.get("lr_decay_start")}
-        )
+    budget_lr = _make_lr_schedule(cfg, budget, trainer_state if ckpt is not None else None)
     g_sched = make_scheduler(g_opt, budget_lr)
     d_sched = make_scheduler(d_opt, budget_lr)
     generator_prepared, discriminator_prepared = _prepare(cfg, accelerator, generator, discriminator, ckpt)
@@ -660,6 +656,18 @@ def _make_budget(
     if saved is not None:
         budget.load_state_dict(saved)
     return budget
+
+
+def _make_lr_schedule(cfg: TrainConfig, budget: Budget, saved: dict | None) -> BudgetLR:
+    """The learning-rate schedule that follows `budget`; from a resumed run's `saved` trainer_state,
+    where its decay started (a checkpoint from before the schedule had its own state kept that in the
+    budget's)."""
+    budget_lr = BudgetLR(budget, cfg.warmup_steps, min_lr_ratio=cfg.min_lr_ratio, max_steps=cfg.max_steps)
+    if saved is not None:
+        budget_lr.load_state_dict(
+            saved.get("lr_schedule") or {"decay_start": saved["budget"].get("lr_decay_start")}
+        )
+    return budget_lr
 
 
 def _prepare(cfg: TrainConfig, accelerator, generator, discriminator, ckpt: LoadedCheckpoint | None):
