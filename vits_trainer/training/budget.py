@@ -382,7 +382,7 @@ class Budget:
         self._last_step_seconds = seconds
         if self.session_steps <= self.benchmark_skip_steps or not measured:
             self._unmeasured_steps.append((seconds, samples))
-            if self.planned_horizon_steps is None or self._horizon_estimated:
+            if not self._horizon_settled():
                 self._provisional_horizon()
             return
         self._measure(seconds, samples)
@@ -395,7 +395,7 @@ class Budget:
 
     def _measure(self, seconds: float, samples: int) -> None:
         self._recent_steps = [*self._recent_steps[-(_RECENT_STEPS - 1) :], seconds]
-        if self.planned_horizon_steps is None or self._horizon_estimated:
+        if not self._horizon_settled():
             self._provisional_horizon()
         self._measured_samples += samples
         self._measured_seconds += seconds
@@ -514,6 +514,12 @@ class Budget:
         """planned_horizon_steps is the first measured steps' estimate, not yet a plan's."""
         return self._horizon_estimated
 
+    def _horizon_settled(self) -> bool:
+        """planned_horizon_steps is fixed: by this session's plan, or carried from an earlier session (with
+        total_seconds); not unknown yet, nor the first measured steps' estimate, which later steps may
+        lower and the plan replaces."""
+        return self.planned_horizon_steps is not None and not self._horizon_estimated
+
     def benchmark_done(self) -> bool:
         """True once ``benchmark_samples`` samples were measured after the skipped first steps, or a
         minute of at least two slow steps."""
@@ -619,7 +625,7 @@ class Budget:
         plan = self._make_plan()
         if self.first_plan is None:
             self.first_plan = plan
-        if self.planned_horizon_steps is None or self._horizon_estimated:
+        if not self._horizon_settled():
             # the plan replaces the first estimate's horizon, but never raises the warmup cap it set
             provisional = self.planned_horizon_steps
             self.planned_horizon_steps = (
