@@ -393,6 +393,8 @@ def _build_session(
     _cudnn_benchmark_off(accelerator.device)
     _describe_start(accelerator, precision, model, model_source, ckpt, log)
     store, report = load_store(cfg, Path(cfg.data_dir), model.config.sampling_rate, accelerator, log)
+    # the model as loaded, before --extend_vocab (check_vocabulary) and --num_speakers (resolve_speakers)
+    # grow it: _describe_growth says what they added
     loaded = (_parameters(model), model.config.vocab_size, model.config.num_speakers)
     if ckpt is None:
         check_vocabulary(cfg, model, text, store, log)
