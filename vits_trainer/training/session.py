@@ -1,8 +1,9 @@
 """Everything one training process needs, built from its settings: device, model, data, optimisers,
 budget, and the state of a resumed run. Shared by train_vits.py and train_feedback.py.
 
-`build_session` locks the run's folder and finds the checkpoint to resume; `_build_session` is then one
-line per set-up step, in order. The data steps are in datasplit.py, the model steps in networks.py.
+`build_session` locks the run's folder and finds the checkpoint to resume; `_build_session` then takes
+the set-up's steps in order, most of them one call each. The data steps are in datasplit.py, the model
+steps in networks.py.
 """
 
 from __future__ import annotations
