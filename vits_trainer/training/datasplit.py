@@ -96,7 +96,7 @@ def split_data(
         positions = positions[: cfg.max_samples]
     ids = [store.ids[i] for i in positions]
     fresh_split = val_ids is None  # a resume keeps its split, whatever --val_fraction says now
-    if val_ids is None:
+    if fresh_split:
         val_ids = [ids[i] for i in held_out_positions(ids, cfg.val_fraction, cfg.seed)]
     wanted = set(val_ids)
     val_idx = [int(positions[i]) for i, clip_id in enumerate(ids) if clip_id in wanted]
