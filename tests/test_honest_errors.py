@@ -206,6 +206,7 @@ def test_recovery_from_a_damaged_checkpoint_falls_back_to_the_starting_weights(
     trainer = Trainer(session)
     step = trainer.outputs.save_checkpoint("test")
     flip_byte(step / "generator.safetensors")
+    session.state.last_finite_step = 1  # a finite step came after it: one a recovery would reload
     with torch.no_grad():  # weights that moved since the start: the fallback must put them back
         for p in session.model.parameters():
             p.add_(1.0)
@@ -220,14 +221,16 @@ def test_recovery_from_a_damaged_checkpoint_falls_back_to_the_starting_weights(
 def test_a_damaged_checkpoint_mid_run_does_not_end_the_run(
     tmp_path, tiny_model_dir, tone_corpus, monkeypatch, capsys
 ):
-    """Inf KL from the 4th training forward on: recovery after 3 skips, with the only checkpoint
-    (saved every step) damaged just before it is needed."""
+    """Inf KL from the 4th training forward on: recovery after 3 skips, with every checkpoint it may
+    reload (saved every step before a finite one) damaged just before it is needed."""
     from vits_trainer.training.recovery import Recovery
 
     real_recover = Recovery.recover
 
     def damage_then_recover(self):
-        flip_byte(self.last_checkpoint() / "generator.safetensors")
+        assert self.candidates()
+        for path in self.candidates():
+            flip_byte(path / "generator.safetensors")
         return real_recover(self)
 
     monkeypatch.setattr(Recovery, "recover", damage_then_recover)

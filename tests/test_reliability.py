@@ -169,6 +169,40 @@ def test_repeated_inf_loss_triggers_recovery(tmp_path, tiny_model_dir, tone_corp
     VitsModel.from_pretrained(tmp_path / "final_model")
 
 
+def test_recovery_passes_over_a_checkpoint_saved_after_the_weights_broke(
+    tmp_path, tiny_model_dir, tone_corpus, monkeypatch, capsys
+):
+    """--learning_rate 1 on the demo: one finite step gives weights whose every later step is NaN, and the
+    checkpoint saved after it holds them. Reloading that one was stuck again at once, recovery after
+    recovery to the end of the budget. Here step 2's update is made to break a decoder weight (NaN)."""
+    real_step = GanStep._optimizer_step
+    calls = {"n": 0}
+
+    def breaking_step(self, metrics):
+        result = real_step(self, metrics)
+        calls["n"] += 1
+        if calls["n"] == 2:
+            with torch.no_grad():
+                next(self.generator_raw.model.decoder.parameters()).fill_(float("nan"))
+        return result
+
+    monkeypatch.setattr(GanStep, "_optimizer_step", breaking_step)
+    session, summary = train_tiny(
+        tmp_path,
+        tone_corpus,
+        tiny_model_dir,
+        max_steps=8,
+        max_consecutive_skips=3,
+        save_minutes=0.001,  # a checkpoint after every step that may take one
+        log_every=1,
+    )
+    out = capsys.readouterr().out
+    assert "warning: step 3 skipped" in out  # the broken weights' first step
+    assert session.state.recoveries == 1 and summary["skipped_steps"] == 3
+    assert "reloaded checkpoint step_00000001 (not step_00000002: no finite step since it was saved)" in out
+    assert all_finite(session.model, session.discriminator_raw)
+
+
 def test_every_rank_learns_of_the_newest_checkpoint(tmp_path):
     """Only rank 0 writes a checkpoint, but a recovery reloads the newest one on every rank (the skip that
     starts it is agreed on every rank). Once, the other ranks never learned of a new checkpoint and

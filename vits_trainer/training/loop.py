@@ -301,7 +301,9 @@ class Trainer:
         self.recovery.after_step(result, pending)
         self.follow_load()
         self.plan_and_report(n_batches - position)
-        if save_now and not stop_reason:  # a stop saves anyway, at the end
+        # a stop saves anyway, at the end; none while steps are being skipped: weights that give non-finite
+        # steps would push the last good checkpoints out of the kept ones (a finite step saves it)
+        if save_now and not stop_reason and not state.consecutive_skips:
             self.outputs.save_checkpoint("interval")
         return stop_reason
 

@@ -472,7 +472,8 @@ class RunOutputs:
         ):
             self.run_eval(f"epoch {s.state.epoch}")
         since_save = time.time() - self.last_save
-        save_due = overhead_due(since_save, budget.save_seconds())
+        # none while steps are being skipped (as the loop's interval save)
+        save_due = overhead_due(since_save, budget.save_seconds()) and not s.state.consecutive_skips
         if self.agreement.flag(save_due and budget.can_afford(budget.save_seconds())):
             self.save_checkpoint("epoch")
 

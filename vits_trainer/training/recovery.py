@@ -2,8 +2,11 @@
 
 Non-finite steps are skipped by the step itself (no weights touched). After `--max_consecutive_skips`
 of them in a row the run is stuck in a bad region: `Recovery` reloads the last good weights (the newest
-checkpoint, else the weights the run started from), halves the learning rate and moves one rung down
-the precisions fp16 -> bf16 (where supported) -> fp32, and says so in one line.
+checkpoint whose weights trained a finite step, else the weights the run started from), halves the
+learning rate and moves one rung down the precisions fp16 -> bf16 (where supported) -> fp32, and says so
+in one line. A checkpoint saved after the last finite step is passed over: the step before it may be the
+one that broke the weights (finite losses, weights that give NaN from then on: --learning_rate 1), and
+reloading it would only be stuck again, recovery after recovery, to the end of the budget.
 
 An out-of-memory error inside a step is not handled here: `Trainer.step_with_retries` redoes the cycle
 with the smaller micro-batch that `MicroBatchPolicy.smaller_after_oom` (microbatch_choice.py) chooses.
@@ -18,6 +21,7 @@ import torch
 
 from ..model.discriminator import VitsDiscriminator
 from .checkpoint import CheckpointError, verify_checkpoint
+from .checkpoint_names import list_checkpoints, step_of
 from .runtime import native_bf16
 from .trainstate import LoadedCheckpoint
 
@@ -85,6 +89,8 @@ class Recovery:
         s = self.s
         if not result.skipped:
             s.state.consecutive_skips = 0
+            # the weights of every checkpoint up to the one before this step trained a finite step
+            s.state.last_finite_step = s.budget.global_step
             return
         s.state.skipped_steps += 1
         train = s.data.train  # the skipped step's clips, named in the log
@@ -108,29 +114,42 @@ class Recovery:
         if s.state.consecutive_skips >= s.cfg.max_consecutive_skips:
             self.recover()
 
+    def candidates(self) -> list[Path]:
+        """The checkpoints a recovery may reload, newest first: those whose weights trained a finite step
+        after them (saved before `last_finite_step`). The newest is the one this run wrote last; older
+        ones are the kept ones still in its folder."""
+        newest = self.last_checkpoint()
+        if newest is None:
+            return []
+        found = [newest, *(p for p in list_checkpoints(newest.parent) if p != newest)]
+        return [p for p in found if (step_of(p.name) or 0) < self.s.state.last_finite_step]
+
     def recover(self) -> None:
         """Reload the last good weights, halve the LR, one precision down (fp16 -> bf16 -> fp32); one line
         says what happened."""
         s = self.s
         count = s.state.consecutive_skips
         parts = None
-        last_checkpoint = self.last_checkpoint()
-        if last_checkpoint is not None:
+        newest = self.last_checkpoint()
+        candidates = self.candidates()
+        for candidate in candidates:
             try:  # read every part first: a damaged one must not leave the weights half restored
-                ckpt = LoadedCheckpoint(last_checkpoint, verify_checkpoint(last_checkpoint))
+                ckpt = LoadedCheckpoint(candidate, verify_checkpoint(candidate))
                 parts = [
                     ckpt.tensors("generator.safetensors"),
                     ckpt.tensors("discriminator.safetensors"),
                     ckpt.object("optimizer_g.pt"),
                     ckpt.object("optimizer_d.pt"),
                 ]
-            except CheckpointError as err:  # the run goes on from the starting weights, and says so
-                s.log(f"warning: recovery cannot reload {last_checkpoint}: {err}")
+                last_checkpoint = candidate
+                break
+            except CheckpointError as err:  # an older one, else the starting weights, and says so
+                s.log(f"warning: recovery cannot reload {candidate}: {err}")
                 self.metrics.write(
                     {
                         "event": "damaged_checkpoint",
                         "step": s.budget.global_step,
-                        "path": str(last_checkpoint),
+                        "path": str(candidate),
                     }
                 )
         if parts is not None:
@@ -143,6 +162,9 @@ class Recovery:
             s.g_optimizer.state.clear()
             s.d_optimizer.state.clear()
             source = "the starting weights"
+        if newest is not None and newest not in candidates:
+            # said, so that a user who sees an older step reloaded knows why
+            source += f" (not {newest.name}: no finite step since it was saved)"
         s.state.lr_scale *= 0.5
         s.apply_peak_lr()
         old = s.accelerator.mixed_precision

@@ -41,7 +41,8 @@ class TrainState:
       `other_clips_before` and a resumed `batch_in_epoch` (note_earlier_clips, restart_epoch_if_regrouped,
       rescale_epoch_position);
     - loop.Trainer: `epoch`, `batch_in_epoch`, `samples_seen`;
-    - recovery.Recovery: `skipped_steps`, `consecutive_skips`, `recoveries`, `lr_scale`, `precision`;
+    - recovery.Recovery: `skipped_steps`, `consecutive_skips`, `last_finite_step`,
+      `recoveries`, `lr_scale`, `precision`;
     - microbatch_choice.MicroBatchPolicy: `split`, `micro_batch_size`, `micro_batch_hardware`,
       `micro_batch_trial`;
     - outputs.RunOutputs: `val_history`, `best_val`, `best_step`, `best_model_step` (also for the final
@@ -64,6 +65,8 @@ class TrainState:
     best_step: int | None = None
     skipped_steps: int = 0  # non-finite steps skipped (neither network updated)
     consecutive_skips: int = 0
+    # the last step that was not skipped: a recovery reloads only a checkpoint saved before it (recovery.py)
+    last_finite_step: int = 0
     recoveries: int = 0  # reloads after too many consecutive skipped steps
     lr_scale: float = 1.0  # halved by each recovery
     # set when a recovery moved the run off fp16/bf16; a resumed session keeps it
