@@ -203,6 +203,60 @@ def test_recovery_passes_over_a_checkpoint_saved_after_the_weights_broke(
     assert all_finite(session.model, session.discriminator_raw)
 
 
+def test_weights_broken_by_the_last_step_are_not_exported_as_the_final_model(
+    tmp_path, tiny_model_dir, tone_corpus, monkeypatch, capsys
+):
+    """The last step's update leaves NaN in a decoder weight (its losses were finite, so it was not
+    skipped). The final model was exported with them, and the run ended `done:` as if it went well."""
+    real_step = GanStep._optimizer_step
+    calls = {"n": 0}
+
+    def breaking_step(self, metrics):
+        result = real_step(self, metrics)
+        calls["n"] += 1
+        if calls["n"] == 3:
+            with torch.no_grad():
+                next(self.generator_raw.model.decoder.parameters()).fill_(float("nan"))
+        return result
+
+    monkeypatch.setattr(GanStep, "_optimizer_step", breaking_step)
+    session, summary = train_tiny(tmp_path, tone_corpus, tiny_model_dir, max_steps=3)
+    out = capsys.readouterr().out
+    assert summary["final_model"] is None and not (tmp_path / "final_model").exists()
+    assert "error: training diverged: 1 of the final weights' tensors hold NaN/Inf values" in out
+    assert "step_00000003 holds them" in out and "lower --learning_rate" in out
+    assert summary["diverged"].startswith("1 of the final weights")
+    written = json.loads((tmp_path / "checkpoints" / "train_summary.json").read_text())
+    assert written["final_model"] is None and written["diverged"]
+
+
+def test_finite_weights_whose_evaluation_is_nan_count_as_diverged():
+    """--learning_rate 1 on the demo: finite weights (the largest 1.99) whose val_mel is NaN. Stand-ins for
+    the session and the outputs: what `diverged` reads of them."""
+    from types import SimpleNamespace
+
+    from vits_trainer.training.run_end import RunEnd
+
+    def end(val_mel, step=30, scored_step=30, best_metric="val_mel"):
+        run_end = RunEnd.__new__(RunEnd)
+        run_end.s = SimpleNamespace(
+            model=torch.nn.Linear(2, 2),
+            budget=SimpleNamespace(global_step=step),
+            cfg=SimpleNamespace(best_metric=best_metric),
+        )
+        run_end.outputs = SimpleNamespace(
+            last_val_step=scored_step,
+            last_val={"val_mel": val_mel, "val_mel_dtw": 3.97},
+            best_key=lambda: best_metric,
+        )
+        return run_end.diverged()
+
+    assert end(float("nan")) == "the final weights' val_mel is nan (their evaluation at step 30)"
+    assert end(float("nan"), best_metric="val_mel_dtw").startswith("the final weights' val_mel is nan")
+    assert end(1.2) is None
+    assert end(float("nan"), scored_step=20) is None  # an earlier evaluation scored other weights
+
+
 def test_every_rank_learns_of_the_newest_checkpoint(tmp_path):
     """Only rank 0 writes a checkpoint, but a recovery reloads the newest one on every rank (the skip that
     starts it is agreed on every rank). Once, the other ranks never learned of a new checkpoint and

@@ -47,12 +47,16 @@ class RunEnd:
         outputs.save_checkpoint(stop_reason or "end")
         t0 = time.perf_counter()
         kept = self.kept_final_model()
-        exported = kept or self.export_final()
+        diverged = None if kept else self.diverged()
+        if diverged:
+            self.refuse_diverged(diverged)
+        exported = kept or (None if diverged else self.export_final())
         best_updated = final_is_best and outputs.copy_final_to_best(exported, earlier_best_model)
         budget.observe_export(time.perf_counter() - t0)
         # after the local export, which never waits on it
         hub = self.push(stop_reason, exported, best_updated)
         summary = self.summary(stop_reason, exported, loop_figures)
+        summary["diverged"] = diverged
         if hub is not None:
             summary["hub"] = hub
         if s.is_main:
@@ -114,6 +118,44 @@ class RunEnd:
         s, budget = self.s, self.s.budget
         return (
             budget.session_steps > 0 and bool(s.state.val_history) and s.state.best_step == budget.global_step
+        )
+
+    def diverged(self) -> str | None:
+        """Why the final weights are not a model anyone should use (NaN/Inf weights, or their evaluation's
+        val_mel or --best_metric not finite: a --learning_rate far too high), else None. Exported, they
+        spoke noise or silence in final_model, and the run ended as if it went well."""
+        import math
+
+        s, outputs = self.s, self.outputs
+        bad = sum(not bool(p.isfinite().all()) for p in s.model.parameters())
+        if bad:
+            return f"{bad} of the final weights' tensors hold NaN/Inf values"
+        if outputs.last_val_step != s.budget.global_step or not outputs.last_val:
+            return None  # not scored: the weights are finite, which is all that is known
+        prefix = outputs.best_key().removesuffix(s.cfg.best_metric)
+        for key in dict.fromkeys([prefix + "val_mel", outputs.best_key()]):
+            value = outputs.last_val.get(key)
+            if isinstance(value, float) and not math.isfinite(value):
+                return (
+                    f"the final weights' {key} is {value} (their evaluation at step {s.budget.global_step})"
+                )
+        return None
+
+    def refuse_diverged(self, why: str) -> None:
+        """The error line of a run whose final weights diverged: what is kept, and what to do."""
+        s, state = self.s, self.s.state
+        last = self.outputs.last_checkpoint
+        best = existing_best_model(s.checkpoint_dir, state.best_model_step)
+        s.log(
+            f"error: training diverged: {why}; they are not exported as the final model ({s.output_dir} "
+            f"{'keeps what it held' if s.output_dir.exists() else 'is not written'})"
+            + (f", {last.name} holds them" if last is not None else "")
+            + (
+                f"; the best weights are in {best[0]}"
+                if best
+                else "; no evaluation of trained weights beat the start"
+            )
+            + f"; start again with a lower --learning_rate (this run's: {s.cfg.learning_rate:g})"
         )
 
     def kept_final_model(self) -> Path | None:
