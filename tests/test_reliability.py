@@ -226,8 +226,27 @@ def test_weights_broken_by_the_last_step_are_not_exported_as_the_final_model(
     assert "error: training diverged: 1 of the final weights' tensors hold NaN/Inf values" in out
     assert "step_00000003 holds them" in out and "lower --learning_rate" in out
     assert summary["diverged"].startswith("1 of the final weights")
-    written = json.loads((tmp_path / "checkpoints" / "train_summary.json").read_text())
+    # strict JSON (jq, a browser's JSON.parse refuse NaN): the diverged scores are null
+    written = strict_loads((tmp_path / "checkpoints" / "train_summary.json").read_text())
     assert written["final_model"] is None and written["diverged"]
+    assert written["final_val"]["val_mel"] is None
+    records = [
+        strict_loads(line) for line in (tmp_path / "checkpoints" / "metrics.jsonl").read_text().splitlines()
+    ]
+    final = [r for r in records if r.get("event") == "eval" and r["tag"] == "final"]
+    assert final and final[0]["val_mel"] is None
+    from vits_trainer.training.report import REPORT_FILE
+
+    assert "non-finite" in (tmp_path / "checkpoints" / REPORT_FILE).read_text()
+
+
+def strict_loads(text: str):
+    """json.loads as strict readers parse: NaN, Infinity and -Infinity are not JSON."""
+
+    def refuse(word):
+        raise ValueError(f"{word} is not JSON")
+
+    return json.loads(text, parse_constant=refuse)
 
 
 def test_finite_weights_whose_evaluation_is_nan_count_as_diverged():

@@ -4,8 +4,26 @@
 from __future__ import annotations
 
 import json
+import math
 import os
 from pathlib import Path
+
+
+def strict_json(data, **kwargs) -> str:
+    """`json.dumps` with NaN/Infinity written as null: Python writes them as bare words, which strict
+    readers refuse (jq, a browser's JSON.parse, most languages' parsers). For the run's records of
+    scores (metrics.jsonl, train_summary.json), where a diverged evaluation is NaN."""
+    return json.dumps(_finite_or_null(data), allow_nan=False, **kwargs)
+
+
+def _finite_or_null(value):
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    if isinstance(value, dict):
+        return {k: _finite_or_null(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [_finite_or_null(v) for v in value]
+    return value
 
 
 def write_json_atomic(path: Path, data: dict, indent: int | None = 1) -> None:

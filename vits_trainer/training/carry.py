@@ -18,6 +18,7 @@ import json
 import shutil
 from pathlib import Path
 
+from ..jsonfile import strict_json
 from .best_model import existing_best_model, install_best_model
 from .checkpoint_names import list_checkpoints, step_of
 from .report import REFERENCE_FOLDER, read_metrics
@@ -37,7 +38,7 @@ def carry_history(source: Path, folder: Path, step: int, saved: float, log) -> N
         if record.get("step", 0) <= step:
             kept.append(record)
     folder.mkdir(parents=True, exist_ok=True)
-    lines = (json.dumps(record, ensure_ascii=False) + "\n" for record in kept)  # as MetricsLog writes them
+    lines = (strict_json(record, ensure_ascii=False) + "\n" for record in kept)  # as MetricsLog writes them
     (folder / "metrics.jsonl").write_text("".join(lines), encoding="utf-8")
     carried = 0
     samples = source / "samples"

@@ -770,7 +770,8 @@ def evals_section(run: RunFiles, evals: list[dict], best: dict | None, best_metr
                 _fmt(e.get("step")) + (' <span class="best">best</span>' if is_best else ""),
                 _fmt(e.get("tag")),
                 _fmt(e.get("epoch")),
-                *[_fmt(e.get(k)) for k in columns],
+                # null in a record: a score that was NaN/Inf (metrics.jsonl is strict JSON)
+                *["non-finite" if k in e and e[k] is None else _fmt(e.get(k)) for k in columns],
                 _fmt(e.get("seconds"), 3),
                 samples,
             ]

@@ -3,13 +3,13 @@ and accelerate's trackers (TensorBoard / W&B) with validation audio."""
 
 from __future__ import annotations
 
-import json
 import math
 import time
 from pathlib import Path
 
 import torch
 
+from ..jsonfile import strict_json
 from ..terminal import clock_text, is_interactive
 from .report import current_history, primary, read_metrics
 from .runtime import Logger
@@ -52,7 +52,7 @@ class MetricsLog:
             record = {**record, "time": time.time()}
         self.path.parent.mkdir(parents=True, exist_ok=True)
         with open(self.path, "a", encoding="utf-8") as f:
-            f.write(json.dumps(record, ensure_ascii=False) + "\n")
+            f.write(strict_json(record, ensure_ascii=False) + "\n")
 
 
 # tqdm's without its time left: steps left of a plan that re-plans, at a rate slowed by evaluations,

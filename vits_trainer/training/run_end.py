@@ -7,10 +7,10 @@ Apart from loop.py because it runs once, after the loop, and decides what the ru
 
 from __future__ import annotations
 
-import json
 import time
 from pathlib import Path
 
+from ..jsonfile import strict_json
 from ..safety import (
     UnsafeOverwrite,
     check_own_export,
@@ -61,10 +61,10 @@ class RunEnd:
             summary["hub"] = hub
         if s.is_main:
             if exported and not kept:  # a kept export keeps the summary of the session that trained it
-                write_export_file(exported, "train_summary.json", json.dumps(summary, indent=1))  # + marker
+                write_export_file(exported, "train_summary.json", strict_json(summary, indent=1))  # + marker
             # checkpoint dir: the run's own folder, never a data folder or --output_dir (safety.py)
             (s.checkpoint_dir / "train_summary.json").write_text(
-                json.dumps(summary, indent=1), encoding="utf-8"
+                strict_json(summary, indent=1), encoding="utf-8"
             )
             outputs.metrics.write(
                 {
