@@ -310,3 +310,22 @@ def test_a_long_text_is_spoken_in_pieces_into_one_file(tmp_path, capsys, tiny_mo
     check_wav(out)
     assert f"{len(text)} characters, spoken in 3 pieces of at most {PIECE_CHARS}" in stdout, stdout
     assert len(FILE_LINE.findall(stdout)) == 1 and TOTAL_LINE.search(stdout).group(1) == "1", stdout
+
+
+def test_a_model_whose_weights_diverged_writes_no_wav(tmp_path, capsys, tiny_model_dir):
+    """A model trained to NaN (a --learning_rate far too high) spoke NaN samples, which the 16-bit
+    conversion wrote as a WAV of noise or silence, exit 0: nothing said the model was broken."""
+    import torch
+    from transformers import VitsModel
+
+    broken = tmp_path / "broken"
+    shutil.copytree(tiny_model_dir, broken)
+    model = VitsModel.from_pretrained(broken)
+    with torch.no_grad():
+        next(model.decoder.parameters()).fill_(float("nan"))
+    model.save_pretrained(broken)
+    capsys.readouterr()  # the progress bars of loading and saving it
+    out = tmp_path / "out.wav"
+    code, _, err = speak(capsys, "--model", broken, "--text", "Abc def ghi", "--out", out)
+    assert code == 2 and not out.exists()
+    assert err.startswith("error:") and "NaN" in err and len(err.splitlines()) == 1, err

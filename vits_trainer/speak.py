@@ -259,6 +259,8 @@ def main(argv: list[str] | None = None) -> int:
     speaker_id, speaker = choose_speaker(args, model_dir, trainer_state)
     check_writable(sentences, args.out)
 
+    import numpy as np
+
     from .data.audio import write_wav
     from .model import synthesis  # torch and transformers: only once the command line is known good
 
@@ -301,6 +303,13 @@ def main(argv: list[str] | None = None) -> int:
                 flush=True,
             )
         take = synthesis.speak(voice, token_ids, speaker_id, args.seed, args.speaking_rate)
+        bad = int(take.waveform.size - np.count_nonzero(np.isfinite(take.waveform)))
+        if bad:  # written as 16-bit they were noise or silence, and nothing said why
+            raise UserError(
+                f"{args.model}: its output for {sentence.where} holds {bad} NaN/Inf samples of "
+                f"{take.waveform.size}: its weights are broken (a training run that diverged), so "
+                f"{sentence.path} is not written; speak an earlier checkpoint or the run's best_model"
+            )
         try:
             write_wav(sentence.path, take.waveform, take.sampling_rate)  # a new file, or --overwrite
         except OSError as err:
