@@ -155,7 +155,8 @@ class RunEnd:
                 if best
                 else "; no evaluation of trained weights beat the start"
             )
-            + f"; start again with a lower --learning_rate (this run's: {s.cfg.learning_rate:g})"
+            + f"; start a new run (another --checkpoint_dir: resumed, this one goes on from these weights) "
+            f"with a lower --learning_rate (this run's: {s.cfg.learning_rate:g})"
         )
 
     def kept_final_model(self) -> Path | None:
