@@ -503,7 +503,9 @@ def test_feedback_run_improves_feedback_and_is_promoted(promoted_run, base):
 
 
 @pytest.mark.slow
-def test_regressing_run_is_kept_but_not_promoted(promoted_run, base, feedback_dir):
+def test_a_diverged_round_is_kept_in_its_checkpoints_but_not_exported_or_promoted(
+    promoted_run, base, feedback_dir
+):
     out, _, _ = promoted_run
     lines: list[str] = []
     # a learning rate 10^5 x too high with no clipping wrecks the weights within a step or two
@@ -514,7 +516,10 @@ def test_regressing_run_is_kept_but_not_promoted(promoted_run, base, feedback_di
     report = run_feedback(cfg, time.time(), log=lines.append)
     assert report["version"] == "v2" and report["promoted"] is False
     assert report["reason"] and json.loads((out / "v2" / REPORT_NAME).read_text())["promoted"] is False
-    assert (out / "v2" / "model" / "config.json").is_file()  # kept, for a look
+    # weights that diverged are not exported as v2's model (run_end.py), but its checkpoints stay
+    summary = json.loads((out / "v2" / "checkpoints" / "train_summary.json").read_text())
+    assert summary["diverged"] and summary["final_model"] is None
+    assert not (out / "v2" / "model" / "config.json").exists()
     assert list((out / "v2" / "checkpoints").glob("step_*"))
     assert read_latest(out)["version"] == "v1"
     if (out / "latest").is_symlink():
