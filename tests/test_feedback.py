@@ -233,6 +233,18 @@ def test_judgement_needs_an_improvement_beyond_the_noise_on_enough_clips():
     assert not paired_judgement(before, {k: v + 0.1 for k, v in before.items()})["improved"]
     # non-finite clips are not counted
     assert paired_judgement({**before, "e": 1.0}, {**before, "e": float("nan")})["clips"] == 4
+    # nor those a resumed round read back as null from feedback_run.json
+    assert paired_judgement({**before, "e": None}, {**before, "e": 1.0})["clips"] == 4
+
+
+def test_feedback_files_write_a_nan_score_as_null_which_strict_json_readers_accept(tmp_path):
+    from vits_trainer.jsonfile import write_json_atomic
+
+    write_json_atomic(tmp_path / REPORT_NAME, {"per_clip_before": {"a": float("nan"), "b": 1.5}})
+    text = (tmp_path / REPORT_NAME).read_text(encoding="utf-8")
+    assert json.loads(text, parse_constant=lambda word: pytest.fail(f"{word} in {text}")) == {
+        "per_clip_before": {"a": None, "b": 1.5}
+    }
 
 
 def test_versions_resume_auto_takes_only_the_newest_unfinished(tmp_path):

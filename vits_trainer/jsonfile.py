@@ -11,8 +11,8 @@ from pathlib import Path
 
 def strict_json(data, **kwargs) -> str:
     """`json.dumps` with NaN/Infinity written as null: Python writes them as bare words, which strict
-    readers refuse (jq, a browser's JSON.parse, most languages' parsers). For the run's records of
-    scores (metrics.jsonl, train_summary.json), where a diverged evaluation is NaN."""
+    readers refuse (jq, a browser's JSON.parse, most languages' parsers). For every record a user may
+    read (metrics.jsonl, train_summary.json, the feedback reports), where a diverged evaluation is NaN."""
     return json.dumps(_finite_or_null(data), allow_nan=False, **kwargs)
 
 
@@ -27,7 +27,8 @@ def _finite_or_null(value):
 
 
 def write_json_atomic(path: Path, data: dict, indent: int | None = 1) -> None:
-    write_text_atomic(path, json.dumps(data, indent=indent, ensure_ascii=False, default=str))
+    """NaN/Infinity as null (see `strict_json`): a feedback round's per-clip scores may be NaN."""
+    write_text_atomic(path, strict_json(data, indent=indent, ensure_ascii=False, default=str))
 
 
 def write_text_atomic(path: Path, text: str) -> None:

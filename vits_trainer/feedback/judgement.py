@@ -24,9 +24,14 @@ def t_critical(dof: int, confidence: float = CONFIDENCE) -> float:
     return float(t.ppf(confidence, dof))
 
 
+def _finite(score) -> bool:
+    """A clip's score, NaN where the model diverged, or null once read back from feedback_run.json."""
+    return score is not None and math.isfinite(score)
+
+
 def paired_judgement(before: dict[str, float], after: dict[str, float]) -> dict:
     """The numbers and the verdict, as they go into the report (`improved`: bool, `why`: a sentence)."""
-    ids = sorted(i for i in set(before) & set(after) if math.isfinite(before[i]) and math.isfinite(after[i]))
+    ids = sorted(i for i in set(before) & set(after) if _finite(before[i]) and _finite(after[i]))
     n = len(ids)
     result = {"clips": n, "min_clips": MIN_JUDGED_CLIPS, "confidence": CONFIDENCE}
     if n < MIN_JUDGED_CLIPS:
