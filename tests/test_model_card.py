@@ -133,13 +133,13 @@ def test_best_model_card_says_only_what_is_known_during_the_run():
 def test_samples_are_played_on_the_hub_and_listed_in_the_card():
     samples = (
         Sample("samples/sample_1.wav", 'silav: "tu çawa yî?"', "clip 7", 2, "azad_b"),
-        Sample("samples/sample_2.wav", "no | *emphasis* [here](x) <b>", "clip8", 0),
+        Sample("samples/sample_2.wav", "no | *emphasis* [here](x) <b> &lt;", "clip8", 0),
     )
     text = card(base_model_facts(MMS), samples=samples, voices=3)
     meta = front_matter(text)  # the sentences' colons, quotes and non-ASCII letters stay valid YAML
     assert meta["widget"] == [
         {"text": 'silav: "tu çawa yî?"', "output": {"url": "samples/sample_1.wav"}},
-        {"text": "no | *emphasis* [here](x) <b>", "output": {"url": "samples/sample_2.wav"}},
+        {"text": "no | *emphasis* [here](x) <b> &lt;", "output": {"url": "samples/sample_2.wav"}},
     ]
     body = text.split("## Samples")[1].split("## Usage")[0]
     assert "at the evaluation of step 120" in body
@@ -147,7 +147,8 @@ def test_samples_are_played_on_the_hub_and_listed_in_the_card():
         '- [sample_1.wav](samples/sample_1.wav) (clip clip 7, speaker azad\\_b, speaker_id 2): silav: "tu çawa yî?"'
         in body
     )
-    assert r"no \| \*emphasis\* \[here\](x) \<b\>" in body  # shown as written, not as Markdown
+    # shown as written, not as Markdown: `&lt;` stays those four characters, not a "<"
+    assert r"no \| \*emphasis\* \[here\](x) \<b\> \&lt;" in body
     one_voice = card(base_model_facts(MMS), samples=samples[:1])
     assert "speaker_id" not in one_voice.split("## Usage")[0]
     assert "widget" not in front_matter(card(base_model_facts(MMS))) and "## Samples" not in card(

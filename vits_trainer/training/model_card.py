@@ -360,8 +360,8 @@ def _samples(facts: CardFacts) -> str:
 
 
 def _markdown_text(text: str) -> str:
-    """`text` shown as it is in Markdown (its emphasis, link and HTML characters escaped)."""
-    return re.sub(r"([\\`*_\[\]<>|#])", r"\\\1", " ".join(text.split()))
+    """`text` shown as it is in Markdown (its emphasis, link, HTML and entity characters escaped)."""
+    return re.sub(r"([\\`*_\[\]<>|#&])", r"\\\1", " ".join(text.split()))
 
 
 def _usage(facts: CardFacts) -> str:
