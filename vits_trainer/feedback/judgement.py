@@ -24,14 +24,15 @@ def t_critical(dof: int, confidence: float = CONFIDENCE) -> float:
     return float(t.ppf(confidence, dof))
 
 
-def _finite(score) -> bool:
-    """A clip's score, NaN where the model diverged, or null once read back from feedback_run.json."""
+def finite_score(score: float | None) -> bool:
+    """A score that was measured and is finite: not None (not measured, or a NaN read back as null
+    from feedback_run.json) and not NaN/Inf (weights that diverged)."""
     return score is not None and math.isfinite(score)
 
 
 def paired_judgement(before: dict[str, float], after: dict[str, float]) -> dict:
     """The numbers and the verdict, as they go into the report (`improved`: bool, `why`: a sentence)."""
-    ids = sorted(i for i in set(before) & set(after) if _finite(before[i]) and _finite(after[i]))
+    ids = sorted(i for i in set(before) & set(after) if finite_score(before[i]) and finite_score(after[i]))
     n = len(ids)
     result = {"clips": n, "min_clips": MIN_JUDGED_CLIPS, "confidence": CONFIDENCE}
     if n < MIN_JUDGED_CLIPS:

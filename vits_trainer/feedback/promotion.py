@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import math
 
+from .judgement import finite_score
+
 
 def loss_values(record: dict, prefix: str) -> dict[str, float]:
     """The losses of one evaluation record for one set ("feedback_", or "" for the original validation)."""
@@ -26,7 +28,7 @@ def spoken_warning(fb_before: dict, fb_after: dict, samples: str) -> str | None:
     a round that improves the mel while slurring words. The promotion rule does not weigh it; the user
     is told to listen (`samples`: the after-samples' folder)."""
     b, a = fb_before.get("val_mel_dtw"), fb_after.get("val_mel_dtw")
-    if b is None or a is None or not (math.isfinite(a) and math.isfinite(b)) or b <= 0:
+    if not (finite_score(a) and finite_score(b)) or b <= 0:
         return None
     if a / b - 1.0 <= SPOKEN_RISE_WARNING:
         return None
@@ -42,7 +44,7 @@ def spoken_warning(fb_before: dict, fb_after: dict, samples: str) -> str | None:
 def mel_change(before: dict, after: dict) -> float | None:
     """Relative change of the mel loss (negative = better)."""
     b, a = before.get("val_mel"), after.get("val_mel")
-    if b is None or a is None or not (math.isfinite(a) and math.isfinite(b)) or b == 0:
+    if not (finite_score(a) and finite_score(b)) or b == 0:
         return None
     return a / b - 1.0
 
