@@ -314,8 +314,9 @@ def test_printed_resume_command_continues_with_the_same_settings(tmp_path, tiny_
 
     at = argv.index("--target_hours")
     assert float(argv[at + 1]) == pytest.approx(300 / 3600, rel=1e-4)  # this session's, to paste as is
-    argv[at + 1] = str(60 / 3600)
-    argv = argv[2:]
+    argv[at + 1] = str(120 / 3600)
+    # ended by a step count, not by spending the budget: a flag given at resume wins over the run's own
+    argv = [*argv[2:], "--max_steps", str(stopped + 2)]
     resumed = subprocess.run(
         [PYTHON, str(ROOT / "train_vits.py"), *argv], capture_output=True, text=True, timeout=400
     )
@@ -324,6 +325,7 @@ def test_printed_resume_command_continues_with_the_same_settings(tmp_path, tiny_
     assert "the run's own settings" in resumed.stdout
     summary = json.loads((tmp_path / "my_model" / "train_summary.json").read_text())  # the first run's folder
     assert summary["resumed_from_step"] == stopped
+    assert summary["steps"] == stopped + 2 and summary["stopped_reason"] == "max_steps"
     again = json.loads(
         (tmp_path / "checkpoints" / f"step_{summary['steps']:08d}" / "trainer_state.json").read_text()
     )["config"]

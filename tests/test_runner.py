@@ -165,8 +165,12 @@ def test_sigterm_saves_and_resume_continues(tmp_path, tiny_model_dir, tone_corpu
     )
     assert state["global_step"] == stopped_at
 
+    # the resume ends by a step count (the budget's stop is test_budget_run_ends_inside_the_budget's), with
+    # a budget that leaves a loaded machine time for those steps
     resumed = subprocess.run(
-        train_cmd(tmp_path, tone_corpus, tiny_model_dir, target_hours=40 / 3600, log_every=1),
+        train_cmd(
+            tmp_path, tone_corpus, tiny_model_dir, target_hours=120 / 3600, log_every=1, max_steps=stopped_at + 3
+        ),
         capture_output=True,
         text=True,
         timeout=200,
@@ -175,7 +179,7 @@ def test_sigterm_saves_and_resume_continues(tmp_path, tiny_model_dir, tone_corpu
     assert f"resuming from step_{stopped_at:08d}" in resumed.stdout
     second = json.loads((tmp_path / "final_model" / "train_summary.json").read_text())
     assert second["resumed_from_step"] == stopped_at
-    assert second["steps"] > stopped_at
+    assert second["steps"] == stopped_at + 3 and second["stopped_reason"] == "max_steps"
     records = read_metrics(metrics)
     steps_after = [
         m["step"] for m in records if "loss_g" in m and m["time"] > first_end_time(records, stopped_at)
