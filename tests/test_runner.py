@@ -169,7 +169,12 @@ def test_sigterm_saves_and_resume_continues(tmp_path, tiny_model_dir, tone_corpu
     # a budget that leaves a loaded machine time for those steps
     resumed = subprocess.run(
         train_cmd(
-            tmp_path, tone_corpus, tiny_model_dir, target_hours=120 / 3600, log_every=1, max_steps=stopped_at + 3
+            tmp_path,
+            tone_corpus,
+            tiny_model_dir,
+            target_hours=120 / 3600,
+            log_every=1,
+            max_steps=stopped_at + 3,
         ),
         capture_output=True,
         text=True,
