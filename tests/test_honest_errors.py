@@ -5,6 +5,8 @@ and exit 2 from the real CLIs; a damaged checkpoint met mid-run by a recovery is
 
 from __future__ import annotations
 
+import contextlib
+import io
 import json
 import re
 import shutil
@@ -64,33 +66,48 @@ def one_error_line(proc: subprocess.CompletedProcess, *expected: str) -> str:
     return lines[0]
 
 
-def train_vits(tmp: Path, data: Path, model: Path | str, **extra) -> subprocess.CompletedProcess:
+def train_vits(tmp: Path, data: Path, model: Path | str, fresh_process=False, **extra):
     settings = dict(
         TINY_SETTINGS, data_dir=data, model_name=model, checkpoint_dir=tmp / "ckpt", output_dir=tmp / "final"
     )
     settings.update(extra)
-    cmd = [PYTHON, str(ROOT / "train_vits.py"), *cli_args(settings)]
-    return subprocess.run(cmd, capture_output=True, text=True, timeout=180)
+    return command("train_vits", cli_args(settings), fresh_process)
 
 
-def train_feedback(tmp: Path, data: Path, base: Path) -> subprocess.CompletedProcess:
+def train_feedback(tmp: Path, data: Path, base: Path, fresh_process=False):
     feedback = tmp / "feedback"
     make_corpus(feedback, num_clips=3, seed=5, id_prefix="fb")
     settings = dict(
         TINY_SETTINGS, base_model=base, feedback_dir=feedback, data_dir=data, output_dir=tmp / "fb"
     )
     settings.pop("val_fraction")
-    cmd = [PYTHON, str(ROOT / "train_feedback.py"), *cli_args(settings)]
-    return subprocess.run(cmd, capture_output=True, text=True, timeout=180)
+    return command("train_feedback", cli_args(settings), fresh_process)
+
+
+def command(script: str, argv: list[str], fresh_process: bool) -> subprocess.CompletedProcess:
+    """`script`.py run with `argv`: in a fresh interpreter, or in this process through the same run_cli its
+    `__main__` calls (a fresh one spends ~10 s loading torch before the error it is run for)."""
+    if fresh_process:
+        cmd = [PYTHON, str(ROOT / f"{script}.py"), *argv]
+        return subprocess.run(cmd, capture_output=True, text=True, timeout=180)
+    import importlib
+
+    from vits_trainer.errors import run_cli
+
+    out, err = io.StringIO(), io.StringIO()
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+        code = run_cli(importlib.import_module(script).main, argv)
+    return subprocess.CompletedProcess(argv, code, out.getvalue(), err.getvalue())
 
 
 def test_truncated_model_file_is_one_error_line(tmp_path, tiny_model_dir, tone_corpus):
     broken = truncated_model(tmp_path, tiny_model_dir)
-    one_error_line(train_vits(tmp_path, tone_corpus, broken), "--model_name", "model.safetensors is damaged")
+    # both CLIs as a user runs them, in a fresh interpreter (the other tests here call them in-process)
+    proc = train_vits(tmp_path, tone_corpus, broken, fresh_process=True)
+    one_error_line(proc, "--model_name", "model.safetensors is damaged")
     assert not (tmp_path / "ckpt").exists() and not (tmp_path / "final").exists()
-    one_error_line(
-        train_feedback(tmp_path, tone_corpus, broken), "--base_model", "model.safetensors is damaged"
-    )
+    proc = train_feedback(tmp_path, tone_corpus, broken, fresh_process=True)
+    one_error_line(proc, "--base_model", "model.safetensors is damaged")
     assert not (tmp_path / "fb").exists()
 
 
