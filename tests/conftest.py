@@ -14,6 +14,23 @@ sys.path.insert(0, str(ROOT))
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
+# pytest-xdist runs the suite in one worker per CPU (pyproject.toml's addopts): each worker's torch and
+# numba get their share of the CPUs, set before either loads (in-process runs and the CLIs' subprocesses
+# read it). Two workers of 2 threads on 2 cores spun their OpenMP threads against each other; the tiny
+# models step as fast on 1 thread as on 2.
+_WORKERS = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "0"))
+if _WORKERS > 1:
+    _SHARE = str(max(1, len(os.sched_getaffinity(0)) // _WORKERS))
+    os.environ.setdefault("OMP_NUM_THREADS", _SHARE)
+    os.environ.setdefault("NUMBA_NUM_THREADS", _SHARE)
+
+MAX_WORKERS = 4  # each worker holds torch and a run (~1-2 GB), and some tests start 2-process runs
+
+
+def pytest_xdist_auto_num_workers(config) -> int:
+    """`-n auto`: one worker per CPU this process may use, at most MAX_WORKERS."""
+    return max(1, min(len(os.sched_getaffinity(0)), MAX_WORKERS))
+
 
 @pytest.fixture(scope="session")
 def tiny_model_dir(tmp_path_factory) -> Path:
