@@ -91,11 +91,13 @@ run() {  # run STAGE COMMAND...: the command's output into LOG_DIR/STAGE.log, it
   [ "$status" = "exit 0" ]
 }
 
+# pytest without pyproject.toml's addopts (-n auto): the lent machines have no pytest-xdist, and the
+# tests share one GPU, so they run in one process
 for stage in "${stages[@]}"; do
   case $stage in
     probe) run probe python bench/gpu_probe.py --seconds 120 ;;
-    tests) run tests python -m pytest -v tests/test_gpu.py tests/test_alignment.py ;;
-    compiled) run compiled python -m pytest -v \
+    tests) run tests python -m pytest --override-ini=addopts= -v tests/test_gpu.py tests/test_alignment.py ;;
+    compiled) run compiled python -m pytest --override-ini=addopts= -v \
       "tests/test_gpu.py::test_compiled_step_with_cuda_graphs_gives_the_eager_losses[graphs]" \
       tests/test_gpu.py::test_runner_with_compile_on_the_gpu ;;
     eager) run eager python bench/bench_train.py defaults --models mms --steps 40 --clips 640 --compile off ;;

@@ -27,6 +27,7 @@ if _WORKERS > 1:
 MAX_WORKERS = 4  # each worker holds torch and a run (~1-2 GB), and some tests start 2-process runs
 
 
+@pytest.hookimpl(optionalhook=True)  # xdist's hook: pytest without the plugin (a GPU machine) runs too
 def pytest_xdist_auto_num_workers(config) -> int:
     """`-n auto`: one worker per CPU this process may use, at most MAX_WORKERS."""
     return max(1, min(len(os.sched_getaffinity(0)), MAX_WORKERS))

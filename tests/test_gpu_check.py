@@ -38,6 +38,29 @@ def _stage_commands() -> list[tuple[str, list[str]]]:
     return found
 
 
+def test_pytest_runs_where_pytest_xdist_is_missing_with_the_stages_override():
+    """pyproject.toml's addopts name xdist's `-n`: without the plugin (`-p no:xdist` stands in for a lent
+    machine, which lacks it) pytest refuses them, and the stages' override is what lets it start."""
+    import subprocess
+
+    base = [
+        sys.executable,
+        "-m",
+        "pytest",
+        "-p",
+        "no:xdist",
+        "--collect-only",
+        "-q",
+        "tests/test_gpu_check.py",
+    ]
+    refused = subprocess.run(base, cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert refused.returncode != 0 and "-n" in refused.stderr, refused.stderr
+    started = subprocess.run(
+        [*base, "--override-ini=addopts="], cwd=ROOT, capture_output=True, text=True, timeout=120
+    )
+    assert started.returncode == 0, started.stdout[-2000:] + started.stderr[-2000:]
+
+
 def test_every_stage_has_a_command():
     stages = re.search(r"stages=\((\w[^)]*)\)", SCRIPT.read_text(encoding="utf-8")).group(1).split()
     assert stages and [s for s, _ in _stage_commands()] == stages
@@ -47,6 +70,8 @@ def test_every_stage_has_a_command():
 def test_each_stage_command_parses(stage, argv, monkeypatch):
     assert argv[0] == "python", argv
     if argv[1:3] == ["-m", "pytest"]:
+        # one process, without pyproject.toml's `-n auto`: the lent machines have no pytest-xdist
+        assert "--override-ini=addopts=" in argv, argv
         files = [a for a in argv[3:] if not a.startswith("-")]
         assert files and all((ROOT / f.split("::")[0]).is_file() for f in files), files
         for path in files:  # the file imports (its tests are skipped here, not its imports)
