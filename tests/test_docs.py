@@ -13,8 +13,18 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1]
 DOCS = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
 FLAG = re.compile(r"(?<![\w-])--[a-z][a-z0-9_-]*")
-# flags of other tools the docs mention: accelerate launch's, ruff's, hf upload's, and one named as not built
-OTHER_TOOLS = {"--num_processes", "--multi_gpu", "--check", "--exclude", "--delete", "--private", "--compile"}
+# flags of other tools the docs mention: accelerate launch's, ruff's, hf upload's, pytest's, and one named as
+# not built
+OTHER_TOOLS = {
+    "--num_processes",
+    "--multi_gpu",
+    "--check",
+    "--exclude",
+    "--delete",
+    "--private",
+    "--compile",
+    "--override-ini",
+}
 COMMAND = re.compile(r"python(?:3)? (-m vits_trainer[\w.]*|[\w./-]+\.py)((?: +[^\s`|;&#)]+)*)")
 FILE = re.compile(r"(?<![\w/.])((?:vits_trainer|tests|bench|docs)/[\w/.-]+\.(?:py|md))")
 
