@@ -623,6 +623,40 @@ def test_interrupted_run_resumes_the_same_version(tmp_path, base, feedback_dir):
     assert resumed.stdout.strip().splitlines()[-1].startswith(("promoted v1:", "not promoted: "))
 
 
+@pytest.mark.slow
+def test_a_round_interrupted_while_judged_says_so_and_is_judged_when_it_continues(
+    tmp_path, base, feedback_dir, monkeypatch
+):
+    """Ctrl-C (or SIGTERM, which the CLI turns into it) after training, while the round is judged: the
+    loop's signal handling has ended, so the run stops there. Its training is saved; a line says so and
+    gives the command that continues it, and continuing judges the same version."""
+    out = tmp_path / "models"
+    judge = FeedbackRun.judge
+    calls = []
+
+    def interrupted_once(self, session, summary):
+        calls.append(summary["steps"])
+        if len(calls) == 1:
+            raise KeyboardInterrupt
+        return judge(self, session, summary)
+
+    monkeypatch.setattr(FeedbackRun, "judge", interrupted_once)
+    lines: list[str] = []
+    with pytest.raises(KeyboardInterrupt):
+        run_feedback(feedback_cfg(out, base, feedback_dir, max_steps=4), time.time(), log=lines.append)
+    assert lines[-1].startswith(
+        "interrupted while judging v1: its training (step 4) is saved in its checkpoints"
+    )
+    assert "continue with: python train_feedback.py" in lines[-1] and "--resume auto" in lines[-1]
+    assert not (out / "v1" / REPORT_NAME).exists() and (out / "v1" / "checkpoints" / "step_00000004").is_dir()
+
+    lines.clear()
+    report = run_feedback(feedback_cfg(out, base, feedback_dir, max_steps=4), time.time(), log=lines.append)
+    assert calls == [4, 4] and report["version"] == "v1" and report["training"]["session_steps"] == 0
+    assert report["after_measured"] and report["feedback"]["after"]["val_mel"] > 0  # the final evaluation
+    assert json.loads((out / "v1" / REPORT_NAME).read_text())["promoted"] == report["promoted"]
+
+
 # ---- bad input ----------------------------------------------------------------------------------------
 
 

@@ -189,7 +189,16 @@ class FeedbackRun(FeedbackData):
             return self.interrupted(summary)
         if not session.is_main:
             return {"version": self.version.name, "status": "done", "summary": summary}
-        return self.judge(session, summary)
+        try:
+            return self.judge(session, summary)
+        except KeyboardInterrupt:  # Ctrl-C or SIGTERM after the loop, which handles them only while it runs
+            self.log(
+                f"interrupted while judging {self.version.name}: its training (step {summary['steps']}) is "
+                f"saved in its checkpoints; continue with: "
+                + resume_command("train_feedback.py", self.cfg, "--output_dir", self.root)
+                + " (the round is judged at its end)"
+            )
+            raise
 
     def open_version(self) -> None:
         """Which version this run writes; when it continues one, that version's settings and set-up."""
