@@ -10,6 +10,8 @@ import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
+from vits_trainer.training.runtime import available_cpus  # noqa: E402 (found through the entry above)
+
 # Never reach for the network from a test: hub ids must fail fast and clearly.
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
@@ -19,16 +21,9 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 # numba get their share of the CPUs, set before either loads (in-process runs and the CLIs' subprocesses
 # read it). Two workers of 2 threads on 2 cores spun their OpenMP threads against each other; the tiny
 # models step as fast on 1 thread as on 2.
-def _cpus() -> int:
-    try:
-        return len(os.sched_getaffinity(0)) or 1  # taskset, cgroup cpusets
-    except AttributeError:  # not Linux
-        return os.cpu_count() or 1
-
-
 _WORKERS = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "0"))
 if _WORKERS > 1:
-    _SHARE = str(max(1, _cpus() // _WORKERS))
+    _SHARE = str(max(1, available_cpus() // _WORKERS))
     os.environ.setdefault("OMP_NUM_THREADS", _SHARE)
     os.environ.setdefault("NUMBA_NUM_THREADS", _SHARE)
 
@@ -38,7 +33,7 @@ MAX_WORKERS = 4  # each worker holds torch and a run (~1-2 GB), and some tests s
 @pytest.hookimpl(optionalhook=True)  # xdist's hook: pytest without the plugin (a GPU machine) runs too
 def pytest_xdist_auto_num_workers(config) -> int:
     """`-n auto`: one worker per CPU this process may use, at most MAX_WORKERS."""
-    return min(_cpus(), MAX_WORKERS)
+    return min(available_cpus(), MAX_WORKERS)
 
 
 @pytest.fixture(scope="session")

@@ -186,7 +186,7 @@ class FeedbackRun(FeedbackData):
         self.reserve_time_for_after(session)
         summary = self.train(session)
         if summary["stopped_reason"] == "signal":
-            return self.interrupted(summary)
+            return self.interrupted(summary, session.resume_command)
         if not session.is_main:
             return {"version": self.version.name, "status": "done", "summary": summary}
         try:
@@ -194,9 +194,8 @@ class FeedbackRun(FeedbackData):
         except KeyboardInterrupt:  # Ctrl-C or SIGTERM after the loop, which handles them only while it runs
             self.log(
                 f"interrupted while judging {self.version.name}: its training (step {summary['steps']}) is "
-                f"saved in its checkpoints; continue with: "
-                + resume_command("train_feedback.py", self.cfg, "--output_dir", self.root)
-                + " (the round is judged at its end)"
+                f"saved in its checkpoints; continue with: {session.resume_command} (the round is judged at "
+                f"its end)"
             )
             raise
 
@@ -315,11 +314,8 @@ class FeedbackRun(FeedbackData):
 
         return Trainer(session).train()
 
-    def interrupted(self, summary: dict) -> dict:
-        self.log(
-            f"stopped by a signal at step {summary['steps']}; continue with: "
-            + resume_command("train_feedback.py", self.cfg, "--output_dir", self.root)
-        )
+    def interrupted(self, summary: dict, command: str) -> dict:
+        self.log(f"stopped by a signal at step {summary['steps']}; continue with: {command}")
         return {"version": self.version.name, "status": "interrupted", "summary": summary}
 
     def judge(self, session, summary: dict) -> dict:
